@@ -1,0 +1,46 @@
+# The two commands: `make tutorial` runs every notebook, `make test` runs ruff and pytest.
+# Both create .venv from requirements.lock (the one list of exact pins) when needed.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+KERNEL := distrl
+
+.PHONY: install tutorial test lab bench lock clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements.lock
+	$(BIN)/python -m pip install --quiet --no-deps -e .
+	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (distrl)" >/dev/null
+	touch $(STAMP)
+
+tutorial: install
+	$(BIN)/python -m distrl.tutorial --kernel $(KERNEL)
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -ra
+
+lab: install
+	$(BIN)/jupyter lab notebooks/
+
+bench: install
+	$(BIN)/python benchmarks/replay_throughput.py
+	$(BIN)/python benchmarks/actor_throughput.py
+	$(BIN)/python benchmarks/learner_throughput.py
+	$(BIN)/python benchmarks/time_to_solve.py
+
+# Re-pin after changing pyproject.toml's dependencies (needs the network).
+lock:
+	rm -rf /tmp/distrl-lock && $(PYTHON) -m venv /tmp/distrl-lock
+	/tmp/distrl-lock/bin/pip install --quiet --upgrade pip
+	/tmp/distrl-lock/bin/pip install --quiet -e ".[dev]"
+	/tmp/distrl-lock/bin/pip freeze --exclude-editable --exclude distrl > requirements.lock
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

@@ -1,0 +1,515 @@
+"""Ape-X on Ray: replay, learner, actors and a greedy evaluator as Ray actors.
+
+    result = ApeX(ApexConfig(env_id="CartPole-v1", num_actors=2)).train()
+
+The data flows (none of them through the driver):
+
+    actors --blocks of n-step transitions + priorities--> replay
+    replay --prioritized batches (prefetched)-----------> learner
+    learner --new priorities----------------------------> replay
+    learner --versioned weights (pulled)----------------> actors, evaluator
+
+The driver only starts everything, polls small stats dicts, asks for greedy evaluations,
+decides when to stop, and writes results.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from distrl.actor import Actor, env_spec, evaluate_greedy, slot_epsilons
+from distrl.config import ApexConfig
+from distrl.network import NetworkSpec, init_weights
+from distrl.replay import ReplayService
+
+POLL_INTERVAL_S = 0.25
+
+
+@dataclass
+class TrainingResult:
+    """What a run achieved; saved as results.json in the run's output directory."""
+
+    env_id: str
+    reached_target: bool
+    target_return: float | None
+    time_to_target_s: float | None
+    wall_time_s: float
+    startup_s: float
+    env_steps: int
+    learner_updates: int
+    transitions_inserted: int
+    transitions_sampled: int
+    env_steps_per_s: float
+    learner_updates_per_s: float
+    samples_per_insert: float
+    final_eval_return: float | None
+    best_eval_return: float | None
+    stop_reason: str
+    evals: list[dict] = field(default_factory=list)
+    actor_epsilons: list[list[float]] = field(default_factory=list)
+    throughput: list[dict] = field(default_factory=list)
+    output_dir: str = ""
+    checkpoint: str | None = None
+    config: dict = field(default_factory=dict)
+    weights: list[np.ndarray] | None = field(default=None, repr=False)
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.pop("weights")
+        return out
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_dict(), indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> TrainingResult:
+        return cls(**json.loads(Path(path).read_text()))
+
+
+# --------------------------------------------------------------------------- Ray actors
+
+
+class LearnerWorker:
+    """The learner's process: pulls batches from replay itself and trains in a loop thread."""
+
+    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replay, output_dir: str):
+        from distrl.learner import Learner, configure_tensorflow
+
+        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
+        import tensorflow as tf
+
+        self.config, self.replay = config, replay
+        self.learner = Learner(config, spec, weights)
+        self.output_dir = Path(output_dir)
+        self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
+        self._lock = threading.Lock()
+        self._published = (0, weights)
+        self._stop = threading.Event()
+        self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
+                       "wait_s": 0.0, "train_s": 0.0}
+        self.checkpoint: str | None = None
+
+    def devices(self) -> list[str]:
+        return self.gpus
+
+    def run(self) -> dict:
+        """Train until stop() or max_learner_updates; returns the final stats."""
+        import tensorflow as tf
+
+        c = self.config
+        learner = self.learner
+        fetch = c.batches_per_fetch
+        next_batches = self.replay.sample.remote(c.batch_size, learner.beta(), num_batches=fetch)
+        priority_refs: deque = deque()
+        last_checkpoint = time.monotonic()
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            batches = _get(next_batches)
+            # Prefetch: replay prepares the next batches while these train.
+            next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
+                                                     num_batches=fetch)
+            t1 = time.monotonic()
+            if batches is None:  # rate limiter or replay warm-up: ask again
+                with self._lock:
+                    self._stats["wait_s"] += t1 - t0
+                continue
+            keys, priorities = [], []
+            for batch in batches:
+                loss, td_abs, diag = learner.update(batch)
+                keys.append(batch.keys)
+                priorities.append(td_abs)
+                if learner.updates % c.weight_publish_period == 0:
+                    weights = learner.get_weights()
+                    with self._lock:
+                        self._published = (learner.updates, weights)
+                if learner.updates % 100 == 0:
+                    with self.writer.as_default(step=learner.updates):
+                        tf.summary.scalar("learner/loss", loss)
+                        tf.summary.scalar("learner/mean_q", diag["mean_q"])
+                        tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
+                        tf.summary.scalar("learner/beta", learner.beta())
+            priority_refs.append(self.replay.update_priorities.remote(
+                np.concatenate(keys), np.concatenate(priorities)))
+            if len(priority_refs) > 2:  # bound the priority updates in flight
+                _get(priority_refs.popleft())
+            t2 = time.monotonic()
+            with self._lock:
+                s = self._stats
+                s.update(updates=learner.updates, loss=loss, mean_q=diag["mean_q"])
+                s["wait_s"] += t1 - t0
+                s["train_s"] += t2 - t1
+            if time.monotonic() - last_checkpoint >= c.checkpoint_interval_s:
+                self.save_checkpoint()
+                last_checkpoint = time.monotonic()
+            if c.max_learner_updates and learner.updates >= c.max_learner_updates:
+                break
+        for ref in priority_refs:
+            _get(ref)
+        with self._lock:
+            self._published = (learner.updates, learner.get_weights())
+        return self.stats()
+
+    def save_checkpoint(self) -> str:
+        path = self.learner.save_checkpoint(self.output_dir / "checkpoints")
+        self.checkpoint = str(path)
+        return self.checkpoint
+
+    def get_weights(self, have_version: int = -1):
+        """(version, weights), or None when the caller already has the newest version."""
+        with self._lock:
+            version, weights = self._published
+        return None if version == have_version else (version, weights)
+
+    def stats(self) -> dict:
+        with self._lock:
+            return dict(self._stats, checkpoint=self.checkpoint)
+
+    def log_scalars(self, scalars: dict, step: int) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> str:
+        """Write the final checkpoint and flush TensorBoard."""
+        path = self.save_checkpoint()
+        self.writer.flush()
+        return path
+
+
+class ActorWorker:
+    """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
+
+    def __init__(self, config: ApexConfig, index: int, weights, replay, learner):
+        self.config, self.replay, self.learner = config, replay, learner
+        self.actor = Actor(config, index, weights)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+        self.blocks_sent = 0
+        self.transitions_sent = 0
+
+    def epsilons(self) -> list[float]:
+        return self.actor.epsilons.tolist()
+
+    def run(self) -> dict:
+        c, actor = self.config, self.actor
+        in_flight = None          # (block ref, add ref): one block travels while the next is made
+        weights_ref = None
+        steps_since_sync = 0
+        while not self._stop.is_set():
+            block = actor.collect(c.actor_block_steps)
+            steps_since_sync += c.actor_block_steps
+            if in_flight is not None:
+                self._deliver(*in_flight)
+            block_ref = _put(block)
+            in_flight = (block_ref, self.replay.add.remote(block_ref), len(block))
+            if weights_ref is None and steps_since_sync >= c.weight_sync_period:
+                weights_ref = self.learner.get_weights.remote(actor.weights_version)
+                steps_since_sync = 0
+            if weights_ref is not None and _ready(weights_ref):
+                update = _get(weights_ref)
+                weights_ref = None
+                if update is not None:
+                    actor.set_weights(update[1], update[0])
+            returns, lengths = actor.pop_episode_stats()
+            with self._lock:
+                self._returns += returns
+                self._lengths += lengths
+        if in_flight is not None:
+            self._deliver(*in_flight)
+        return self.stats()
+
+    def _deliver(self, block_ref, add_ref, size: int) -> None:
+        """Wait until replay accepted the block, resending it if the rate limiter timed out."""
+        while not _get(add_ref):
+            if self._stop.is_set():
+                return  # replay is closing: the run is over
+            add_ref = self.replay.add.remote(block_ref)
+        self.blocks_sent += 1
+        self.transitions_sent += size
+
+    def stats(self) -> dict:
+        with self._lock:
+            returns, lengths = self._returns, self._lengths
+            self._returns, self._lengths = [], []
+        return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
+                "transitions_sent": self.transitions_sent, "episode_returns": returns,
+                "episode_lengths": lengths}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class EvaluatorWorker:
+    """Greedy (epsilon = 0) evaluation; its returns, not the actors', are the score."""
+
+    def __init__(self, config: ApexConfig):
+        self.config = config
+        self.count = 0
+
+    def evaluate(self, versioned_weights) -> dict:
+        version, weights = versioned_weights
+        seed = self.config.seed + 10_000 * (self.count + 1)
+        self.count += 1
+        returns, lengths = evaluate_greedy(self.config.env_id, weights,
+                                           self.config.eval_episodes, seed, self.config.dueling)
+        return {"weights_version": version, "returns": returns.tolist(),
+                "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
+
+
+def _get(ref):
+    import ray
+
+    return ray.get(ref)
+
+
+def _put(value):
+    import ray
+
+    return ray.put(value)
+
+
+def _ready(ref) -> bool:
+    import ray
+
+    done, _ = ray.wait([ref], timeout=0)
+    return bool(done)
+
+
+# --------------------------------------------------------------------------- the driver
+
+
+class ApeX:
+    """Runs one Ape-X training on the current Ray cluster (a local one is started if needed)."""
+
+    def __init__(self, config: ApexConfig | None = None, **overrides):
+        if config is None:
+            config = ApexConfig(**overrides)
+        elif overrides:
+            config = config.replace(**overrides)
+        if not isinstance(config, ApexConfig):
+            raise TypeError(f"config must be an ApexConfig, got {type(config).__name__}")
+        self.config = config
+        # Refuse an unusable environment before any process starts.
+        self.obs_shape, self.num_actions = env_spec(config.env_id)
+        self.spec = NetworkSpec(int(np.prod(self.obs_shape)), self.num_actions,
+                                config.hidden_sizes, config.dueling)
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
+
+    # The resource plan: what each Ray actor asks for.
+    def resource_plan(self, cluster_cpus: float) -> dict:
+        c = self.config
+        actor_cpus = c.actor_cpus
+        if actor_cpus is None:
+            actor_cpus = max(cluster_cpus - c.learner_cpus, 0.01 * c.num_actors) / c.num_actors
+            actor_cpus = max(0.01, round(actor_cpus - 0.005, 2))  # round down: it must fit
+        return {"learner": {"num_cpus": c.learner_cpus, "num_gpus": c.num_gpus},
+                "actor": {"num_cpus": actor_cpus}, "replay": {"num_cpus": 0},
+                "evaluator": {"num_cpus": 0}}
+
+    def _check_resources(self, ray) -> dict:
+        c = self.config
+        deadline = time.monotonic() + c.resource_timeout_s
+        while True:
+            total = ray.cluster_resources()
+            plan = self.resource_plan(total.get("CPU", 0.0))
+            need_cpu = c.learner_cpus + c.num_actors * plan["actor"]["num_cpus"]
+            have_cpu, have_gpu = total.get("CPU", 0.0), total.get("GPU", 0.0)
+            if need_cpu <= have_cpu + 1e-9 and c.num_gpus <= have_gpu + 1e-9:
+                return plan
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(0.5)
+        problems = []
+        if c.num_gpus > have_gpu:
+            problems.append(f"num_gpus={c.num_gpus} for the learner but the cluster has "
+                            f"{have_gpu:g} GPU(s); use num_gpus=0 to train on the CPU or "
+                            "connect to a cluster with a GPU node")
+        if need_cpu > have_cpu:
+            problems.append(f"{need_cpu:g} CPUs (learner_cpus={c.learner_cpus:g} + num_actors="
+                            f"{c.num_actors} x actor_cpus={plan['actor']['num_cpus']:g}) but the "
+                            f"cluster has {have_cpu:g}; lower num_actors or actor_cpus")
+        raise RuntimeError(f"the Ray cluster cannot host this run after waiting "
+                           f"{c.resource_timeout_s:g}s: it asks for " + "; and ".join(problems))
+
+    def train(self) -> TrainingResult:
+        import ray
+
+        c = self.config
+        t_start = time.monotonic()
+        # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
+        os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        started_ray = not ray.is_initialized()
+        if started_ray:
+            ray.init(ignore_reinit_error=True, include_dashboard=False,
+                     logging_level="warning", log_to_driver=True)
+        try:
+            plan = self._check_resources(ray)
+            return self._train(ray, plan, t_start)
+        finally:
+            if started_ray:
+                ray.shutdown()
+
+    def _train(self, ray, plan: dict, t_start: float) -> TrainingResult:
+        c = self.config
+        self.output_dir.mkdir(parents=True, exist_ok=True)
+        weights = init_weights(self.spec, c.seed)
+        error_buffer = max(c.min_replay_size * c.samples_per_insert
+                           * c.samples_per_insert_tolerance,
+                           c.samples_per_insert * c.envs_per_actor * c.actor_block_steps
+                           + c.batch_size * c.batches_per_fetch)
+        replay = ray.remote(ReplayService).options(
+            max_concurrency=c.num_actors + 8, **plan["replay"]).remote(
+            c.replay_capacity, self.obs_shape, alpha=c.priority_alpha, eps=c.priority_eps,
+            samples_per_insert=c.samples_per_insert, min_size=c.min_replay_size,
+            error_buffer=error_buffer, seed=c.seed)
+        learner = ray.remote(LearnerWorker).options(
+            max_concurrency=c.num_actors + 8, **plan["learner"]).remote(
+            c, self.spec, weights, replay, str(self.output_dir))
+        actors = [ray.remote(ActorWorker).options(max_concurrency=4, **plan["actor"]).remote(
+            c, i, weights, replay, learner) for i in range(c.num_actors)]
+        evaluator = ray.remote(EvaluatorWorker).options(**plan["evaluator"]).remote(c)
+        workers = [replay, learner, evaluator, *actors]
+        try:
+            return self._drive(ray, replay, learner, actors, evaluator, t_start)
+        finally:
+            for w in workers:
+                ray.kill(w)
+
+    def _drive(self, ray, replay, learner, actors, evaluator, t_start) -> TrainingResult:
+        from tqdm.auto import tqdm
+
+        c = self.config
+        run_refs = {learner.run.remote(): "learner"}
+        run_refs |= {a.run.remote(): f"actor {i}" for i, a in enumerate(actors)}
+        epsilons = ray.get([a.epsilons.remote() for a in actors])
+        t_train = time.monotonic()
+        evals: list[dict] = []
+        throughput: list[dict] = []
+        eval_ref, last_eval = None, t_train
+        time_to_target, stop_reason = None, ""
+        env_steps = updates = 0
+        startup_s = None
+        bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
+                   desc=f"Ape-X {c.env_id}", dynamic_ncols=True)
+        try:
+            while True:
+                time.sleep(POLL_INTERVAL_S)
+                crashed, _ = ray.wait(list(run_refs), timeout=0)
+                for ref in crashed:  # a run() that ends on its own is a crash or a budget
+                    ray.get(ref)     # re-raises the worker's exception, if any
+                    if run_refs[ref] == "learner":
+                        stop_reason = stop_reason or "max_learner_updates"
+                if stop_reason:
+                    break
+                actor_stats = ray.get([a.stats.remote() for a in actors])
+                l_stats, r_stats = ray.get([learner.stats.remote(), replay.stats.remote()])
+                now = time.monotonic()
+                env_steps = sum(s["env_steps"] for s in actor_stats)
+                updates = l_stats["updates"]
+                if startup_s is None and r_stats["inserted"] > 0:
+                    startup_s = now - t_start
+                throughput.append({"time_s": now - t_start, "env_steps": env_steps,
+                                   "learner_updates": updates,
+                                   "inserted": r_stats["inserted"],
+                                   "replay_size": r_stats["size"]})
+                bar.update(env_steps - bar.n)
+                rates = _rates(throughput)
+                postfix = {"env/s": f"{rates[0]:,.0f}", "upd/s": f"{rates[1]:,.0f}"}
+                if evals:
+                    postfix["eval"] = f"{evals[-1]['mean_return']:.1f}"
+                bar.set_postfix(postfix, refresh=False)
+
+                if eval_ref is not None and _ready(eval_ref):
+                    ev = ray.get(eval_ref)
+                    eval_ref = None
+                    ev |= {"time_s": now - t_start, "env_steps": env_steps,
+                           "learner_updates": updates}
+                    evals.append(ev)
+                    learner.log_scalars.remote({"eval/mean_return": ev["mean_return"],
+                                                "throughput/env_steps": env_steps}, updates)
+                    if c.target_return is not None and ev["mean_return"] >= c.target_return:
+                        time_to_target, stop_reason = ev["time_s"], "target_return"
+                        break
+                if eval_ref is None and updates > 0 and now - last_eval >= c.eval_interval_s:
+                    eval_ref = evaluator.evaluate.remote(learner.get_weights.remote(-1))
+                    last_eval = now
+                if c.max_env_steps and env_steps >= c.max_env_steps:
+                    stop_reason = "max_env_steps"
+                    break
+                if c.max_seconds and now - t_start >= c.max_seconds:
+                    stop_reason = "max_seconds"
+                    break
+        except KeyboardInterrupt:
+            stop_reason = "interrupted"
+        finally:
+            bar.close()
+
+        # Stop producers first, then the learner, then release anything still waiting.
+        for a in actors:
+            a.stop.remote()
+        learner.stop.remote()
+        replay.close.remote()
+        finals = ray.get(list(run_refs))
+        checkpoint = ray.get(learner.close.remote())
+        final_weights = ray.get(learner.get_weights.remote(-1))[1]
+        r_stats = ray.get(replay.stats.remote())
+        if os.environ.get("DISTRL_DEBUG"):
+            print("DEBUG replay", r_stats, "learner", finals[0])
+        wall = time.monotonic() - t_start
+        env_steps = sum(f["env_steps"] for f in finals[1:])
+        updates = finals[0]["updates"]
+        train_s = max(time.monotonic() - t_train, 1e-9)
+        result = TrainingResult(
+            env_id=c.env_id, reached_target=time_to_target is not None,
+            target_return=c.target_return, time_to_target_s=time_to_target, wall_time_s=wall,
+            startup_s=startup_s or wall, env_steps=env_steps, learner_updates=updates,
+            transitions_inserted=r_stats["inserted"], transitions_sampled=r_stats["sampled"],
+            env_steps_per_s=env_steps / train_s, learner_updates_per_s=updates / train_s,
+            samples_per_insert=r_stats["sampled"] / max(r_stats["inserted"], 1),
+            final_eval_return=evals[-1]["mean_return"] if evals else None,
+            best_eval_return=max((e["mean_return"] for e in evals), default=None),
+            stop_reason=stop_reason, evals=evals, actor_epsilons=epsilons,
+            throughput=throughput, output_dir=str(self.output_dir), checkpoint=checkpoint,
+            config=c.to_dict(), weights=final_weights)
+        result.save(self.output_dir / "results.json")
+        return result
+
+
+def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:
+    """Env steps/s and learner updates/s over the last few seconds."""
+    if len(throughput) < 2:
+        return 0.0, 0.0
+    last = throughput[-1]
+    first = next((p for p in throughput if last["time_s"] - p["time_s"] <= window_s),
+                 throughput[-2])
+    if first is last:
+        first = throughput[-2]
+    dt = max(last["time_s"] - first["time_s"], 1e-9)
+    return ((last["env_steps"] - first["env_steps"]) / dt,
+            (last["learner_updates"] - first["learner_updates"]) / dt)
+
+
+def actor_epsilon_table(config: ApexConfig) -> list[list[float]]:
+    """The epsilons every actor's env slots will use (no Ray needed)."""
+    return [slot_epsilons(config, i).tolist() for i in range(config.num_actors)]

@@ -1,0 +1,365 @@
+"""Prioritized experience replay: numpy ring buffers, a vectorised sum tree, a rate limiter.
+
+    replay = PrioritizedReplay(capacity=100_000, obs_shape=(4,), alpha=0.6)
+    replay.add(block)                       # a Transitions block, priorities = |delta| from actors
+    batch = replay.sample(512, beta=0.4)    # proportional to (|delta| + eps) ** alpha
+    replay.update_priorities(batch.keys, new_abs_td)   # stale keys (overwritten slots) are ignored
+
+Everything is struct-of-arrays: one numpy array per field, blocks in and batches out, so that
+nothing is a Python loop over transitions and nothing crosses a process as a list of tuples.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+
+@dataclass
+class Transitions:
+    """A block of n-step transitions, one row per transition.
+
+    reward is the discounted n-step return R = sum_k gamma^k r_k; discount is gamma^k for the
+    k steps folded when the target should bootstrap from next_obs, and 0 when the episode
+    terminated inside the n steps. priority is the actor's |TD error| (before the exponent).
+    """
+
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    discount: np.ndarray
+    next_obs: np.ndarray
+    priority: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.action.shape[0])
+
+    def __post_init__(self) -> None:
+        n = len(self)
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not isinstance(value, np.ndarray) or value.shape[:1] != (n,):
+                shape = getattr(value, "shape", type(value).__name__)
+                raise ValueError(f"Transitions.{f.name} has shape {shape}; expected a numpy "
+                                 f"array with {n} rows like Transitions.action")
+
+    @staticmethod
+    def concat(blocks: list[Transitions]) -> Transitions:
+        return Transitions(*(np.concatenate([getattr(b, f.name) for b in blocks])
+                             for f in fields(Transitions)))
+
+    def take(self, index) -> Transitions:
+        return Transitions(*(getattr(self, f.name)[index] for f in fields(self)))
+
+
+@dataclass
+class SampledBatch:
+    """A learner batch: the transitions, their replay keys and importance-sampling weights."""
+
+    transitions: Transitions
+    keys: np.ndarray
+    weights: np.ndarray
+    probabilities: np.ndarray
+
+
+class SumTree:
+    """A binary tree over `capacity` leaves whose every node holds the sum of its children.
+
+    Nodes are recomputed from their children (never patched by adding deltas), so after any
+    sequence of writes every internal node is exactly the float sum of its two children.
+    """
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"SumTree capacity={capacity!r} is invalid: expected an integer >= 1")
+        self.capacity = capacity
+        self.depth = max(1, int(np.ceil(np.log2(capacity))))
+        self.leaf_offset = 1 << self.depth
+        self.tree = np.zeros(2 * self.leaf_offset, dtype=np.float64)  # node 1 is the root
+
+    @property
+    def total(self) -> float:
+        return float(self.tree[1])
+
+    def leaves(self, index: np.ndarray | slice = slice(None)) -> np.ndarray:
+        return self.tree[self.leaf_offset: self.leaf_offset + self.capacity][index]
+
+    def set(self, index: np.ndarray, values: np.ndarray) -> None:
+        """Write leaves at arbitrary indices, then recompute their ancestors level by level."""
+        node = np.asarray(index, dtype=np.int64) + self.leaf_offset
+        self.tree[node] = values
+        pairs = self.tree.reshape(-1, 2)  # row p holds the children of node p
+        for _ in range(self.depth):
+            node >>= 1
+            # Duplicate parents write the same value twice, which is harmless.
+            children = pairs.take(node, axis=0)
+            self.tree[node] = children[:, 0] + children[:, 1]
+
+    def set_range(self, start: int, values: np.ndarray) -> None:
+        """Write a contiguous run of leaves; ancestors are contiguous too, so slices suffice."""
+        lo = start + self.leaf_offset
+        hi = lo + len(values) - 1
+        self.tree[lo: hi + 1] = values
+        for _ in range(self.depth):
+            lo >>= 1
+            hi >>= 1
+            self.tree[lo: hi + 1] = (self.tree[2 * lo: 2 * hi + 2: 2]
+                                     + self.tree[2 * lo + 1: 2 * hi + 2: 2])
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """Leaf index holding each cumulative `mass` in [0, total). Never returns a zero leaf."""
+        node = np.ones(len(mass), dtype=np.int64)
+        mass = np.array(mass, dtype=np.float64)
+        pairs = self.tree.reshape(-1, 2)  # one gather fetches both children
+        for _ in range(self.depth):
+            children = pairs.take(node, axis=0)
+            left_sum = children[:, 0]
+            # Only step right into a subtree with mass: float rounding can push `mass` a hair
+            # past the left sum of a node whose right subtree is empty.
+            go_right = (mass >= left_sum) & (children[:, 1] > 0)
+            mass -= left_sum * go_right
+            node = 2 * node + go_right
+        return node - self.leaf_offset
+
+
+class PrioritizedReplay:
+    """Proportional prioritized replay (Schaul et al. 2016) as used by Ape-X.
+
+    Priorities arrive as |TD error|; (|delta| + eps) ** alpha is applied here, exactly once.
+    Every inserted transition gets a key (its global insertion number); the slot is
+    key % capacity, so an update for a key whose slot has since been overwritten is ignored.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], *, obs_dtype=np.float32,
+                 alpha: float = 0.6, eps: float = 1e-3, seed: int = 0):
+        if not isinstance(capacity, int) or capacity < 1:
+            raise ValueError(f"capacity={capacity!r} is invalid: expected an integer >= 1")
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha={alpha!r} is invalid: expected a number in [0, 1]")
+        if not eps > 0:
+            raise ValueError(f"eps={eps!r} is invalid: expected a number > 0")
+        self.capacity = capacity
+        self.obs_shape = tuple(obs_shape)
+        self.alpha = alpha
+        self.eps = eps
+        self.rng = np.random.default_rng(seed)
+        self.obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
+        self.next_obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
+        self.action = np.zeros(capacity, dtype=np.int64)
+        self.reward = np.zeros(capacity, dtype=np.float32)
+        self.discount = np.zeros(capacity, dtype=np.float32)
+        self.key = np.full(capacity, -1, dtype=np.int64)
+        self.tree = SumTree(capacity)
+        self.total_inserted = 0
+
+    def __len__(self) -> int:
+        return min(self.total_inserted, self.capacity)
+
+    def _scaled(self, td_abs: np.ndarray) -> np.ndarray:
+        td_abs = np.asarray(td_abs, dtype=np.float64)
+        if td_abs.size and not np.all(np.isfinite(td_abs)):
+            raise ValueError("priorities must be finite; got NaN or inf (is the learner diverging?)")
+        return (np.abs(td_abs) + self.eps) ** self.alpha
+
+    def add(self, block: Transitions) -> np.ndarray:
+        """Insert a block (oldest slots are overwritten); returns the keys given to it."""
+        if block.obs.shape[1:] != self.obs_shape:
+            raise ValueError(f"block observations have shape {block.obs.shape[1:]}; this replay "
+                             f"stores observations of shape {self.obs_shape}")
+        n = len(block)
+        if n > self.capacity:  # only the newest `capacity` rows could survive anyway
+            skipped = n - self.capacity
+            block = block.take(slice(skipped, None))
+            self.total_inserted += skipped
+            n = self.capacity
+        scaled = self._scaled(block.priority)
+        keys = np.arange(self.total_inserted, self.total_inserted + n, dtype=np.int64)
+        start = self.total_inserted % self.capacity
+        first = min(n, self.capacity - start)  # the block may wrap around the ring's end
+        for dst, src in ((slice(start, start + first), slice(0, first)),
+                         (slice(0, n - first), slice(first, n))):
+            if src.stop <= src.start:
+                continue
+            self.obs[dst] = block.obs[src]
+            self.next_obs[dst] = block.next_obs[src]
+            self.action[dst] = block.action[src]
+            self.reward[dst] = block.reward[src]
+            self.discount[dst] = block.discount[src]
+            self.key[dst] = keys[src]
+            self.tree.set_range(dst.start, scaled[src])
+        self.total_inserted += n
+        return keys
+
+    def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
+        """Stratified proportional sampling with normalised importance-sampling weights.
+
+        w_i = (N * P(i)) ** -beta, divided by the batch's largest weight (as in Ape-X and
+        Acme) so that weights only ever scale updates down.
+        """
+        if len(self) == 0:
+            raise ValueError("cannot sample from an empty replay")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} is invalid: expected an integer >= 1")
+        if not 0.0 <= beta <= 1.0:
+            raise ValueError(f"beta={beta!r} is invalid: expected a number in [0, 1]")
+        total = self.tree.total
+        mass = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
+        slots = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
+        leaves = self.tree.tree.take(slots + self.tree.leaf_offset)
+        probabilities = leaves / total
+        weights = (len(self) * probabilities) ** (-beta)
+        weights /= weights.max()
+        # ndarray.take is markedly faster than fancy indexing for these random gathers.
+        transitions = Transitions(
+            obs=self.obs.take(slots, axis=0), action=self.action.take(slots),
+            reward=self.reward.take(slots), discount=self.discount.take(slots),
+            next_obs=self.next_obs.take(slots, axis=0), priority=leaves.astype(np.float32))
+        return SampledBatch(transitions, self.key.take(slots), weights.astype(np.float32),
+                            probabilities)
+
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
+        """Set new priorities from |TD error|; returns how many keys were still live."""
+        keys = np.asarray(keys, dtype=np.int64)
+        td_abs = np.asarray(td_abs)
+        if keys.shape != td_abs.shape:
+            raise ValueError(f"keys has shape {keys.shape} but priorities has shape "
+                             f"{td_abs.shape}; expected one priority per key")
+        slots = keys % self.capacity
+        live = self.key[slots] == keys
+        if np.any(live):
+            self.tree.set(slots[live], self._scaled(td_abs[live]))
+        return int(live.sum())
+
+
+class RateLimiter:
+    """Keeps samples-per-insert near a target, like Reverb's SampleToInsertRatio.
+
+    Counted in transitions: inserting n adds n * samples_per_insert to the budget, sampling a
+    batch of b spends b. After `min_size` inserts, an insert waits while the budget is more
+    than `error_buffer` ahead of the samples, and a sample waits while it would take the
+    budget more than `error_buffer` behind. error_buffer >= (samples_per_insert + batch) / 2
+    guarantees that one side can always proceed. samples_per_insert = 0 disables limiting
+    (only min_size applies).
+    """
+
+    def __init__(self, samples_per_insert: float, min_size: int, error_buffer: float):
+        if samples_per_insert < 0:
+            raise ValueError(f"samples_per_insert={samples_per_insert!r} is invalid: expected >= 0")
+        if min_size < 1:
+            raise ValueError(f"min_size={min_size!r} is invalid: expected an integer >= 1")
+        if error_buffer < 0:
+            raise ValueError(f"error_buffer={error_buffer!r} is invalid: expected >= 0")
+        self.samples_per_insert = float(samples_per_insert)
+        self.min_size = int(min_size)
+        self.error_buffer = float(error_buffer)
+        self.inserts = 0
+        self.samples = 0
+        self.insert_wait_s = 0.0
+        self.sample_wait_s = 0.0
+        self.closed = False
+        self._cond = threading.Condition()
+
+    def _budget(self) -> float:
+        return (self.inserts - self.min_size) * self.samples_per_insert - self.samples
+
+    def can_insert(self) -> bool:
+        if self.samples_per_insert == 0 or self.inserts < self.min_size:
+            return True
+        # Room for at least one more transition; a block may overshoot by its own size.
+        return self._budget() + self.samples_per_insert <= self.error_buffer
+
+    def can_sample(self, n: int) -> bool:
+        if self.inserts < self.min_size:
+            return False
+        return self.samples_per_insert == 0 or self._budget() - n >= -self.error_buffer
+
+    def _await(self, ready, record, timeout: float | None) -> bool:
+        start = time.monotonic()
+        with self._cond:
+            ok = self._cond.wait_for(lambda: self.closed or ready(), timeout=timeout)
+            waited = time.monotonic() - start
+            if not ok or self.closed:
+                return False
+            record(waited)
+            self._cond.notify_all()
+            return True
+
+    def await_insert(self, n: int, timeout: float | None = None) -> bool:
+        """Block until n transitions may be inserted and count them; False on timeout/close."""
+        def record(waited):
+            self.inserts += n
+            self.insert_wait_s += waited
+        return self._await(self.can_insert, record, timeout)
+
+    def await_sample(self, n: int, timeout: float | None = None) -> bool:
+        """Block until a batch of n may be sampled and count it; False on timeout/close."""
+        def record(waited):
+            self.samples += n
+            self.sample_wait_s += waited
+        return self._await(lambda: self.can_sample(n), record, timeout)
+
+    def close(self) -> None:
+        """Release every waiter (they return False) and refuse all later waits."""
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+
+
+class ReplayService:
+    """Thread-safe replay + rate limiter: the object the Ray replay actor wraps.
+
+    Actors call add() with blocks, the learner calls sample() and update_priorities(); both
+    may be called from many threads at once (a threaded Ray actor). A block is either stored
+    whole or refused (returns False) so the caller can retry it: nothing accepted is lost.
+    """
+
+    def __init__(self, capacity: int, obs_shape: tuple[int, ...], *, alpha: float, eps: float,
+                 samples_per_insert: float, min_size: int, error_buffer: float, seed: int = 0):
+        self.replay = PrioritizedReplay(capacity, obs_shape, alpha=alpha, eps=eps, seed=seed)
+        self.limiter = RateLimiter(samples_per_insert, min_size, error_buffer)
+        self._lock = threading.Lock()
+        self.priority_updates = 0
+        self.stale_priority_updates = 0
+
+    def add(self, block: Transitions, timeout: float | None = 1.0) -> bool:
+        if len(block) == 0:
+            return True
+        if not self.limiter.await_insert(len(block), timeout):
+            return False
+        with self._lock:
+            self.replay.add(block)
+        return True
+
+    def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
+               num_batches: int = 1) -> list[SampledBatch] | None:
+        """num_batches batches (one round trip for several learner updates), or None on timeout."""
+        if not self.limiter.await_sample(batch_size * num_batches, timeout):
+            return None
+        with self._lock:
+            return [self.replay.sample(batch_size, beta) for _ in range(num_batches)]
+
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
+        with self._lock:
+            live = self.replay.update_priorities(keys, td_abs)
+        self.priority_updates += len(keys)
+        self.stale_priority_updates += len(keys) - live
+        return live
+
+    def stats(self) -> dict:
+        with self._lock:
+            return {
+                "size": len(self.replay),
+                "inserted": self.replay.total_inserted,
+                "sampled": self.limiter.samples,
+                "insert_wait_s": self.limiter.insert_wait_s,
+                "sample_wait_s": self.limiter.sample_wait_s,
+                "priority_updates": self.priority_updates,
+                "stale_priority_updates": self.stale_priority_updates,
+                "priority_total": self.replay.tree.total,
+            }
+
+    def close(self) -> None:
+        self.limiter.close()

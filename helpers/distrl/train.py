@@ -1,0 +1,82 @@
+"""Command line: `python -m distrl.train --env CartPole-v1 --num-actors 4 ...`.
+
+Every ApexConfig field is an option (`--help` shows each field's docstring and default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+import typing
+
+from distrl.config import ApexConfig, field_help
+
+# Short spellings people expect, beside the field names.
+ALIASES = {"env_id": ["--env"]}
+
+
+def _none_or(cast):
+    def parse(text: str):
+        return None if text.lower() in {"none", "null", ""} else cast(text)
+    parse.__name__ = cast.__name__
+    return parse
+
+
+def _bool(text: str) -> bool:
+    lowered = text.lower()
+    if lowered in {"1", "true", "yes", "on"}:
+        return True
+    if lowered in {"0", "false", "no", "off"}:
+        return False
+    raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use true or false")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m distrl.train",
+        description="Train Ape-X DQN on Ray. Writes results.json, TensorBoard logs and "
+                    "checkpoints to --output-dir.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    hints = typing.get_type_hints(ApexConfig)
+    docs = field_help()
+    for f in dataclasses.fields(ApexConfig):
+        hint = hints[f.name]
+        kwargs: dict = {"default": f.default, "help": docs.get(f.name, ""), "dest": f.name}
+        args = typing.get_args(hint)
+        optional = type(None) in args
+        base = next((a for a in args if a is not type(None)), hint) if optional else hint
+        if base is bool:
+            kwargs["type"] = _bool
+            kwargs["metavar"] = "{true,false}"
+        elif typing.get_origin(base) is tuple:
+            kwargs["type"] = int
+            kwargs["nargs"] = "+"
+        else:
+            kwargs["type"] = _none_or(base) if optional else base
+        flags = [f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, [])]
+        parser.add_argument(*flags, **kwargs)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    try:
+        config = ApexConfig(**args)
+        from distrl.apex import ApeX
+
+        apex = ApeX(config)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    result = apex.train()
+    outcome = (f"reached {result.target_return} in {result.time_to_target_s:.1f}s"
+               if result.reached_target else f"stopped ({result.stop_reason})")
+    print(f"{config.env_id}: {outcome}; {result.env_steps:,} env steps, "
+          f"{result.learner_updates:,} learner updates, best greedy return "
+          f"{result.best_eval_return}; results in {result.output_dir}/results.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Run the tutorial notebooks in order with papermill (`make tutorial`).
+
+    python -m distrl.tutorial                       # every notebook, full-size parameters
+    python -m distrl.tutorial --only 01 -p MAX_SECONDS=60
+
+Executed notebooks land in runs/<timestamp>/, next to what each notebook records (results
+JSON, TensorBoard logs, checkpoints). A failing notebook is kept as executed so that the cell
+that failed can be read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+
+
+def find_notebooks(directory: Path = NOTEBOOKS_DIR, only: list[str] | None = None) -> list[Path]:
+    notebooks = sorted(p for p in directory.glob("[0-9][0-9]-*.ipynb"))
+    if only:
+        notebooks = [p for p in notebooks if any(p.name.startswith(o) for o in only)]
+    return notebooks
+
+
+def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = None,
+                 kernel: str = "distrl", cell_timeout_s: int = 1800) -> Path:
+    """Execute one notebook into output_dir (cwd: its own folder). Raises on a failing cell."""
+    import papermill
+
+    output_dir.mkdir(parents=True, exist_ok=True)
+    out = output_dir / notebook.name
+    params = {"OUTPUT_DIR": str(output_dir.resolve() / notebook.stem)} | (parameters or {})
+    papermill.execute_notebook(
+        str(notebook), str(out), parameters=params, kernel_name=kernel,
+        cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
+        log_output=False, request_save_on_cell_execute=True)
+    return out
+
+
+def _parse_parameter(text: str) -> tuple[str, object]:
+    name, sep, value = text.partition("=")
+    if not sep or not name.isidentifier():
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    try:
+        return name, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return name, value  # a bare string
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kernel", default="distrl", help="Jupyter kernel to execute with")
+    parser.add_argument("--only", nargs="*", help="notebook number prefixes, e.g. 01 03")
+    parser.add_argument("-p", "--parameter", action="append", type=_parse_parameter, default=[],
+                        help="NAME=VALUE passed to every notebook's parameters cell")
+    parser.add_argument("--output-dir", type=Path, default=None,
+                        help="default: runs/<timestamp>")
+    args = parser.parse_args(argv)
+    output_dir = args.output_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    notebooks = find_notebooks(only=args.only)
+    if not notebooks:
+        print(f"no notebooks matched {args.only} in {NOTEBOOKS_DIR}", file=sys.stderr)
+        return 2
+    params = dict(args.parameter)
+    for i, notebook in enumerate(notebooks, 1):
+        print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
+        start = time.monotonic()
+        try:
+            out = run_notebook(notebook, output_dir, params, kernel=args.kernel)
+        except Exception as err:  # papermill raises PapermillExecutionError with the cell
+            print(f"[{i}/{len(notebooks)}] {notebook.name} FAILED after "
+                  f"{time.monotonic() - start:.0f}s: {err}\n"
+                  f"the executed notebook is kept at {output_dir / notebook.name}",
+                  file=sys.stderr)
+            return 1
+        print(f"[{i}/{len(notebooks)}] {notebook.name} done in {time.monotonic() - start:.0f}s"
+              f" -> {out}", flush=True)
+    print(f"all {len(notebooks)} notebook(s) ran; executed notebooks and results are in "
+          f"{output_dir.resolve()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,177 @@
+"""n-step folding, epsilons, environment checks and the actor's own priorities."""
+
+import numpy as np
+import pytest
+
+from distrl.actor import (Actor, EnvBatch, NStepFolder, env_spec, evaluate_greedy,
+                          initial_priorities, slot_epsilons)
+from distrl.config import ApexConfig, epsilons
+from distrl.network import NetworkSpec, init_weights, numpy_q_values
+
+
+def push_episode(folder, rewards, end):
+    """One slot; obs_t = t, next_obs_t = t + 1 (the final obs is 100 + len)."""
+    for t, r in enumerate(rewards):
+        last = t == len(rewards) - 1
+        next_obs = 100.0 + len(rewards) if last and end else t + 1.0
+        folder.push(np.array([[t]]), np.array([t % 2]), np.array([r]), np.array([[next_obs]]),
+                    np.array([last and end == "terminated"]), np.array([last and end == "truncated"]))
+
+
+def rows(block):
+    return [(float(o[0]), float(r), float(d), float(n[0]))
+            for o, r, d, n in zip(block.obs, block.reward, block.discount, block.next_obs)]
+
+
+def test_terminated_episode_folds_without_bootstrap():
+    folder = NStepFolder(1, n=3, gamma=0.5, obs_shape=(1,))
+    push_episode(folder, [1, 2, 3, 4], "terminated")
+    assert rows(folder.pop()) == [
+        (0, 1 + 0.5 * 2 + 0.25 * 3, 0.125, 3),  # three rewards: bootstraps from obs 3
+        (1, 2 + 0.5 * 3 + 0.25 * 4, 0.0, 104),  # the episode ends inside: no bootstrap
+        (2, 3 + 0.5 * 4, 0.0, 104),
+        (3, 4, 0.0, 104),
+    ]
+
+
+def test_truncated_episode_bootstraps_from_the_final_observation():
+    folder = NStepFolder(1, n=3, gamma=0.5, obs_shape=(1,))
+    push_episode(folder, [1, 2, 3, 4], "truncated")
+    assert rows(folder.pop()) == [
+        (0, 2.75, 0.125, 3),
+        (1, 4.5, 0.125, 104),  # gamma^3: three rewards, then the cut-off future
+        (2, 5.0, 0.25, 104),   # gamma^2
+        (3, 4.0, 0.5, 104),    # gamma^1
+    ]
+
+
+def test_open_steps_wait_for_the_next_pop():
+    folder = NStepFolder(1, n=3, gamma=0.5, obs_shape=(1,))
+    push_episode(folder, [1, 2, 3, 4, 5], None)
+    assert [r[0] for r in rows(folder.pop())] == [0, 1, 2]  # 3 and 4 lack rewards
+    push_episode(folder, [6], "terminated")  # obs 0 again, but it continues slot's episode
+    assert rows(folder.pop()) == [(3, 4 + 0.5 * 5 + 0.25 * 6, 0.0, 101),
+                                  (4, 5 + 0.5 * 6, 0.0, 101), (0, 6, 0.0, 101)]
+    assert len(folder.pop()) == 0
+
+
+def reference_fold(steps, n, gamma):
+    """Brute force: walk every slot's steps in order, per transition."""
+    out = []
+    num_slots = len(steps[0][1])
+    for j in range(num_slots):
+        seq = [(s[0][j], s[1][j], s[2][j], s[3][j], s[4][j], s[5][j]) for s in steps]
+        for t in range(len(seq)):
+            ret, k = 0.0, 0
+            for i in range(n):
+                if t + i >= len(seq):
+                    k = None
+                    break
+                obs, a, r, nxt, term, trunc = seq[t + i]
+                ret += gamma ** i * r
+                k = i + 1
+                if term or trunc:
+                    disc = 0.0 if term else gamma ** k
+                    break
+            else:
+                disc = gamma ** n
+            if k is None:  # the window is still open at the end: not emitted yet
+                continue
+            out.append((j, float(seq[t][0][0]), round(ret, 9), round(disc, 9),
+                        float(seq[t + k - 1][3][0])))
+    return sorted(out)
+
+
+def test_folding_matches_a_brute_force_reference_on_random_episodes():
+    rng = np.random.default_rng(0)
+    num_slots, n, gamma = 5, 3, 0.9
+    folder = NStepFolder(num_slots, n, gamma, (1,))
+    steps, got = [], []
+    counter = 0.0
+    for step in range(200):
+        obs = counter + np.arange(num_slots, dtype=np.float64)[:, None] * 1000
+        counter += 1
+        action = rng.integers(0, 2, num_slots)
+        reward = rng.normal(size=num_slots)
+        end = rng.random(num_slots)
+        terminated, truncated = end < 0.05, (end >= 0.05) & (end < 0.1)
+        next_obs = obs + 0.5
+        steps.append((obs, action, reward, next_obs, terminated, truncated))
+        folder.push(obs, action, reward, next_obs, terminated, truncated)
+        if rng.random() < 0.2:  # pop at random points: carries must be seamless
+            got.append(folder.pop())
+    got.append(folder.pop())
+    got_rows = sorted((int(o[0] // 1000), float(o[0]), round(float(r), 9), round(float(d), 9),
+                       float(x[0]))
+                      for b in got for o, r, d, x in zip(b.obs, b.reward, b.discount, b.next_obs))
+    expected = reference_fold(steps, n, gamma)
+    assert len(got_rows) == len(expected)
+    for g, e in zip(got_rows, expected):
+        assert g[:2] == e[:2] and g[4] == e[4]
+        assert g[2] == pytest.approx(e[2], abs=1e-5) and g[3] == pytest.approx(e[3], abs=1e-6)
+
+
+def test_epsilon_formula():
+    eps = epsilons(8, 0.4, 7.0)
+    np.testing.assert_allclose(eps, [0.4 ** (1 + 7 * i / 7) for i in range(8)])
+    assert eps[0] == pytest.approx(0.4) and eps[-1] == pytest.approx(0.4 ** 8)
+    assert epsilons(1).tolist() == [0.4]
+    with pytest.raises(ValueError, match="num_slots=0"):
+        epsilons(0)
+
+
+def test_slot_epsilons_cover_all_actors():
+    config = ApexConfig(num_actors=3, envs_per_actor=4)
+    spread = np.concatenate([slot_epsilons(config, i) for i in range(3)])
+    np.testing.assert_allclose(spread, epsilons(12))
+    per_actor = config.replace(per_slot_epsilon=False)
+    np.testing.assert_allclose(slot_epsilons(per_actor, 2), np.full(4, epsilons(3)[2]))
+    with pytest.raises(ValueError, match="actor_index=3"):
+        slot_epsilons(config, 3)
+
+
+def test_env_spec_accepts_box_discrete_and_refuses_the_rest():
+    assert env_spec("CartPole-v1") == ((4,), 2)
+    assert env_spec("Acrobot-v1") == ((6,), 3)
+    with pytest.raises(ValueError, match=r"env_id='CartPoel-v1'.*did you mean CartPole-v1"):
+        env_spec("CartPoel-v1")
+    with pytest.raises(ValueError, match=r"env_id='Pendulum-v1' has action space Box.*Discrete"):
+        env_spec("Pendulum-v1")
+    with pytest.raises(ValueError, match=r"env_id='FrozenLake-v1' has observation space"):
+        env_spec("FrozenLake-v1")
+
+
+def test_env_batch_resets_in_the_same_step_and_keeps_the_final_obs():
+    envs = EnvBatch("CartPole-v1", 3)
+    envs.reset(seeds=[0, 1, 2])
+    ended = 0
+    for _ in range(200):
+        next_obs, reward, terminated, truncated, final_obs = envs.step(np.ones(3, np.int64))
+        done = terminated | truncated
+        ended += done.sum()
+        # Always pushing right ends episodes fast: the final obs is past a limit, the next
+        # obs is a fresh start near zero.
+        assert np.all(np.abs(final_obs[done][:, 2]) > 0.2 - 1e-6) or not done.any()
+        assert np.all(np.abs(next_obs[done]) < 0.05 + 1e-6)
+        np.testing.assert_array_equal(final_obs[~done], next_obs[~done])
+    assert ended > 10
+
+
+def test_actor_priorities_equal_a_fresh_computation():
+    config = ApexConfig(num_actors=2, envs_per_actor=8, seed=3)
+    spec = NetworkSpec(4, 2)
+    actor = Actor(config, 1, init_weights(spec, 1))
+    for _ in range(5):
+        block = actor.collect(7)
+        np.testing.assert_allclose(block.priority, initial_priorities(actor.weights, block, True),
+                                   rtol=1e-5, atol=1e-6)
+    assert actor.env_steps == 5 * 7 * 8
+    assert np.all(block.discount <= config.gamma ** 1 + 1e-6)
+
+
+def test_greedy_evaluation_runs_every_episode_to_its_end():
+    spec = NetworkSpec(4, 2)
+    returns, lengths = evaluate_greedy("CartPole-v1", init_weights(spec, 0), 4, seed=0)
+    assert returns.shape == (4,) and np.all(returns == lengths) and np.all(lengths >= 8)
+    q = numpy_q_values(init_weights(spec, 0), np.zeros((1, 4)))
+    assert q.shape == (1, 2)

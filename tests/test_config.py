@@ -1,0 +1,98 @@
+"""Bad configuration is refused before anything starts, with the field, value and what is accepted."""
+
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+from distrl.apex import ApeX
+from distrl.config import ApexConfig, field_help
+from distrl.train import build_parser, main
+
+
+@pytest.mark.parametrize("field, value, accepted", [
+    ("num_actors", -1, "an integer >= 1"),
+    ("num_actors", 0, "an integer >= 1"),
+    ("num_actors", 2.5, "an integer >= 1"),
+    ("n_step", 0, "an integer >= 1"),
+    ("priority_alpha", 1.5, r"\[0, 1\]"),
+    ("priority_alpha", -0.1, r"\[0, 1\]"),
+    ("priority_beta", 2.0, r"\[0, 1\]"),
+    ("gamma", 1.0, r"\[0, 1\)"),
+    ("learning_rate", 0.0, "> 0"),
+    ("learning_rate", float("nan"), "> 0"),
+    ("batch_size", 0, "an integer >= 1"),
+    ("batch_size", 10**9, "at most replay_capacity"),
+    ("min_replay_size", 0, r"\[1, replay_capacity"),
+    ("envs_per_actor", 0, "an integer >= 1"),
+    ("epsilon_base", 1.5, r"\[0, 1\]"),
+    ("num_gpus", -1, ">= 0"),
+    ("actor_cpus", 0, "None or a number > 0"),
+    ("hidden_sizes", (), "one or more integers"),
+    ("hidden_sizes", (64, 0), "one or more integers"),
+    ("max_seconds", -5, "None or a number > 0"),
+    ("max_env_steps", 0, "None or an integer >= 1"),
+    ("samples_per_insert", -1, ">= 0"),
+    ("dueling", "yes", "True or False"),
+    ("env_id", "", "non-empty"),
+])
+def test_bad_values_name_the_field_value_and_range(field, value, accepted):
+    with pytest.raises(ValueError, match=rf"ApexConfig\.{field}=.*invalid: expected .*{accepted}"):
+        ApexConfig(**{field: value})
+
+
+def test_replace_validates_again_and_round_trips():
+    config = ApexConfig()
+    with pytest.raises(ValueError, match="n_step=0"):
+        config.replace(n_step=0)
+    assert ApexConfig.from_dict(config.to_dict()) == config
+    with pytest.raises(ValueError, match=r"unknown ApexConfig field\(s\) \['bogus'\]"):
+        ApexConfig.from_dict({"bogus": 1})
+
+
+def test_every_field_is_documented():
+    docs = field_help()
+    missing = [f.name for f in dataclasses.fields(ApexConfig) if not docs.get(f.name)]
+    assert missing == []
+
+
+@pytest.mark.parametrize("env_id, message", [
+    ("NoSuchEnv-v0", "is not a registered gymnasium environment"),
+    ("MountainCarContinuous-v0", "Discrete action space"),
+])
+def test_apex_refuses_bad_environments_before_starting_ray(env_id, message):
+    import ray
+
+    with pytest.raises(ValueError, match=message):
+        ApeX(ApexConfig(env_id=env_id))
+    assert not ray.is_initialized()
+
+
+def test_cli_help_documents_every_option():
+    text = build_parser().format_help()
+    for f in dataclasses.fields(ApexConfig):
+        assert f"--{f.name.replace('_', '-')}" in text
+    assert "--env " in text and "Ape-X exploration" in text
+
+
+def test_cli_parses_types():
+    args = vars(build_parser().parse_args(
+        ["--env", "Acrobot-v1", "--num-actors", "4", "--hidden-sizes", "64", "32",
+         "--target-return", "none", "--dueling", "false", "--actor-cpus", "0.5"]))
+    config = ApexConfig(**args)
+    assert (config.env_id, config.num_actors, config.hidden_sizes) == ("Acrobot-v1", 4, (64, 32))
+    assert config.target_return is None and config.dueling is False and config.actor_cpus == 0.5
+
+
+def test_cli_refuses_bad_values_with_a_clear_message(capsys):
+    assert main(["--num-actors", "-2"]) == 2
+    assert "ApexConfig.num_actors=-2 is invalid" in capsys.readouterr().err
+    assert main(["--env", "Pendulum-v1"]) == 2
+    assert "Discrete action space" in capsys.readouterr().err
+
+
+def test_cli_help_runs_as_a_module():
+    out = subprocess.run([sys.executable, "-m", "distrl.train", "--help"], capture_output=True,
+                         text=True, check=True).stdout
+    assert "--samples-per-insert" in out and "usage: python -m distrl.train" in out

@@ -1,0 +1,118 @@
+"""The Keras network against its numpy twin, and the learner's maths against numpy."""
+
+import numpy as np
+import pytest
+
+from distrl.config import ApexConfig
+from distrl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
+from distrl.network import (NetworkSpec, build_keras_model, get_keras_weights, init_weights,
+                            numpy_q_values)
+from distrl.replay import SampledBatch, Transitions
+
+configure_tensorflow(num_threads=1)
+
+
+@pytest.mark.parametrize("spec", [NetworkSpec(4, 2, (16, 8), True), NetworkSpec(6, 3, (32,), False),
+                                  NetworkSpec(5, 4, (8, 8, 8), True)])
+def test_numpy_forward_equals_keras(spec):
+    weights = init_weights(spec, seed=2)
+    model = build_keras_model(spec, weights)
+    obs = np.random.default_rng(0).normal(size=(33, spec.obs_size)).astype(np.float32)
+    np.testing.assert_allclose(numpy_q_values(weights, obs, spec.dueling), model(obs).numpy(),
+                               rtol=1e-5, atol=1e-5)
+    for a, b in zip(get_keras_weights(model, spec), weights):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_weights_of_the_wrong_shape_are_refused():
+    spec = NetworkSpec(4, 2, (16,), True)
+    with pytest.raises(ValueError, match="expects"):
+        build_keras_model(spec, init_weights(NetworkSpec(4, 3, (16,), True)))
+
+
+def tiny_batch(rng, n=6, obs_size=4):
+    t = Transitions(obs=rng.normal(size=(n, obs_size)).astype(np.float32),
+                    action=rng.integers(0, 2, n), reward=rng.normal(size=n).astype(np.float32),
+                    discount=np.array([0.97, 0.0, 0.5, 0.97, 0.97, 0.0], np.float32)[:n],
+                    next_obs=rng.normal(size=(n, obs_size)).astype(np.float32),
+                    priority=np.ones(n, np.float32))
+    return SampledBatch(t, np.arange(n), np.linspace(0.5, 1.0, n).astype(np.float32),
+                        np.full(n, 1.0 / n))
+
+
+def test_double_dqn_targets_and_priorities_equal_numpy():
+    rng = np.random.default_rng(0)
+    spec = NetworkSpec(4, 2, (16, 16), True)
+    online, target = init_weights(spec, 1), init_weights(spec, 2)
+    config = ApexConfig(hidden_sizes=(16, 16), learning_rate=1e-3, target_update_period=1000)
+    learner = Learner(config, spec, online)
+    learner.target.set_weights(build_keras_model(spec, target).get_weights())
+    batch = tiny_batch(rng)
+    t = batch.transitions
+    y, td_ref = double_dqn_reference(numpy_q_values(online, t.next_obs),
+                                     numpy_q_values(target, t.next_obs),
+                                     numpy_q_values(online, t.obs), t.action, t.reward, t.discount)
+    # The reference really is double DQN: online picks, target evaluates.
+    best = numpy_q_values(online, t.next_obs).argmax(1)
+    assert y[1] == pytest.approx(t.reward[1])  # discount 0: no bootstrap
+    assert y[0] == pytest.approx(t.reward[0] + 0.97 * numpy_q_values(target, t.next_obs)[0, best[0]],
+                                 rel=1e-5)
+    loss, td_abs, _ = learner.update(batch)
+    np.testing.assert_allclose(td_abs, td_ref, rtol=1e-4, atol=1e-5)
+    # Huber(delta=1) weighted by the IS weights, averaged.
+    huber = np.where(td_ref <= 1, 0.5 * td_ref ** 2, td_ref - 0.5)
+    assert loss == pytest.approx(float(np.mean(batch.weights * huber)), rel=1e-4)
+    # The online network moved; the target did not (period 1000).
+    assert not np.allclose(learner.get_weights()[0], online[0])
+    np.testing.assert_allclose(learner.target.get_weights()[0], target[0])
+
+
+def test_target_network_follows_the_period_and_learning_reduces_loss():
+    rng = np.random.default_rng(1)
+    spec = NetworkSpec(4, 2, (16,), False)
+    config = ApexConfig(hidden_sizes=(16,), dueling=False, target_update_period=3,
+                        learning_rate=1e-2)
+    learner = Learner(config, spec, init_weights(spec, 0))
+    batch = tiny_batch(rng)
+    losses = [learner.update(batch)[0] for _ in range(2)]
+    assert not np.allclose(learner.target.get_weights()[0], learner.online.get_weights()[0])
+    losses.append(learner.update(batch)[0])  # third update copies online -> target
+    np.testing.assert_array_equal(learner.target.get_weights()[0], learner.online.get_weights()[0])
+    losses += [learner.update(batch)[0] for _ in range(60)]
+    assert losses[-1] < losses[0]
+
+
+def test_beta_anneals_linearly():
+    spec = NetworkSpec(4, 2, (8,), True)
+    config = ApexConfig(hidden_sizes=(8,), priority_beta=0.4, priority_beta_final=1.0,
+                        beta_anneal_updates=100)
+    learner = Learner(config, spec, init_weights(spec, 0))
+    assert learner.beta() == pytest.approx(0.4)
+    learner.updates = 50
+    assert learner.beta() == pytest.approx(0.7)
+    learner.updates = 500
+    assert learner.beta() == pytest.approx(1.0)
+
+
+def test_checkpoint_round_trip(tmp_path):
+    rng = np.random.default_rng(2)
+    spec = NetworkSpec(4, 2, (8,), True)
+    config = ApexConfig(hidden_sizes=(8,), target_update_period=2)
+    learner = Learner(config, spec, init_weights(spec, 0))
+    batch = tiny_batch(rng)
+    for _ in range(5):
+        learner.update(batch)
+    for _ in range(4):  # keep=3 prunes the oldest
+        path = learner.save_checkpoint(tmp_path, extra={"env_steps": 123})
+        learner.updates += 1
+    assert latest_checkpoint(tmp_path) == path
+    assert len(list(tmp_path.glob("checkpoint-*.npz"))) == 3
+    restored = Learner(config, spec, init_weights(spec, 9))
+    meta = restored.restore_checkpoint(path)
+    assert meta["updates"] == restored.updates == 8 and meta["env_steps"] == 123
+    for a, b in zip(restored.get_weights(), learner.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(restored.optimizer.variables, learner.optimizer.variables):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # Both continue identically from the same state.
+    np.testing.assert_allclose(restored.update(batch)[1], learner.update(batch)[1], rtol=1e-6)

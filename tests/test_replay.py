@@ -1,0 +1,221 @@
+"""Prioritized replay, sum tree and rate limiter, against brute-force references."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from distrl.replay import PrioritizedReplay, RateLimiter, ReplayService, SumTree, Transitions
+
+
+def make_block(n, start=0, obs_size=3, priority=None, rng=None):
+    rng = rng or np.random.default_rng(start)
+    ids = np.arange(start, start + n, dtype=np.float32)
+    return Transitions(
+        obs=np.repeat(ids[:, None], obs_size, axis=1), action=np.arange(n) % 2,
+        reward=ids.copy(), discount=np.full(n, 0.9, np.float32),
+        next_obs=np.repeat(ids[:, None] + 0.5, obs_size, axis=1),
+        priority=(rng.random(n).astype(np.float32) if priority is None
+                  else np.asarray(priority, np.float32)))
+
+
+def assert_tree_consistent(tree: SumTree):
+    t = tree.tree
+    internal = np.arange(1, tree.leaf_offset)
+    np.testing.assert_array_equal(t[internal], t[2 * internal] + t[2 * internal + 1])
+    assert tree.total == pytest.approx(tree.leaves().sum(), rel=1e-12)
+
+
+def test_sampling_frequencies_match_priorities():
+    rng = np.random.default_rng(1)
+    td = rng.exponential(1.0, 50).astype(np.float32).astype(np.float64)  # blocks hold float32
+    replay = PrioritizedReplay(64, (3,), alpha=0.6, eps=1e-3, seed=7)
+    replay.add(make_block(50, priority=td))
+    # Brute force: P(i) = (|d_i| + eps)^alpha / sum_j (|d_j| + eps)^alpha.
+    p = (td + 1e-3) ** 0.6
+    p /= p.sum()
+    counts = np.zeros(50)
+    for _ in range(400):
+        batch = replay.sample(256)
+        np.add.at(counts, batch.keys, 1)
+        np.testing.assert_allclose(batch.probabilities, p[batch.keys], rtol=1e-9)
+    chi2 = stats.chisquare(counts, counts.sum() * p)
+    assert chi2.pvalue > 1e-3, chi2
+    # And it is not uniform: the statistic against uniform sampling is huge.
+    assert stats.chisquare(counts).pvalue < 1e-6
+
+
+def test_importance_weights_follow_the_formula():
+    td = np.linspace(0.1, 5.0, 40).astype(np.float32).astype(np.float64)
+    replay = PrioritizedReplay(40, (3,), alpha=0.7, eps=1e-3, seed=3)
+    replay.add(make_block(40, priority=td))
+    batch = replay.sample(64, beta=0.5)
+    p = (td + 1e-3) ** 0.7
+    p /= p.sum()
+    w = (40 * p[batch.keys]) ** -0.5
+    np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-5)
+    assert batch.weights.max() == pytest.approx(1.0)
+    # Rows of the batch are the stored transitions for those keys.
+    np.testing.assert_array_equal(batch.transitions.reward, batch.keys.astype(np.float32))
+    np.testing.assert_array_equal(batch.transitions.next_obs[:, 0], batch.keys + 0.5)
+
+
+def test_ring_overwrite_keeps_sum_tree_exact():
+    rng = np.random.default_rng(0)
+    replay = PrioritizedReplay(100, (3,), alpha=0.6, eps=1e-3)
+    start = 0
+    for size in [37, 64, 99, 5, 100, 250, 13]:  # wraps many times, one block > capacity
+        block = make_block(size, start, rng=rng)
+        replay.add(block)
+        start += size
+        assert_tree_consistent(replay.tree)
+    assert replay.total_inserted == start
+    assert len(replay) == 100
+    # Every slot holds the newest transition written to it, with its own priority.
+    keys = replay.key
+    np.testing.assert_array_equal(np.sort(keys), np.arange(start - 100, start))
+    np.testing.assert_array_equal(replay.reward, keys.astype(np.float32))
+    expected = np.empty(100)
+    rng2 = np.random.default_rng(0)
+    offset = 0
+    for size in [37, 64, 99, 5, 100, 250, 13]:
+        prio = make_block(size, offset, rng=rng2).priority.astype(np.float64)
+        for k, pr in zip(range(offset, offset + size), prio):
+            expected[k % 100] = (pr + 1e-3) ** 0.6
+        offset += size
+    np.testing.assert_allclose(replay.tree.leaves(), expected, rtol=1e-6)
+    # Random priority updates keep it exact too.
+    batch = replay.sample(64)
+    replay.update_priorities(batch.keys, rng.random(64) * 10)
+    assert_tree_consistent(replay.tree)
+
+
+def test_updates_for_overwritten_slots_are_ignored():
+    replay = PrioritizedReplay(16, (3,), alpha=1.0, eps=1e-3, seed=0)
+    replay.add(make_block(16, priority=np.ones(16)))
+    batch = replay.sample(8)
+    replay.add(make_block(16, 16, priority=np.full(16, 2.0)))  # overwrites every slot
+    leaves_before = replay.tree.leaves().copy()
+    live = replay.update_priorities(batch.keys, np.full(8, 100.0))
+    assert live == 0
+    np.testing.assert_array_equal(replay.tree.leaves(), leaves_before)
+    # A live key is updated.
+    fresh = replay.sample(4)
+    assert replay.update_priorities(fresh.keys, np.full(4, 9.0)) == 4
+    np.testing.assert_allclose(replay.tree.leaves(fresh.keys % 16), 9.0 + 1e-3)
+
+
+def test_sampling_never_returns_an_empty_slot():
+    replay = PrioritizedReplay(1000, (3,), seed=0)
+    replay.add(make_block(3, priority=[0.0, 5.0, 0.0]))
+    batch = replay.sample(512)
+    assert set(batch.keys.tolist()) <= {0, 1, 2}
+    assert np.all(replay.key[batch.keys] >= 0)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"capacity": 0}, "capacity=0"),
+    ({"alpha": 1.5}, "alpha=1.5"),
+    ({"eps": 0.0}, "eps=0.0"),
+])
+def test_replay_rejects_bad_settings(kwargs, message):
+    args = {"capacity": 10, "obs_shape": (3,)} | kwargs
+    with pytest.raises(ValueError, match=message):
+        PrioritizedReplay(**args)
+
+
+def test_replay_rejects_bad_input_and_keeps_its_data():
+    replay = PrioritizedReplay(10, (3,))
+    with pytest.raises(ValueError, match="empty replay"):
+        replay.sample(4)
+    replay.add(make_block(4))
+    before = replay.tree.tree.copy()
+    with pytest.raises(ValueError, match=r"shape \(5,\)"):
+        replay.add(make_block(2, obs_size=5))
+    with pytest.raises(ValueError, match="finite"):
+        replay.add(make_block(2, priority=[1.0, np.nan]))
+    with pytest.raises(ValueError, match="one priority per key"):
+        replay.update_priorities(np.array([0, 1]), np.array([1.0]))
+    with pytest.raises(ValueError, match="beta=2"):
+        replay.sample(4, beta=2)
+    with pytest.raises(ValueError, match="batch_size=0"):
+        replay.sample(0)
+    np.testing.assert_array_equal(replay.tree.tree, before)
+    assert len(replay) == 4
+    with pytest.raises(ValueError, match="Transitions.reward"):
+        Transitions(obs=np.zeros((2, 3)), action=np.zeros(2), reward=np.zeros(3),
+                    discount=np.zeros(2), next_obs=np.zeros((2, 3)), priority=np.zeros(2))
+
+
+def test_rate_limiter_enforces_the_ratio():
+    limiter = RateLimiter(samples_per_insert=2.0, min_size=10, error_buffer=8.0)
+    assert not limiter.can_sample(4)            # below min_size
+    assert limiter.await_insert(10, timeout=0)  # warm-up inserts always pass
+    assert limiter.can_sample(4)
+    # Budget (inserts - min) * spi - samples = 0; a sample of 4 takes it to -4 >= -8.
+    assert limiter.await_sample(4, timeout=0)
+    assert limiter.await_sample(4, timeout=0)   # -8: at the edge
+    assert not limiter.await_sample(4, timeout=0.05)  # -12 would be too far behind
+    assert limiter.samples == 8 and limiter.sample_wait_s < 0.01  # refusals are not counted
+    # Inserting catches up: budget -8 + 2 * 6 = 4; inserts allowed while budget + 2 <= 8.
+    assert limiter.await_insert(6, timeout=0)
+    assert limiter.await_insert(1, timeout=0)   # 6
+    assert limiter.await_insert(1, timeout=0)   # 8
+    assert not limiter.await_insert(1, timeout=0.05)  # 8 + 2 > 8: the inserter must wait
+
+
+def test_rate_limiter_blocks_and_releases_across_threads():
+    limiter = RateLimiter(samples_per_insert=1.0, min_size=4, error_buffer=4.0)
+    limiter.await_insert(4)
+    assert limiter.await_sample(4, timeout=0)
+    got = []
+
+    def sampler():
+        got.append(limiter.await_sample(4, timeout=5))
+
+    thread = threading.Thread(target=sampler)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.is_alive() and not got  # blocked: budget -4 - 4 < -4
+    limiter.await_insert(4)               # budget back to 0: the sampler may go
+    thread.join(timeout=5)
+    assert got == [True]
+    assert limiter.sample_wait_s >= 0.15
+
+    # Inserts block when the learner falls behind, and close() releases every waiter.
+    limiter.await_insert(4)  # budget 0
+    limiter.await_insert(4)  # budget 4: one more insert would exceed error_buffer
+    results = []
+    inserter = threading.Thread(target=lambda: results.append(limiter.await_insert(1)))
+    inserter.start()
+    time.sleep(0.2)
+    assert inserter.is_alive()
+    limiter.close()
+    inserter.join(timeout=5)
+    assert results == [False]
+    assert not limiter.await_sample(1, timeout=0)
+
+
+def test_rate_limiter_rejects_bad_settings():
+    with pytest.raises(ValueError, match="samples_per_insert=-1"):
+        RateLimiter(-1, 10, 1.0)
+    with pytest.raises(ValueError, match="min_size=0"):
+        RateLimiter(1, 0, 1.0)
+
+
+def test_replay_service_refuses_whole_blocks_and_loses_nothing():
+    service = ReplayService(100, (3,), alpha=0.6, eps=1e-3, samples_per_insert=1.0,
+                            min_size=8, error_buffer=8.0)
+    assert service.sample(8, 0.4, timeout=0) is None  # warm-up
+    assert service.add(make_block(8), timeout=0)
+    assert service.add(make_block(8, 8), timeout=0)   # budget 8: at the limit
+    assert not service.add(make_block(8, 16), timeout=0.01)  # refused whole
+    assert service.stats()["inserted"] == 16
+    [batch] = service.sample(8, 0.4, timeout=0)
+    assert len(batch.keys) == 8
+    assert service.sample(8, 0.4, timeout=0, num_batches=2) is None  # budget -8 - 16 < -8
+    assert service.add(make_block(8, 16), timeout=0)  # the retried block lands
+    assert service.stats()["inserted"] == 24
+    assert service.update_priorities(batch.keys, np.ones(8)) == 8
