@@ -3,8 +3,15 @@
 import numpy as np
 import pytest
 
-from distrl.actor import (Actor, EnvBatch, NStepFolder, env_spec, evaluate_greedy,
-                          initial_priorities, slot_epsilons)
+from distrl.actor import (
+    Actor,
+    EnvBatch,
+    NStepFolder,
+    env_spec,
+    evaluate_greedy,
+    initial_priorities,
+    slot_epsilons,
+)
 from distrl.config import ApexConfig, epsilons
 from distrl.network import NetworkSpec, init_weights, numpy_q_values
 
@@ -88,7 +95,7 @@ def test_folding_matches_a_brute_force_reference_on_random_episodes():
     folder = NStepFolder(num_slots, n, gamma, (1,))
     steps, got = [], []
     counter = 0.0
-    for step in range(200):
+    for _ in range(200):
         obs = counter + np.arange(num_slots, dtype=np.float64)[:, None] * 1000
         counter += 1
         action = rng.integers(0, 2, num_slots)

@@ -5,8 +5,13 @@ import pytest
 
 from distrl.config import ApexConfig
 from distrl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
-from distrl.network import (NetworkSpec, build_keras_model, get_keras_weights, init_weights,
-                            numpy_q_values)
+from distrl.network import (
+    NetworkSpec,
+    build_keras_model,
+    get_keras_weights,
+    init_weights,
+    numpy_q_values,
+)
 from distrl.replay import SampledBatch, Transitions
 
 configure_tensorflow(num_threads=1)

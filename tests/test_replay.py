@@ -215,7 +215,7 @@ def test_replay_service_refuses_whole_blocks_and_loses_nothing():
     assert service.stats()["inserted"] == 16
     [batch] = service.sample(8, 0.4, timeout=0)
     assert len(batch.keys) == 8
-    assert service.sample(8, 0.4, timeout=0, num_batches=2) is None  # budget -8 - 16 < -8
+    assert service.sample(8, 0.4, timeout=0, num_batches=2) is None  # budget 0 - 16 < -8
     assert service.add(make_block(8, 16), timeout=0)  # the retried block lands
     assert service.stats()["inserted"] == 24
     assert service.update_priorities(batch.keys, np.ones(8)) == 8

@@ -88,6 +88,11 @@ class LearnerWorker:
         from distrl.learner import Learner, configure_tensorflow
 
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
+        if config.num_gpus > 0 and not self.gpus:
+            raise RuntimeError(
+                f"num_gpus={config.num_gpus}: Ray gave the learner a GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}) but TensorFlow "
+                "sees none; install a CUDA build of TensorFlow on that node or use num_gpus=0")
         import tensorflow as tf
 
         self.config, self.replay = config, replay
@@ -355,7 +360,6 @@ class ApeX:
     def train(self) -> TrainingResult:
         import ray
 
-        c = self.config
         t_start = time.monotonic()
         # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -63,7 +63,7 @@ class ApexConfig:
     """added to |delta| so that no transition gets zero priority"""
     min_replay_size: int = 2_000
     """transitions in replay before the learner samples its first batch"""
-    samples_per_insert: float = 16.0
+    samples_per_insert: float = 8.0
     """rate limiter target: transitions sampled by the learner per transition inserted (0 disables it)"""
     samples_per_insert_tolerance: float = 0.5
     """how far (as a fraction of samples_per_insert) the live ratio may drift before one side waits"""
@@ -79,7 +79,7 @@ class ApexConfig:
     """gradients are clipped to this global norm"""
     target_update_period: int = 50
     """learner updates between copies of the online network into the target network"""
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: tuple[int, ...] = (64, 64)
     """units of the fully connected hidden layers of the Q-network"""
     dueling: bool = True
     """dueling head: Q = V + A - mean(A)"""

@@ -22,8 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl.config import ApexConfig
-from distrl.network import (NetworkSpec, build_keras_model, get_keras_weights,
-                            set_keras_weights)
+from distrl.network import NetworkSpec, build_keras_model, get_keras_weights, set_keras_weights
 from distrl.replay import SampledBatch
 
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{9})\.npz$")

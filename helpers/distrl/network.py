@@ -22,7 +22,7 @@ class NetworkSpec:
 
     obs_size: int
     num_actions: int
-    hidden_sizes: tuple[int, ...] = (128, 128)
+    hidden_sizes: tuple[int, ...] = (64, 64)
     dueling: bool = True
 
     def layer_shapes(self) -> list[tuple[str, int, int]]:

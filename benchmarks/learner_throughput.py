@@ -1,0 +1,64 @@
+"""Learner updates/s at batch 512 for the default network, on one CPU core (and a GPU if any).
+
+    python benchmarks/learner_throughput.py [--batch-size 512] [--hidden-sizes 128 128]
+
+Target (issue 2): aim for at least 150 updates/s on one CPU core.
+"""
+
+import argparse
+import os
+import time
+
+import numpy as np
+
+from distrl.config import ApexConfig
+from distrl.learner import Learner, configure_tensorflow
+from distrl.network import NetworkSpec, init_weights
+from distrl.replay import PrioritizedReplay, Transitions
+
+
+def main() -> None:
+    defaults = ApexConfig()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch-size", type=int, default=defaults.batch_size)
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=list(defaults.hidden_sizes))
+    parser.add_argument("--updates", type=int, default=500)
+    parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        if hasattr(os, "sched_setaffinity"):
+            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
+    gpus = configure_tensorflow(num_threads=1 if args.device == "cpu" else None)
+    if args.device == "gpu" and not gpus:
+        raise SystemExit("--device gpu: TensorFlow sees no GPU on this machine")
+    import tensorflow as tf
+
+    config = ApexConfig(hidden_sizes=tuple(args.hidden_sizes), batch_size=args.batch_size)
+    spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
+    rng = np.random.default_rng(0)
+    n = 50_000
+    replay = PrioritizedReplay(n, (4,))
+    replay.add(Transitions(obs=rng.normal(size=(n, 4)).astype(np.float32),
+                           action=rng.integers(0, 2, n),
+                           reward=rng.normal(size=n).astype(np.float32),
+                           discount=np.full(n, 0.97, np.float32),
+                           next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+                           priority=rng.random(n).astype(np.float32)))
+    batches = [replay.sample(args.batch_size) for _ in range(32)]
+    with tf.device("/GPU:0" if args.device == "gpu" else "/CPU:0"):
+        learner = Learner(config, spec, init_weights(spec, 0))
+        for b in batches[:10]:
+            learner.update(b)  # trace and warm up
+        start = time.perf_counter()
+        for i in range(args.updates):
+            learner.update(batches[i % len(batches)])
+        rate = args.updates / (time.perf_counter() - start)
+    flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
+    print(f"learner on {args.device} ({gpus or 'one core'}), batch {args.batch_size}, hidden "
+          f"{config.hidden_sizes}: {rate:,.0f} updates/s (target 150: {rate / 150:.2f}x), "
+          f"{rate * args.batch_size:,.0f} samples/s, ~{rate * flops / 1e9:.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
