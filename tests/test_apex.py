@@ -55,12 +55,16 @@ def test_acrobot_short_run_improves_on_random(local_ray, tmp_path):
     assert result.best_eval_return >= -250
 
 
-def test_budget_stops_a_run(local_ray, tmp_path):
-    config = ApexConfig(target_return=None, max_env_steps=20_000, max_seconds=120,
-                        output_dir=str(tmp_path), progress=False)
-    result = ApeX(config).train()
+def test_command_line_run_stops_at_its_budget(local_ray, tmp_path, capsys):
+    from distrl.train import main
+
+    code = main(["--env", "CartPole-v1", "--target-return", "none", "--max-env-steps", "20000",
+                 "--output-dir", str(tmp_path), "--progress", "false", "--num-actors", "1"])
+    assert code == 0
+    assert "stopped (max_env_steps)" in capsys.readouterr().out
+    result = TrainingResult.load(tmp_path / "results.json")
     assert result.stop_reason == "max_env_steps" and not result.reached_target
-    assert result.env_steps >= 20_000
+    assert result.env_steps >= 20_000 and result.config["num_actors"] == 1
 
 
 @pytest.mark.timeout(60)  # must not wait forever for a GPU that is not there

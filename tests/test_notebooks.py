@@ -56,3 +56,12 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
             if o.get("output_type") == "display_data" and "text/html" in o.get("data", {})]
     assert any("<img" in o["data"]["text/html"] or "animation" in o["data"]["text/html"]
                for o in html)
+
+
+def test_tutorial_runner_refuses_what_it_cannot_run(capsys):
+    from distrl.tutorial import main
+
+    assert main(["--only", "99"]) == 2
+    assert "no notebooks matched ['99']" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["-p", "not-a-parameter"])

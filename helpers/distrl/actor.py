@@ -10,6 +10,7 @@ An actor never imports TensorFlow: it acts with a numpy forward pass of the lear
 from __future__ import annotations
 
 import difflib
+import os
 
 import gymnasium as gym
 import numpy as np
@@ -320,6 +321,9 @@ def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed:
 def record_greedy_episode(env_id: str, weights: list[np.ndarray], seed: int = 0,
                           dueling: bool = True, max_frames: int = 1000) -> tuple[list, float]:
     """RGB frames of one greedy episode (for an animation) and its return."""
+    # Off-screen rendering: pygame needs neither a display nor a sound card for rgb_array.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     env = gym.make(env_id, render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=seed)
