@@ -13,7 +13,7 @@ install: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet pip==25.3
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
 	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (distrl)" >/dev/null
