@@ -33,6 +33,8 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     # The epsilons span all actors' slots, as the paper has it.
     expected = [slot_epsilons(config, i).tolist() for i in range(config.num_actors)]
     np.testing.assert_allclose(result.actor_epsilons, expected)
+    # Actors pulled fresh weights from the learner while they ran.
+    assert all(0 < v <= result.learner_updates for v in result.actor_weights_versions)
     # Evaluations are greedy episodes, in time order.
     times = [e["time_s"] for e in result.evals]
     assert times == sorted(times) and all(len(e["returns"]) == 10 for e in result.evals)

@@ -56,6 +56,7 @@ class TrainingResult:
     stop_reason: str
     evals: list[dict] = field(default_factory=list)
     actor_epsilons: list[list[float]] = field(default_factory=list)
+    actor_weights_versions: list[int] = field(default_factory=list)
     throughput: list[dict] = field(default_factory=list)
     output_dir: str = ""
     checkpoint: str | None = None
@@ -494,6 +495,7 @@ class ApeX:
             final_eval_return=evals[-1]["mean_return"] if evals else None,
             best_eval_return=max((e["mean_return"] for e in evals), default=None),
             stop_reason=stop_reason, evals=evals, actor_epsilons=epsilons,
+            actor_weights_versions=[f["weights_version"] for f in finals[1:]],
             throughput=throughput, output_dir=str(self.output_dir), checkpoint=checkpoint,
             config=c.to_dict(), weights=final_weights)
         result.save(self.output_dir / "results.json")
