@@ -1,0 +1,433 @@
+"""The local observability backend: OTLP/gRPC in, SQLite out.
+
+    with LocalCollector("runs/otel.db", port=4317) as collector:   # or: distrl collector --db ...
+        ...  # any OpenTelemetry SDK exporting over OTLP/gRPC to localhost:4317 lands here
+    store = CollectorStore("runs/otel.db")
+    store.metric_types()                   # prometheus.googleapis.com/rl.loop.duration/histogram, ...
+
+Every point and span of a request is committed to SQLite (one file, WAL) before the Export
+call is acknowledged. Metrics are stored under the metric types Cloud Monitoring gives them
+through GKE Managed OpenTelemetry: the OTel name keeps its dots and gets its kind appended
+(`/histogram`, `/counter` for monotonic sums, `/gauge` for gauges and non-monotonic sums).
+A point that is exported twice (an exporter retry) is stored once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import signal
+import sqlite3
+import sys
+import threading
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
+RESOURCE_TYPE = "prometheus_target"
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS resources (
+    id INTEGER PRIMARY KEY,
+    attributes TEXT NOT NULL UNIQUE,          -- JSON object, sorted keys
+    service_name TEXT,
+    service_instance_id TEXT
+);
+CREATE TABLE IF NOT EXISTS metric_descriptors (
+    metric_type TEXT PRIMARY KEY,             -- prometheus.googleapis.com/<name>/<kind>
+    name TEXT NOT NULL,                       -- the OTel instrument name
+    kind TEXT NOT NULL,                       -- gauge | counter | histogram | summary
+    metric_kind TEXT NOT NULL,                -- Cloud Monitoring: GAUGE | CUMULATIVE
+    value_type TEXT NOT NULL,                 -- DOUBLE | INT64 | DISTRIBUTION
+    unit TEXT,
+    description TEXT
+);
+CREATE TABLE IF NOT EXISTS points (
+    id INTEGER PRIMARY KEY,
+    metric_type TEXT NOT NULL,
+    resource_id INTEGER NOT NULL REFERENCES resources(id),
+    attributes TEXT NOT NULL,                 -- JSON object, sorted keys
+    temporality INTEGER NOT NULL,             -- 0 none (gauge), 1 delta, 2 cumulative
+    start_ns INTEGER NOT NULL,
+    time_ns INTEGER NOT NULL,
+    value REAL,                               -- gauges and sums
+    int_value INTEGER,                        -- the exact value of integer points
+    count INTEGER, sum REAL, min REAL, max REAL,   -- histograms
+    bounds TEXT, bucket_counts TEXT,          -- explicit buckets, JSON arrays
+    exponential TEXT,                         -- exponential buckets, JSON
+    scope TEXT,
+    UNIQUE (metric_type, resource_id, attributes, start_ns, time_ns)
+);
+CREATE INDEX IF NOT EXISTS points_by_type_time ON points (metric_type, time_ns);
+CREATE TABLE IF NOT EXISTS spans (
+    trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_span_id TEXT,
+    name TEXT NOT NULL, kind INTEGER, start_ns INTEGER, end_ns INTEGER,
+    status_code INTEGER, status_message TEXT,
+    attributes TEXT, events TEXT, resource_id INTEGER REFERENCES resources(id), scope TEXT,
+    PRIMARY KEY (trace_id, span_id)
+);
+CREATE INDEX IF NOT EXISTS spans_by_start ON spans (start_ns);
+"""
+
+
+def any_value(value):
+    """An OTLP AnyValue as a JSON-able Python value (bytes become base64 text)."""
+    kind = value.WhichOneof("value")
+    if kind is None:
+        return None
+    if kind == "array_value":
+        return [any_value(v) for v in value.array_value.values]
+    if kind == "kvlist_value":
+        return {kv.key: any_value(kv.value) for kv in value.kvlist_value.values}
+    if kind == "bytes_value":
+        return base64.b64encode(value.bytes_value).decode("ascii")
+    return getattr(value, kind)
+
+
+def attributes_json(key_values) -> str:
+    return json.dumps({kv.key: any_value(kv.value) for kv in key_values}, sort_keys=True,
+                      separators=(",", ":"))
+
+
+def metric_type_of(name: str, kind: str) -> str:
+    return f"{METRIC_TYPE_PREFIX}{name}/{kind}"
+
+
+class InvalidPoint(ValueError):
+    pass
+
+
+def _histogram_fields(p) -> tuple:
+    bounds, counts = list(p.explicit_bounds), list(p.bucket_counts)
+    if counts and len(counts) != len(bounds) + 1:
+        raise InvalidPoint(f"histogram point has {len(counts)} bucket counts for {len(bounds)} "
+                           f"bounds; expected {len(bounds) + 1}")
+    if counts and sum(counts) != p.count:
+        raise InvalidPoint(f"histogram point count {p.count} != sum of bucket counts {sum(counts)}")
+    if any(lo >= hi for lo, hi in zip(bounds, bounds[1:])):
+        raise InvalidPoint(f"histogram bounds {bounds} are not strictly increasing")
+    return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
+            p.max if p.HasField("max") else None, json.dumps(bounds), json.dumps(counts), None)
+
+
+def _exponential_fields(p) -> tuple:
+    total = (p.zero_count + sum(p.positive.bucket_counts) + sum(p.negative.bucket_counts))
+    if total != p.count:
+        raise InvalidPoint(f"exponential histogram count {p.count} != zero + bucket counts {total}")
+    exponential = {"scale": p.scale, "zero_count": p.zero_count,
+                   "zero_threshold": p.zero_threshold,
+                   "positive": {"offset": p.positive.offset, "counts": list(p.positive.bucket_counts)},
+                   "negative": {"offset": p.negative.offset, "counts": list(p.negative.bucket_counts)}}
+    return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
+            p.max if p.HasField("max") else None, None, None, json.dumps(exponential))
+
+
+class CollectorStore:
+    """The SQLite file: written by the collector, read by anyone (WAL allows both at once)."""
+
+    def __init__(self, path: str | Path, *, create: bool = False):
+        self.path = Path(path)
+        if not create and not self.path.exists():
+            raise FileNotFoundError(f"no collector database at {self.path}; start one with "
+                                    f"`distrl collector --db {self.path}`")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+        self.conn.row_factory = sqlite3.Row
+        if create:
+            self.conn.execute("PRAGMA journal_mode=WAL")
+            self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: durable at each checkpoint
+            self.conn.executescript(SCHEMA)
+            self.conn.commit()
+        self.lock = threading.Lock()
+        self._resource_ids: dict[str, int] = {}
+        self._descriptors: set[str] = set()
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # ---- writing (the collector) ----
+
+    def resource_id(self, attributes: str) -> int:
+        rid = self._resource_ids.get(attributes)
+        if rid is None:
+            parsed = json.loads(attributes)
+            self.conn.execute(
+                "INSERT OR IGNORE INTO resources (attributes, service_name, service_instance_id)"
+                " VALUES (?, ?, ?)", (attributes, parsed.get("service.name"),
+                                      parsed.get("service.instance.id")))
+            rid = self.conn.execute("SELECT id FROM resources WHERE attributes = ?",
+                                    (attributes,)).fetchone()[0]
+            self._resource_ids[attributes] = rid
+        return rid
+
+    def _descriptor(self, metric_type, name, kind, metric_kind, value_type, unit, description):
+        if metric_type not in self._descriptors:
+            self.conn.execute("INSERT OR IGNORE INTO metric_descriptors VALUES (?,?,?,?,?,?,?)",
+                              (metric_type, name, kind, metric_kind, value_type, unit,
+                               description))
+            self._descriptors.add(metric_type)
+
+    def write_metrics(self, request) -> tuple[int, int, str]:
+        """Store a request's points in one transaction; returns (stored, rejected, error)."""
+        rows, rejected, error = [], 0, ""
+        with self.lock:
+            try:
+                for rm in request.resource_metrics:
+                    rid = self.resource_id(attributes_json(rm.resource.attributes))
+                    for sm in rm.scope_metrics:
+                        scope = sm.scope.name
+                        for metric in sm.metrics:
+                            bad, msg = self._metric_rows(metric, rid, scope, rows)
+                            rejected += bad
+                            error = error or msg
+                self.conn.executemany(
+                    "INSERT OR IGNORE INTO points (metric_type, resource_id, attributes, "
+                    "temporality, start_ns, time_ns, value, int_value, count, sum, min, max, "
+                    "bounds, bucket_counts, exponential, scope) "
+                    "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                self.conn.commit()
+            except BaseException:
+                self.conn.rollback()
+                raise
+        return len(rows), rejected, error
+
+    def _metric_rows(self, metric, rid, scope, rows) -> tuple[int, str]:
+        data = metric.WhichOneof("data")
+        name, unit, description = metric.name, metric.unit, metric.description
+        rejected, error = 0, ""
+        if data in ("gauge", "sum"):
+            points = getattr(metric, data).data_points
+            if data == "sum" and metric.sum.is_monotonic:
+                kind, metric_kind = "counter", "CUMULATIVE"
+            else:
+                kind, metric_kind = "gauge", "GAUGE"
+            temporality = metric.sum.aggregation_temporality if data == "sum" else 0
+            is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
+            metric_type = metric_type_of(name, kind)
+            self._descriptor(metric_type, name, kind, metric_kind,
+                             "INT64" if is_int and kind == "gauge" else "DOUBLE", unit,
+                             description)
+            for p in points:
+                which = p.WhichOneof("value")
+                int_value = p.as_int if which == "as_int" else None
+                value = float(p.as_int) if which == "as_int" else p.as_double
+                rows.append((metric_type, rid, attributes_json(p.attributes), temporality,
+                             p.start_time_unix_nano, p.time_unix_nano, value, int_value,
+                             None, None, None, None, None, None, None, scope))
+            return 0, ""
+        if data in ("histogram", "exponential_histogram"):
+            container = getattr(metric, data)
+            metric_type = metric_type_of(name, "histogram")
+            self._descriptor(metric_type, name, "histogram", "CUMULATIVE", "DISTRIBUTION", unit,
+                             description)
+            fields = _histogram_fields if data == "histogram" else _exponential_fields
+            for p in container.data_points:
+                try:
+                    extra = fields(p)
+                except InvalidPoint as err:
+                    rejected += 1
+                    error = error or f"{name}: {err}"
+                    continue
+                rows.append((metric_type, rid, attributes_json(p.attributes),
+                             container.aggregation_temporality, p.start_time_unix_nano,
+                             p.time_unix_nano, None, None, *extra, scope))
+            return rejected, error
+        if data == "summary":
+            metric_type = metric_type_of(name, "summary")
+            self._descriptor(metric_type, name, "summary", "GAUGE", "DOUBLE", unit, description)
+            for p in metric.summary.data_points:
+                quantiles = {str(q.quantile): q.value for q in p.quantile_values}
+                rows.append((metric_type, rid, attributes_json(p.attributes), 0,
+                             p.start_time_unix_nano, p.time_unix_nano, None, None, p.count,
+                             p.sum, None, None, None, None, json.dumps(quantiles), scope))
+            return 0, ""
+        return 1, f"{name}: metric without data"
+
+    def write_spans(self, request) -> int:
+        rows = []
+        with self.lock:
+            try:
+                for rs in request.resource_spans:
+                    rid = self.resource_id(attributes_json(rs.resource.attributes))
+                    for ss in rs.scope_spans:
+                        for s in ss.spans:
+                            events = [{"name": e.name, "time_ns": e.time_unix_nano,
+                                       "attributes": json.loads(attributes_json(e.attributes))}
+                                      for e in s.events]
+                            rows.append((s.trace_id.hex(), s.span_id.hex(),
+                                         s.parent_span_id.hex() or None, s.name, s.kind,
+                                         s.start_time_unix_nano, s.end_time_unix_nano,
+                                         s.status.code, s.status.message,
+                                         attributes_json(s.attributes), json.dumps(events), rid,
+                                         ss.scope.name))
+                self.conn.executemany("INSERT OR REPLACE INTO spans VALUES "
+                                      "(?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
+                self.conn.commit()
+            except BaseException:
+                self.conn.rollback()
+                raise
+        return len(rows)
+
+    # ---- reading ----
+
+    def query(self, sql: str, params: tuple = ()) -> list[dict]:
+        with self.lock:
+            return [dict(r) for r in self.conn.execute(sql, params).fetchall()]
+
+    def metric_types(self) -> list[dict]:
+        """Every metric type with its kind, unit, label keys and point count."""
+        out = self.query("SELECT d.*, (SELECT COUNT(*) FROM points p WHERE p.metric_type = "
+                         "d.metric_type) AS points FROM metric_descriptors d ORDER BY metric_type")
+        for row in out:
+            keys = set()
+            for r in self.query("SELECT DISTINCT attributes FROM points WHERE metric_type = ?",
+                                (row["metric_type"],)):
+                keys |= set(json.loads(r["attributes"]))
+            row["label_keys"] = sorted(keys)
+        return out
+
+    def points(self, metric_type: str, where: dict | None = None) -> list[dict]:
+        """Points of one metric type (attributes and resource decoded), optionally filtered by
+        exact attribute values, oldest first."""
+        rows = self.query(
+            "SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
+            "r.id = p.resource_id WHERE metric_type = ? ORDER BY time_ns, p.id", (metric_type,))
+        out = []
+        for row in rows:
+            row["attributes"] = json.loads(row["attributes"])
+            row["resource"] = json.loads(row["resource"])
+            for key in ("bounds", "bucket_counts", "exponential"):
+                if row[key] is not None:
+                    row[key] = json.loads(row[key])
+            if where and any(row["attributes"].get(k) != v for k, v in where.items()):
+                continue
+            out.append(row)
+        return out
+
+    def spans(self, trace_id: str | None = None) -> list[dict]:
+        sql = ("SELECT s.*, r.attributes AS resource FROM spans s JOIN resources r ON "
+               "r.id = s.resource_id")
+        rows = self.query(sql + (" WHERE trace_id = ?" if trace_id else "") + " ORDER BY start_ns",
+                          (trace_id,) if trace_id else ())
+        for row in rows:
+            row["attributes"] = json.loads(row["attributes"])
+            row["resource"] = json.loads(row["resource"])
+            row["events"] = json.loads(row["events"])
+        return rows
+
+
+class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+    def __init__(self, store: CollectorStore):
+        self.store = store
+
+    def Export(self, request, context):  # noqa: N802 (gRPC method name)
+        try:
+            _, rejected, error = self.store.write_metrics(request)
+        except sqlite3.Error as err:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+        response = metrics_service_pb2.ExportMetricsServiceResponse()
+        if rejected:
+            response.partial_success.rejected_data_points = rejected
+            response.partial_success.error_message = error
+        return response
+
+
+class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
+    def __init__(self, store: CollectorStore):
+        self.store = store
+
+    def Export(self, request, context):  # noqa: N802
+        try:
+            self.store.write_spans(request)
+        except sqlite3.Error as err:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+class LocalCollector:
+    """An OTLP/gRPC receiver (metrics and traces) storing into SQLite."""
+
+    def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
+                 port: int = 4317, max_workers: int = 8):
+        if not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
+                             "(0 picks a free port)")
+        self.db_path = Path(db_path)
+        self.host, self.port, self.max_workers = host, port, max_workers
+        self.store: CollectorStore | None = None
+        self.server = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> LocalCollector:
+        self.store = CollectorStore(self.db_path, create=True)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers),
+                             options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                                      ("grpc.so_reuseport", 0)])
+        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
+            _MetricsService(self.store), server)
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.store),
+                                                                  server)
+        try:
+            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError as err:
+            bound = 0
+            reason = str(err)
+        else:
+            reason = "is something else listening there?"
+        if not bound:
+            self.store.close()
+            raise OSError(f"cannot listen on {self.host}:{self.port}: {reason} "
+                          "(use another port, or port=0 for a free one)")
+        self.port = bound
+        server.start()
+        self.server = server
+        return self
+
+    def stop(self, grace_s: float = 2.0) -> None:
+        if self.server is not None:
+            self.server.stop(grace_s).wait()
+            self.server = None
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+    def __enter__(self) -> LocalCollector:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="distrl collector",
+                                     description="Receive OTLP/gRPC metrics and traces into SQLite.")
+    parser.add_argument("--db", default="otel.db", help="SQLite file (created if missing)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
+    args = parser.parse_args(argv)
+    try:
+        collector = LocalCollector(args.db, host=args.host, port=args.port).start()
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(f"collector listening on {collector.endpoint}, storing into {Path(args.db).resolve()}",
+          flush=True)
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
+    stopped.wait()
+    collector.stop()
+    print("collector stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
