@@ -267,6 +267,11 @@ class Actor:
 
     def collect(self, num_steps: int) -> Transitions:
         """Step every env num_steps times; return the folded transitions with priorities."""
+        self.step(num_steps)
+        return self.fold()
+
+    def step(self, num_steps: int) -> None:
+        """Step every env num_steps times (epsilon-greedy), recording the steps for fold()."""
         for _ in range(num_steps):
             q = self.q_values(self.obs)
             actions = self.act(q)
@@ -282,6 +287,9 @@ class Actor:
                 self.episode_length[j] = 0
             self.obs = next_obs
         self.env_steps += num_steps * len(self.obs)
+
+    def fold(self) -> Transitions:
+        """n-step transitions completed by the steps so far, with their initial priorities."""
         return self.folder.pop(q_fn=self.q_values)
 
     def pop_episode_stats(self) -> tuple[list[float], list[int]]:

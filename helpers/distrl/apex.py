@@ -15,10 +15,13 @@ decides when to stop, and writes results.json.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import socket
 import threading
 import time
+import uuid
 from collections import deque
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -26,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distrl import telemetry as otel
 from distrl.actor import Actor, env_spec, evaluate_greedy, slot_epsilons
 from distrl.config import ApexConfig
 from distrl.network import NetworkSpec, init_weights
@@ -82,6 +86,115 @@ class TrainingResult:
 # --------------------------------------------------------------------------- Ray actors
 
 
+class ProcessTelemetry:
+    """The telemetry of one Ape-X process; every method is a cheap no-op when it is off.
+
+    Traces: the driver opens one `rl.loop` span per iteration and hands its context to every
+    worker with the next stats() call; each worker then traces its next unit of work (one
+    block, one learner fetch) under it, so one trace shows the iteration across processes.
+    """
+
+    def __init__(self, config: ApexConfig, role: str, index: int | None = None):
+        self.enabled = config.telemetry
+        self.role = role if index is None else f"{role}-{index}"
+        self._carrier: dict | None = None
+        if not self.enabled:
+            return
+        interval = (None if config.metric_export_interval_s is None
+                    else int(config.metric_export_interval_s * 1000))
+        self.telemetry = otel.setup_telemetry(
+            instance_id=f"{self.role}-{os.getpid()}@{socket.gethostname()}",
+            endpoint=config.otlp_endpoint, export_interval_ms=interval,
+            resource_attributes={"service.component": role})
+        self.tracer = self.telemetry.tracer
+        self.rl = otel.RLInstruments(self.telemetry.meter, otel.common_attributes(
+            run_id=config.run_id or "unset", algorithm="apex-dqn", environment=config.env_id,
+            model=model_name(config)))
+        self.attrs = self.rl.attrs({otel.RL_LOOP: role})
+
+    def set_carrier(self, carrier: dict | None) -> None:
+        if carrier:
+            self._carrier = carrier
+
+    def take_carrier(self) -> dict | None:
+        """The driver's current iteration context, once: only one unit per iteration is traced."""
+        carrier, self._carrier = self._carrier, None
+        return carrier
+
+    def span(self, name: str, carrier: dict | None, attributes: dict | None = None):
+        """A span under `carrier` when one is given (a traced unit), else nothing."""
+        if not self.enabled or carrier is None:
+            return contextlib.nullcontext(None)
+        return otel.span(self.tracer, name, carrier, {**self.attrs, **(attributes or {})})
+
+    def shutdown(self) -> None:
+        if self.enabled:
+            self.telemetry.shutdown(timeout_s=3.0)
+
+
+def model_name(config: ApexConfig) -> str:
+    head = "dueling-" if config.dueling else ""
+    return f"{head}mlp-{'x'.join(map(str, config.hidden_sizes))}"
+
+
+def _carrier_of(current_span) -> dict | None:
+    if current_span is None:
+        return None
+    from opentelemetry import trace
+
+
+    return otel.inject_context(trace.set_span_in_context(current_span))
+
+
+class ReplayWorker(ReplayService):
+    """The replay process: ReplayService plus telemetry of what it serves."""
+
+    def __init__(self, config: ApexConfig, obs_shape, error_buffer: float):
+        super().__init__(config.replay_capacity, obs_shape, alpha=config.priority_alpha,
+                         eps=config.priority_eps, samples_per_insert=config.samples_per_insert,
+                         min_size=config.min_replay_size, error_buffer=error_buffer,
+                         seed=config.seed)
+        self.tel = ProcessTelemetry(config, "replay")
+        if self.tel.enabled:
+
+            rl = self.tel.rl
+            self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
+            self._sync_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SYNC_SOURCE: "learner",
+                                         otel.RL_SYNC_DESTINATION: "replay"})
+
+    def add(self, block, timeout: float | None = 1.0, trace_carrier: dict | None = None) -> bool:
+
+        with self.tel.span("replay.insert", trace_carrier, {otel.RL_SAMPLE_BATCH_SIZE: len(block)}):
+            return super().add(block, timeout)
+
+    def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
+               num_batches: int = 1, trace_carrier: dict | None = None):
+
+        start = time.perf_counter()
+        with self.tel.span("replay.sample", trace_carrier,
+                           {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
+            batches = super().sample(batch_size, beta, timeout, num_batches)
+        if self.tel.enabled and batches is not None:
+            self.tel.rl.duration("rl.sample.duration", (time.perf_counter() - start) * 1e3,
+                                 self._sample_attrs)
+        return batches
+
+    def update_priorities(self, keys, td_abs, trace_carrier: dict | None = None) -> int:
+
+        start = time.perf_counter()
+        size = int(np.asarray(keys).nbytes + np.asarray(td_abs).nbytes)
+        with self.tel.span(otel.SPAN_SYNC, trace_carrier, {otel.RL_SYNC_BYTES: size}):
+            live = super().update_priorities(keys, td_abs)
+        if self.tel.enabled:
+            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                                 self._sync_attrs)
+        return live
+
+    def close(self) -> None:
+        super().close()
+        self.tel.shutdown()
+
+
 class LearnerWorker:
     """The learner's process: pulls batches from replay itself and trains in a loop thread."""
 
@@ -96,7 +209,7 @@ class LearnerWorker:
                 "sees none; install a CUDA build of TensorFlow on that node or use num_gpus=0")
         import tensorflow as tf
 
-        self.config, self.replay = config, replay
+        self.config, self.replay, self.spec = config, replay, spec
         self.learner = Learner(config, spec, weights)
         self.output_dir = Path(output_dir)
         self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
@@ -106,6 +219,25 @@ class LearnerWorker:
         self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
                        "wait_s": 0.0, "train_s": 0.0}
         self.checkpoint: str | None = None
+        self.tel = ProcessTelemetry(config, "learner")
+        if self.tel.enabled:
+
+            self._publish_attrs = self.tel.rl.attrs({
+                otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
+            # One update: three forward passes (online and target on s', online on s) and a
+            # backward pass (about two forward passes) over the batch.
+            self.flops_per_update = 5 * spec.forward_flops(config.batch_size)
+            self.peak_flops = config.peak_flops or otel.peak_flops_for(self._gpu_names(),
+                                                                  config.learner_cpus)
+
+    def _gpu_names(self) -> list[str]:
+        import tensorflow as tf
+
+        names = []
+        for gpu in tf.config.list_physical_devices("GPU"):
+            details = tf.config.experimental.get_device_details(gpu)
+            names.append(details.get("device_name", gpu.name))
+        return names
 
     def devices(self) -> list[str]:
         return self.gpus
@@ -114,7 +246,8 @@ class LearnerWorker:
         """Train until stop() or max_learner_updates; returns the final stats."""
         import tensorflow as tf
 
-        c = self.config
+
+        c, tel = self.config, self.tel
         learner = self.learner
         fetch = c.batches_per_fetch
         next_batches = self.replay.sample.remote(c.batch_size, learner.beta(), num_batches=fetch)
@@ -123,31 +256,39 @@ class LearnerWorker:
         while not self._stop.is_set():
             t0 = time.monotonic()
             batches = _get(next_batches)
-            # Prefetch: replay prepares the next batches while these train.
-            next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
-                                                     num_batches=fetch)
+            carrier = tel.take_carrier() if batches is not None else None
             t1 = time.monotonic()
             if batches is None:  # rate limiter or replay warm-up: ask again
+                next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
+                                                         num_batches=fetch)
                 with self._lock:
                     self._stats["wait_s"] += t1 - t0
                 continue
-            keys, priorities = [], []
-            for batch in batches:
-                loss, td_abs, diag = learner.update(batch)
-                keys.append(batch.keys)
-                priorities.append(td_abs)
-                if learner.updates % c.weight_publish_period == 0:
-                    weights = learner.get_weights()
-                    with self._lock:
-                        self._published = (learner.updates, weights)
-                if learner.updates % 100 == 0:
-                    with self.writer.as_default(step=learner.updates):
-                        tf.summary.scalar("learner/loss", loss)
-                        tf.summary.scalar("learner/mean_q", diag["mean_q"])
-                        tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
-                        tf.summary.scalar("learner/beta", learner.beta())
-            priority_refs.append(self.replay.update_priorities.remote(
-                np.concatenate(keys), np.concatenate(priorities)))
+            with tel.span(otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: len(batches),
+                                                otel.RL_TRAIN_BATCH_SIZE: c.batch_size}) as train_span:
+                child = _carrier_of(train_span)
+                # Prefetch: replay prepares the next batches while these train.
+                next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
+                                                         num_batches=fetch, trace_carrier=child)
+                keys, priorities = [], []
+                for batch in batches:
+                    u0 = time.perf_counter()
+                    loss, td_abs, diag = learner.update(batch)
+                    if tel.enabled:
+                        tel.rl.duration("rl.train.duration", (time.perf_counter() - u0) * 1e3,
+                                        tel.attrs)
+                    keys.append(batch.keys)
+                    priorities.append(td_abs)
+                    if learner.updates % c.weight_publish_period == 0:
+                        self._publish()
+                    if learner.updates % 100 == 0:
+                        with self.writer.as_default(step=learner.updates):
+                            tf.summary.scalar("learner/loss", loss)
+                            tf.summary.scalar("learner/mean_q", diag["mean_q"])
+                            tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
+                            tf.summary.scalar("learner/beta", learner.beta())
+                priority_refs.append(self.replay.update_priorities.remote(
+                    np.concatenate(keys), np.concatenate(priorities), trace_carrier=child))
             if len(priority_refs) > 2:  # bound the priority updates in flight
                 _get(priority_refs.popleft())
             t2 = time.monotonic()
@@ -156,6 +297,13 @@ class LearnerWorker:
                 s.update(updates=learner.updates, loss=loss, mean_q=diag["mean_q"])
                 s["wait_s"] += t1 - t0
                 s["train_s"] += t2 - t1
+            if tel.enabled:
+
+                tel.rl.duration("rl.loop.duration", (t2 - t0) * 1e3, tel.attrs)
+                tel.rl.add("rl.train.steps", len(batches), tel.attrs)
+                tel.rl.set("rl.train.loss", loss, tel.attrs)
+                tel.rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, len(batches)
+                                               / max(t2 - t0, 1e-9), self.peak_flops), tel.attrs)
             if time.monotonic() - last_checkpoint >= c.checkpoint_interval_s:
                 self.save_checkpoint()
                 last_checkpoint = time.monotonic()
@@ -163,9 +311,18 @@ class LearnerWorker:
                 break
         for ref in priority_refs:
             _get(ref)
-        with self._lock:
-            self._published = (learner.updates, learner.get_weights())
+        self._publish()
         return self.stats()
+
+    def _publish(self) -> None:
+        """Make the current weights the version actors and the evaluator pull."""
+        start = time.perf_counter()
+        weights = self.learner.get_weights()
+        with self._lock:
+            self._published = (self.learner.updates, weights)
+        if self.tel.enabled:
+            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                                 self._publish_attrs)
 
     def save_checkpoint(self) -> str:
         path = self.learner.save_checkpoint(self.output_dir / "checkpoints")
@@ -178,7 +335,8 @@ class LearnerWorker:
             version, weights = self._published
         return None if version == have_version else (version, weights)
 
-    def stats(self) -> dict:
+    def stats(self, trace_carrier: dict | None = None) -> dict:
+        self.tel.set_carrier(trace_carrier)
         with self._lock:
             return dict(self._stats, checkpoint=self.checkpoint)
 
@@ -194,9 +352,10 @@ class LearnerWorker:
         self._stop.set()
 
     def close(self) -> str:
-        """Write the final checkpoint and flush TensorBoard."""
+        """Write the final checkpoint, flush TensorBoard and telemetry."""
         path = self.save_checkpoint()
         self.writer.flush()
+        self.tel.shutdown()
         return path
 
 
@@ -205,6 +364,7 @@ class ActorWorker:
 
     def __init__(self, config: ApexConfig, index: int, weights, replay, learner):
         self.config, self.replay, self.learner = config, replay, learner
+        self.index = index
         self.actor = Actor(config, index, weights)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -212,36 +372,79 @@ class ActorWorker:
         self._lengths: list[int] = []
         self.blocks_sent = 0
         self.transitions_sent = 0
+        self.tel = ProcessTelemetry(config, "actor", index)
+        if self.tel.enabled:
+
+            rl = self.tel.rl
+            self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
+            self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
+                                         otel.RL_SYNC_DESTINATION: "actor"})
 
     def epsilons(self) -> list[float]:
         return self.actor.epsilons.tolist()
 
     def run(self) -> dict:
-        c, actor = self.config, self.actor
+
+        c, actor, tel = self.config, self.actor, self.tel
+        steps = c.actor_block_steps
         in_flight = None          # (block ref, add ref): one block travels while the next is made
-        weights_ref = None
+        weights_request = None    # (ref, start time, trace carrier)
         steps_since_sync = 0
+        sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
         while not self._stop.is_set():
-            block = actor.collect(c.actor_block_steps)
-            steps_since_sync += c.actor_block_steps
+            carrier = tel.take_carrier()
+            t0 = time.perf_counter()
+            with tel.span(otel.SPAN_SAMPLE, carrier, {otel.RL_SAMPLE_STEPS: steps,
+                                                 otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as sample_span:
+                actor.step(steps)
+                if sample_span is not None:
+                    sample_span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
+            t1 = time.perf_counter()
+            with tel.span(otel.SPAN_REWARD, carrier) as reward_span:
+                block = actor.fold()
+                if reward_span is not None:
+                    reward_span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
+            t2 = time.perf_counter()
+            steps_since_sync += steps
             if in_flight is not None:
                 self._deliver(*in_flight)
             block_ref = _put(block)
-            in_flight = (block_ref, self.replay.add.remote(block_ref), len(block))
-            if weights_ref is None and steps_since_sync >= c.weight_sync_period:
-                weights_ref = self.learner.get_weights.remote(actor.weights_version)
+            in_flight = (block_ref, self.replay.add.remote(
+                block_ref, trace_carrier=_carrier_of(reward_span)), len(block))
+            if weights_request is None and steps_since_sync >= c.weight_sync_period:
+                weights_request = (self.learner.get_weights.remote(actor.weights_version),
+                                   time.perf_counter(), carrier)
                 steps_since_sync = 0
-            if weights_ref is not None and _ready(weights_ref):
-                update = _get(weights_ref)
-                weights_ref = None
+            if weights_request is not None and _ready(weights_request[0]):
+                ref, started, sync_carrier = weights_request
+                weights_request = None
+                update = _get(ref)
                 if update is not None:
                     actor.set_weights(update[1], update[0])
+                if tel.enabled:
+                    size = sum(w.nbytes for w in update[1]) if update is not None else 0
+                    elapsed_ms = (time.perf_counter() - started) * 1e3
+                    with tel.span(otel.SPAN_SYNC, sync_carrier, {**sync_attrs, otel.RL_SYNC_BYTES: size}):
+                        pass  # the span marks when the new weights were applied
+                    tel.rl.duration("rl.sync.duration", elapsed_ms, self._sync_attrs)
             returns, lengths = actor.pop_episode_stats()
             with self._lock:
                 self._returns += returns
                 self._lengths += lengths
+            if tel.enabled:
+                rl, attrs = tel.rl, self._sample_attrs
+                rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
+                rl.duration("rl.step.duration", (t1 - t0) * 1e3 / steps, attrs)
+                rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
+                rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
+                rl.add("rl.sample.samples", steps * c.envs_per_actor, attrs)
+                if returns:
+                    rl.add("rl.sample.episodes", len(returns), attrs)
+                    rl.set("rl.environment.reward.mean", float(np.mean(returns)), attrs)
+                    rl.set("rl.environment.episode.length.mean", float(np.mean(lengths)), attrs)
         if in_flight is not None:
             self._deliver(*in_flight)
+        tel.shutdown()
         return self.stats()
 
     def _deliver(self, block_ref, add_ref, size: int) -> None:
@@ -253,7 +456,8 @@ class ActorWorker:
         self.blocks_sent += 1
         self.transitions_sent += size
 
-    def stats(self) -> dict:
+    def stats(self, trace_carrier: dict | None = None) -> dict:
+        self.tel.set_carrier(trace_carrier)
         with self._lock:
             returns, lengths = self._returns, self._lengths
             self._returns, self._lengths = [], []
@@ -271,6 +475,7 @@ class EvaluatorWorker:
     def __init__(self, config: ApexConfig):
         self.config = config
         self.count = 0
+        self.tel = ProcessTelemetry(config, "evaluator")
 
     def evaluate(self, versioned_weights) -> dict:
         version, weights = versioned_weights
@@ -278,8 +483,15 @@ class EvaluatorWorker:
         self.count += 1
         returns, lengths = evaluate_greedy(self.config.env_id, weights,
                                            self.config.eval_episodes, seed, self.config.dueling)
+        if self.tel.enabled:
+            self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
+            self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
+                            self.tel.attrs)
         return {"weights_version": version, "returns": returns.tolist(),
                 "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
+
+    def close(self) -> None:
+        self.tel.shutdown()
 
 
 def _get(ref):
@@ -321,6 +533,9 @@ class ApeX:
                                 config.hidden_sizes, config.dueling)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
+        if config.run_id is None:  # every process labels its telemetry with the same id
+            self.config = config = config.replace(
+                run_id=f"{config.env_id}-{stamp}-{uuid.uuid4().hex[:6]}")
 
     # The resource plan: what each Ray actor asks for.
     def resource_plan(self, cluster_cpus: float) -> dict:
@@ -383,11 +598,9 @@ class ApeX:
                            * c.samples_per_insert_tolerance,
                            c.samples_per_insert * c.envs_per_actor * c.actor_block_steps
                            + c.batch_size * c.batches_per_fetch)
-        replay = ray.remote(ReplayService).options(
+        replay = ray.remote(ReplayWorker).options(
             max_concurrency=c.num_actors + 8, **plan["replay"]).remote(
-            c.replay_capacity, self.obs_shape, alpha=c.priority_alpha, eps=c.priority_eps,
-            samples_per_insert=c.samples_per_insert, min_size=c.min_replay_size,
-            error_buffer=error_buffer, seed=c.seed)
+            c, self.obs_shape, error_buffer)
         learner = ray.remote(LearnerWorker).options(
             max_concurrency=c.num_actors + 8, **plan["learner"]).remote(
             c, self.spec, weights, replay, str(self.output_dir))
@@ -415,6 +628,8 @@ class ApeX:
         time_to_target, stop_reason = None, ""
         env_steps = updates = 0
         startup_s = None
+        tel = ProcessTelemetry(c, "driver")
+        tracer_root = _IterationTraces(tel, c)
         bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
                    desc=f"Ape-X {c.env_id}", dynamic_ncols=True)
         try:
@@ -427,8 +642,10 @@ class ApeX:
                         stop_reason = stop_reason or "max_learner_updates"
                 if stop_reason:
                     break
-                actor_stats = ray.get([a.stats.remote() for a in actors])
-                l_stats, r_stats = ray.get([learner.stats.remote(), replay.stats.remote()])
+                carrier = tracer_root.next_iteration()
+                actor_stats = ray.get([a.stats.remote(carrier) for a in actors])
+                l_stats, r_stats = ray.get([learner.stats.remote(carrier),
+                                            replay.stats.remote()])
                 now = time.monotonic()
                 env_steps = sum(s["env_steps"] for s in actor_stats)
                 updates = l_stats["updates"]
@@ -440,6 +657,7 @@ class ApeX:
                                    "replay_size": r_stats["size"]})
                 bar.update(env_steps - bar.n)
                 rates = _rates(throughput)
+                tracer_root.record_rates(rates[0])
                 postfix = {"env/s": f"{rates[0]:,.0f}", "upd/s": f"{rates[1]:,.0f}"}
                 if evals:
                     postfix["eval"] = f"{evals[-1]['mean_return']:.1f}"
@@ -469,6 +687,7 @@ class ApeX:
             stop_reason = "interrupted"
         finally:
             bar.close()
+            tracer_root.end()
 
         # Stop producers first, then the learner, then release anything still waiting.
         for a in actors:
@@ -479,8 +698,8 @@ class ApeX:
         checkpoint = ray.get(learner.close.remote())
         final_weights = ray.get(learner.get_weights.remote(-1))[1]
         r_stats = ray.get(replay.stats.remote())
-        if os.environ.get("DISTRL_DEBUG"):
-            print("DEBUG replay", r_stats, "learner", finals[0])
+        ray.get(evaluator.close.remote())
+        tel.shutdown()
         wall = time.monotonic() - t_start
         env_steps = sum(f["env_steps"] for f in finals[1:])
         updates = finals[0]["updates"]
@@ -500,6 +719,43 @@ class ApeX:
             config=c.to_dict(), weights=final_weights)
         result.save(self.output_dir / "results.json")
         return result
+
+
+class _IterationTraces:
+    """The driver's side of tracing: one root `rl.loop` span per driver iteration."""
+
+    def __init__(self, tel: ProcessTelemetry, config: ApexConfig):
+        self.tel, self.config = tel, config
+        self.iteration = 0
+        self.root = None
+        self.started = 0.0
+
+    def next_iteration(self) -> dict | None:
+        """End the last iteration's span, open the next one; returns its context carrier."""
+        if not self.tel.enabled:
+            return None
+
+        self.end()
+        self.iteration += 1
+        self.started = time.perf_counter()
+        self.root = self.tel.tracer.start_span(
+            otel.SPAN_LOOP, attributes={**self.tel.attrs, otel.RL_LOOP_ITERATION: self.iteration})
+        return _carrier_of(self.root)
+
+    def record_rates(self, env_steps_per_s: float) -> None:
+        if not self.tel.enabled:
+            return
+        rl, attrs = self.tel.rl, self.tel.attrs
+        rl.set("rl.samples.rate", env_steps_per_s, attrs)
+        if self.config.num_gpus > 0:
+            rl.set("rl.samples.rate_per_gpu", env_steps_per_s / self.config.num_gpus, attrs)
+
+    def end(self) -> None:
+        if self.root is not None:
+            self.root.end()
+            self.tel.rl.duration("rl.loop.duration", (time.perf_counter() - self.started) * 1e3,
+                                 self.tel.attrs)
+            self.root = None
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:

@@ -1,6 +1,7 @@
 """The local observability backend: OTLP/gRPC in, SQLite out.
 
-    with LocalCollector("runs/otel.db", port=4317) as collector:   # or: distrl collector --db ...
+    with LocalCollector("runs/otel.db", port=4317) as collector:   # a child process; or in a
+                                                                   # shell: distrl collector --db
         ...  # any OpenTelemetry SDK exporting over OTLP/gRPC to localhost:4317 lands here
     store = CollectorStore("runs/otel.db")
     store.metric_types()                   # prometheus.googleapis.com/rl.loop.duration/histogram, ...
@@ -17,8 +18,10 @@ from __future__ import annotations
 import argparse
 import base64
 import json
+import re
 import signal
 import sqlite3
+import subprocess
 import sys
 import threading
 from concurrent import futures
@@ -349,12 +352,16 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
-class LocalCollector:
-    """An OTLP/gRPC receiver (metrics and traces) storing into SQLite."""
+class CollectorServer:
+    """The OTLP/gRPC receiver (metrics and traces) storing into SQLite, in this process.
+
+    Ray's own gRPC clients stall when a gRPC server runs in the same process, so notebooks
+    and the training driver use LocalCollector, which runs this server in a child process.
+    """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
                  port: int = 4317, max_workers: int = 8):
-        if not isinstance(port, int) or not 0 <= port <= 65535:
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
             raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
                              "(0 picks a free port)")
         self.db_path = Path(db_path)
@@ -366,7 +373,7 @@ class LocalCollector:
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def start(self) -> LocalCollector:
+    def start(self) -> CollectorServer:
         self.store = CollectorStore(self.db_path, create=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers),
                              options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
@@ -377,15 +384,12 @@ class LocalCollector:
                                                                   server)
         try:
             bound = server.add_insecure_port(f"{self.host}:{self.port}")
-        except RuntimeError as err:
+        except RuntimeError:
             bound = 0
-            reason = str(err)
-        else:
-            reason = "is something else listening there?"
         if not bound:
             self.store.close()
-            raise OSError(f"cannot listen on {self.host}:{self.port}: {reason} "
-                          "(use another port, or port=0 for a free one)")
+            raise OSError(f"cannot listen on {self.host}:{self.port}: is something else "
+                          "listening there? (use another port, or port 0 for a free one)")
         self.port = bound
         server.start()
         self.server = server
@@ -399,11 +403,80 @@ class LocalCollector:
             self.store.close()
             self.store = None
 
+
+class LocalCollector:
+    """The local collector as a child process: `with LocalCollector("otel.db") as c: ...`.
+
+    start() returns once the child listens (c.endpoint has the real port when port=0);
+    stop() ends it with SIGTERM after it has committed what it acknowledged.
+    """
+
+    def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
+                 port: int = 4317, start_timeout_s: float = 30.0):
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+            raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
+                             "(0 picks a free port)")
+        self.db_path = Path(db_path)
+        self.host, self.port = host, port
+        self.start_timeout_s = start_timeout_s
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> LocalCollector:
+        if self.running:
+            return self
+        self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "distrl.collector", "--db", str(self.db_path),
+               "--host", self.host, "--port", str(self.port)]
+        self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                        text=True)
+        line = _read_line(self.process.stdout, self.start_timeout_s)
+        match = re.search(r"listening on http://[^:]+:(\d+)", line or "")
+        if not match:
+            self.process.kill()
+            _, err = self.process.communicate(timeout=10)
+            self.process = None
+            raise OSError(f"the collector did not start: {(err or line or 'no output').strip()}")
+        self.port = int(match.group(1))
+        return self
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        for stream in (self.process.stdout, self.process.stderr):
+            stream.close()
+        self.process = None
+
+    def store(self) -> CollectorStore:
+        return CollectorStore(self.db_path)
+
     def __enter__(self) -> LocalCollector:
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _read_line(stream, timeout_s: float) -> str | None:
+    result: list[str] = []
+    reader = threading.Thread(target=lambda: result.append(stream.readline()), daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    return result[0] if result else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
     args = parser.parse_args(argv)
     try:
-        collector = LocalCollector(args.db, host=args.host, port=args.port).start()
+        collector = CollectorServer(args.db, host=args.host, port=args.port).start()
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -110,6 +110,18 @@ class ApexConfig:
     max_seconds: float | None = 600.0
     """stop after this many seconds of training (None: no limit)"""
 
+    # --- telemetry ---
+    telemetry: bool = False
+    """export OpenTelemetry metrics and traces (OTLP/gRPC) from every process of the run"""
+    otlp_endpoint: str | None = None
+    """OTLP/gRPC endpoint (None: OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317)"""
+    metric_export_interval_s: float | None = None
+    """seconds between metric exports (None: OTEL_METRIC_EXPORT_INTERVAL, else 10 s)"""
+    run_id: str | None = None
+    """rl.run.id on every metric point and span (None: a new id per run)"""
+    peak_flops: float | None = None
+    """the learner device's peak FLOP/s for rl.train.mfu (None: the table in distrl.telemetry)"""
+
     # --- outputs ---
     output_dir: str | None = None
     """where results.json, TensorBoard logs and checkpoints go (None: runs/<env>-<time>)"""
@@ -207,7 +219,17 @@ def _validate(c: ApexConfig) -> None:
            "max_seconds", c.max_seconds, "None or a number > 0")
     _check(c.output_dir is None or (isinstance(c.output_dir, str) and c.output_dir != ""),
            "output_dir", c.output_dir, "None or a non-empty path")
-    for name in ["dueling", "per_slot_epsilon", "jit_compile", "progress"]:
+    _check(c.otlp_endpoint is None or (isinstance(c.otlp_endpoint, str)
+                                       and c.otlp_endpoint.startswith(("http://", "https://"))),
+           "otlp_endpoint", c.otlp_endpoint, "None or http://host:port (https:// for TLS)")
+    _check(c.metric_export_interval_s is None or (_is_num(c.metric_export_interval_s)
+                                                  and c.metric_export_interval_s > 0),
+           "metric_export_interval_s", c.metric_export_interval_s, "None or a number > 0")
+    _check(c.run_id is None or (isinstance(c.run_id, str) and c.run_id.strip() != ""), "run_id",
+           c.run_id, "None or a non-empty string")
+    _check(c.peak_flops is None or (_is_num(c.peak_flops) and c.peak_flops > 0), "peak_flops",
+           c.peak_flops, "None or a number > 0")
+    for name in ["dueling", "per_slot_epsilon", "jit_compile", "progress", "telemetry"]:
         v = getattr(c, name)
         _check(isinstance(v, bool), name, v, "True or False")
 

@@ -1,0 +1,251 @@
+"""The local collector with real OTLP over gRPC: exact storage, bad input, restarts, many clients."""
+
+import json
+import socket
+import subprocess
+import sys
+import textwrap
+
+import grpc
+import pytest
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from distrl.collector import CollectorServer, CollectorStore, LocalCollector, main
+
+PREFIX = "prometheus.googleapis.com/"
+
+
+def kv(key, **value):
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(**value))
+
+
+ALL_TYPES = [
+    kv("s", string_value="text"), kv("b", bool_value=True), kv("i", int_value=-7),
+    kv("d", double_value=2.5), kv("bytes", bytes_value=b"\x00\x01"),
+    kv("arr", array_value=common_pb2.ArrayValue(values=[common_pb2.AnyValue(int_value=1),
+                                                        common_pb2.AnyValue(string_value="x")])),
+    kv("map", kvlist_value=common_pb2.KeyValueList(values=[kv("k", double_value=0.5)])),
+    kv("rl.loop", string_value="actor"),
+]
+
+
+def request(*metrics, resource=(kv("service.name", string_value="svc"),)):
+    return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[
+        metrics_pb2.ResourceMetrics(
+            resource={"attributes": list(resource)},
+            scope_metrics=[metrics_pb2.ScopeMetrics(scope={"name": "test"},
+                                                    metrics=list(metrics))])])
+
+
+def number(t, value, attrs=(), start=1):
+    point = metrics_pb2.NumberDataPoint(start_time_unix_nano=start, time_unix_nano=t,
+                                        attributes=list(attrs))
+    if isinstance(value, int):
+        point.as_int = value
+    else:
+        point.as_double = value
+    return point
+
+
+@pytest.fixture
+def collector(tmp_path):
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        yield c
+
+
+@pytest.fixture
+def stub(collector):
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.port}")
+    yield metrics_service_pb2_grpc.MetricsServiceStub(channel)
+    channel.close()
+
+
+def test_every_kind_and_value_type_is_stored_exactly(collector, stub):
+    gauge = metrics_pb2.Metric(name="rl.train.loss", unit="1", description="loss",
+                               gauge={"data_points": [number(10, 0.25, ALL_TYPES)]})
+    counter = metrics_pb2.Metric(name="rl.sample.samples", sum={
+        "is_monotonic": True, "aggregation_temporality": 2,
+        "data_points": [number(10, 1024), number(20, 2**62)]})
+    updown = metrics_pb2.Metric(name="queue.depth", sum={
+        "is_monotonic": False, "aggregation_temporality": 1, "data_points": [number(10, -3)]})
+    histogram = metrics_pb2.Metric(name="rl.loop.duration", unit="ms", histogram={
+        "aggregation_temporality": 1, "data_points": [metrics_pb2.HistogramDataPoint(
+            start_time_unix_nano=1, time_unix_nano=10, count=6, sum=61.5, min=0.5, max=40.0,
+            explicit_bounds=[1.0, 10.0], bucket_counts=[2, 3, 1])]})
+    exponential = metrics_pb2.Metric(name="rl.step.duration", exponential_histogram={
+        "aggregation_temporality": 2, "data_points": [metrics_pb2.ExponentialHistogramDataPoint(
+            time_unix_nano=10, count=5, sum=9.0, scale=2, zero_count=1,
+            positive={"offset": 3, "bucket_counts": [1, 2]},
+            negative={"offset": -1, "bucket_counts": [1]})]})
+    response = stub.Export(request(gauge, counter, updown, histogram, exponential))
+    assert not response.HasField("partial_success") or not response.partial_success.rejected_data_points
+
+    store = collector.store()
+    types = {m["metric_type"]: m for m in store.metric_types()}
+    assert set(types) == {PREFIX + "rl.train.loss/gauge", PREFIX + "rl.sample.samples/counter",
+                          PREFIX + "queue.depth/gauge", PREFIX + "rl.loop.duration/histogram",
+                          PREFIX + "rl.step.duration/histogram"}
+    assert types[PREFIX + "rl.sample.samples/counter"]["metric_kind"] == "CUMULATIVE"
+    assert types[PREFIX + "rl.loop.duration/histogram"]["value_type"] == "DISTRIBUTION"
+    assert types[PREFIX + "rl.train.loss/gauge"]["unit"] == "1"
+
+    [loss] = store.points(PREFIX + "rl.train.loss/gauge")
+    assert loss["value"] == 0.25 and loss["temporality"] == 0
+    assert loss["attributes"] == {"s": "text", "b": True, "i": -7, "d": 2.5, "bytes": "AAE=",
+                                  "arr": [1, "x"], "map": {"k": 0.5}, "rl.loop": "actor"}
+    assert loss["resource"] == {"service.name": "svc"}
+    samples = store.points(PREFIX + "rl.sample.samples/counter")
+    assert [p["int_value"] for p in samples] == [1024, 2**62]  # exact beyond float precision
+    assert samples[0]["temporality"] == 2
+    [depth] = store.points(PREFIX + "queue.depth/gauge")
+    assert depth["int_value"] == -3 and depth["temporality"] == 1
+    [hist] = store.points(PREFIX + "rl.loop.duration/histogram")
+    assert (hist["count"], hist["sum"], hist["min"], hist["max"]) == (6, 61.5, 0.5, 40.0)
+    assert hist["bounds"] == [1.0, 10.0] and hist["bucket_counts"] == [2, 3, 1]
+    assert hist["temporality"] == 1
+    [exp] = store.points(PREFIX + "rl.step.duration/histogram")
+    assert exp["count"] == 5 and exp["exponential"] == {
+        "scale": 2, "zero_count": 1, "zero_threshold": 0.0,
+        "positive": {"offset": 3, "counts": [1, 2]}, "negative": {"offset": -1, "counts": [1]}}
+
+
+def test_a_retried_export_is_stored_once(collector, stub):
+    counter = metrics_pb2.Metric(name="c", sum={"is_monotonic": True,
+                                               "aggregation_temporality": 2,
+                                               "data_points": [number(10, 5)]})
+    stub.Export(request(counter))
+    stub.Export(request(counter))
+    assert len(collector.store().points(PREFIX + "c/counter")) == 1
+
+
+def test_bad_points_are_rejected_and_the_rest_kept(collector, stub):
+    bad = metrics_pb2.Metric(name="h", histogram={"aggregation_temporality": 2, "data_points": [
+        metrics_pb2.HistogramDataPoint(time_unix_nano=10, count=3, explicit_bounds=[1.0],
+                                       bucket_counts=[1, 1, 1])]})
+    good = metrics_pb2.Metric(name="g", gauge={"data_points": [number(10, 1.5)]})
+    response = stub.Export(request(bad, good))
+    assert response.partial_success.rejected_data_points == 1
+    assert "3 bucket counts for 1 bounds" in response.partial_success.error_message
+    assert collector.store().points(PREFIX + "g/gauge")[0]["value"] == 1.5
+    assert collector.store().points(PREFIX + "h/histogram") == []
+
+
+def test_garbage_gets_an_error_status_and_the_collector_keeps_serving(collector, stub):
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.port}")
+    raw = channel.unary_unary("/opentelemetry.proto.collector.metrics.v1.MetricsService/Export",
+                              request_serializer=lambda b: b, response_deserializer=lambda b: b)
+    for garbage in [b"\xff\xff\xff\xff", b"\x0a\x05\x01"]:
+        with pytest.raises(grpc.RpcError) as err:
+            raw(garbage, timeout=5)
+        assert err.value.code() in {grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT,
+                                    grpc.StatusCode.UNKNOWN}
+    unknown = channel.unary_unary("/no.such.Service/Export", request_serializer=lambda b: b,
+                                  response_deserializer=lambda b: b)
+    with pytest.raises(grpc.RpcError) as err:
+        unknown(b"", timeout=5)
+    assert err.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    channel.close()
+    stub.Export(request(metrics_pb2.Metric(name="after", gauge={"data_points": [number(1, 1.0)]})))
+    assert collector.running
+    assert collector.store().points(PREFIX + "after/gauge")
+
+
+def test_bad_ports_are_refused(tmp_path):
+    for port in (-1, 70000, "4317", True):
+        with pytest.raises(ValueError, match=f"port={port!r} is invalid"):
+            LocalCollector(tmp_path / "a.db", port=port)
+    busy = socket.socket()
+    busy.bind(("127.0.0.1", 0))
+    busy.listen()
+    port = busy.getsockname()[1]
+    try:
+        with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
+            LocalCollector(tmp_path / "b.db", port=port).start()
+        with pytest.raises(OSError, match="cannot listen"):
+            CollectorServer(tmp_path / "c.db", port=port).start()
+        assert main(["--db", str(tmp_path / "d.db"), "--port", str(port)]) == 2
+    finally:
+        busy.close()
+    with pytest.raises(FileNotFoundError, match="no collector database"):
+        CollectorStore(tmp_path / "missing.db")
+
+
+EXPORTER = textwrap.dedent("""
+    import sys, time
+    from distrl.telemetry import setup_telemetry
+    endpoint, name, total, hist = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    tel = setup_telemetry(service_name=name, endpoint=endpoint, export_interval_ms=100)
+    counter = tel.meter.create_counter("work.done")
+    histogram = tel.meter.create_histogram("work.latency", unit="ms")
+    for i in range(total):
+        counter.add(1, {"worker": name})
+    for i in range(hist):
+        histogram.record(float(i), {"worker": name})
+    time.sleep(0.3)  # a few periodic exports of the same cumulative values
+    tel.shutdown()
+""")
+
+
+def test_twenty_processes_at_once_nothing_lost_nothing_twice(collector):
+    procs = [subprocess.Popen([sys.executable, "-c", EXPORTER, collector.endpoint, f"w{i}",
+                               str(100 + i), str(10 + i)]) for i in range(20)]
+    assert [p.wait(timeout=120) for p in procs] == [0] * 20
+    store = collector.store()
+    # Cumulative temporality: the newest point of each series is its total.
+    last = {}
+    for p in store.points(PREFIX + "work.done/counter"):
+        last[p["resource"]["service.instance.id"]] = p
+    assert len(last) == 20
+    assert sum(p["int_value"] for p in last.values()) == sum(100 + i for i in range(20))
+    assert sorted(p["attributes"]["worker"] for p in last.values()) == sorted(f"w{i}" for i in range(20))
+    hist_last = {}
+    for p in store.points(PREFIX + "work.latency/histogram"):
+        hist_last[p["resource"]["service.instance.id"]] = p
+    assert sum(p["count"] for p in hist_last.values()) == sum(10 + i for i in range(20))
+    assert all(sum(p["bucket_counts"]) == p["count"] for p in hist_last.values())
+
+
+def test_later_exports_land_after_a_collector_restart(tmp_path):
+    db = tmp_path / "otel.db"
+    script = textwrap.dedent("""
+        import sys, time
+        from distrl.telemetry import setup_telemetry
+        tel = setup_telemetry(endpoint=sys.argv[1], export_interval_ms=200, export_timeout_s=2)
+        gauge = tel.meter.create_gauge("phase")
+        for phase in range(int(sys.argv[2])):
+            gauge.set(phase)
+            time.sleep(0.5)
+        tel.shutdown()
+    """)
+    first = LocalCollector(db, port=0).start()
+    port = first.port
+    proc = subprocess.Popen([sys.executable, "-c", script, first.endpoint, "24"],
+                            stderr=subprocess.PIPE, text=True)
+    import time
+
+    time.sleep(3)
+    first.stop()          # the collector goes away mid-run ...
+    time.sleep(2)
+    second = LocalCollector(db, port=port).start()   # ... and comes back on the same port
+    try:
+        assert proc.wait(timeout=60) == 0
+        values = [p["value"] for p in second.store().points(PREFIX + "phase/gauge")]
+    finally:
+        second.stop()
+    assert min(values) <= 2 and max(values) == 23  # before the restart and up to the end
+
+
+def test_collector_cli_serves_until_terminated(tmp_path):
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "distrl.cli", "collector", "--db",
+                             str(tmp_path / "cli.db"), "--port", "0"], stdout=subprocess.PIPE,
+                            text=True)
+    line = proc.stdout.readline()
+    assert "collector listening on http://127.0.0.1:" in line
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) == 0
+    assert "collector stopped" in proc.stdout.read()
+    assert json.loads(json.dumps(CollectorStore(tmp_path / "cli.db").metric_types())) == []

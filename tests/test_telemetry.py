@@ -1,0 +1,218 @@
+"""setup_telemetry and the RL instruments, exported for real over OTLP/gRPC to the local collector."""
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from distrl import telemetry as otel
+from distrl.collector import LocalCollector
+
+PREFIX = "prometheus.googleapis.com/"
+COMMON = otel.common_attributes(run_id="run-1", algorithm="apex-dqn", environment="CartPole-v1",
+                                model="dueling-mlp-64x64")
+
+
+def test_the_23_conventions():
+    assert len(otel.ATTRIBUTES) == len(set(otel.ATTRIBUTES)) == 23
+    assert otel.RL_SYSTEM == "rl.system" and otel.RL_SYNC_DESTINATION == "rl.sync.destination"
+    assert otel.RL_LOOP_ITERATION not in otel.COMMON_ATTRIBUTES
+    assert set(otel.COMMON_ATTRIBUTES) == {"rl.system", "rl.system.version", "rl.run.id",
+                                           "rl.algorithm", "rl.environment.name", "rl.model.name"}
+    assert sorted(otel.LATENCY_HISTOGRAMS) == sorted(
+        f"rl.{p}.duration" for p in ["loop", "sample", "reward", "train", "sync", "step"])
+    assert len(otel.GAUGES) == 8 and len(otel.COUNTERS) == 4
+
+
+@pytest.fixture
+def collector(tmp_path):
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        yield c
+
+
+def test_exact_values_land_with_their_attributes_and_resource(collector):
+    tel = otel.setup_telemetry(service_name="rl-training-service", endpoint=collector.endpoint,
+                               instance_id="actor-0", export_interval_ms=60_000)
+    rl = otel.RLInstruments(tel.meter, COMMON)
+    actor = rl.attrs({otel.RL_LOOP: "actor"})
+    for ms in [0.3, 2.0, 7.0, 70.0, 70.0]:
+        rl.duration("rl.sample.duration", ms, actor)
+    rl.add("rl.sample.samples", 512, actor)
+    rl.add("rl.sample.samples", 256, actor)
+    rl.set("rl.train.loss", 0.5, actor)
+    rl.set("rl.train.loss", 0.125, actor)
+    rl.set("rl.train.loss", 9.0, rl.attrs({otel.RL_LOOP: "learner"}))
+    tel.shutdown()
+
+    store = collector.store()
+    [hist] = store.points(PREFIX + "rl.sample.duration/histogram")
+    assert hist["count"] == 5 and hist["sum"] == pytest.approx(149.3)
+    assert (hist["min"], hist["max"]) == (0.3, 70.0)
+    assert hist["bounds"] == list(otel.LATENCY_BUCKETS_MS)
+    expected = [0] * (len(otel.LATENCY_BUCKETS_MS) + 1)
+    for ms in [0.3, 2.0, 7.0, 70.0, 70.0]:
+        expected[sum(b < ms for b in otel.LATENCY_BUCKETS_MS)] += 1
+    assert hist["bucket_counts"] == expected
+    assert hist["attributes"] == {**COMMON, "rl.loop": "actor"}
+    assert hist["resource"]["service.name"] == "rl-training-service"
+    assert hist["resource"]["service.namespace"] == "distrl"
+    assert hist["resource"]["service.instance.id"] == "actor-0"
+    [samples] = store.points(PREFIX + "rl.sample.samples/counter")
+    assert samples["int_value"] == 768 and samples["temporality"] == 2
+    losses = {p["attributes"]["rl.loop"]: p["value"]
+              for p in store.points(PREFIX + "rl.train.loss/gauge")}
+    assert losses == {"actor": 0.125, "learner": 9.0}
+    kinds = {m["metric_type"]: m["kind"] for m in store.metric_types()}
+    assert kinds[PREFIX + "rl.train.loss/gauge"] == "gauge"
+    for m in store.metric_types():
+        assert "rl.loop.iteration" not in m["label_keys"]
+
+
+def test_spans_join_one_trace_across_a_carrier(collector):
+    tel = otel.setup_telemetry(endpoint=collector.endpoint)
+    with tel.tracer.start_as_current_span(otel.SPAN_LOOP, attributes={otel.RL_LOOP_ITERATION: 3}):
+        carrier = otel.inject_context()
+    assert "traceparent" in carrier
+    other = otel.setup_telemetry(endpoint=collector.endpoint, instance_id="learner")
+    with otel.span(other.tracer, otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: 4}):
+        pass
+    tel.shutdown()
+    other.shutdown()
+    spans = collector.store().spans()
+    root = next(s for s in spans if s["name"] == "rl.loop")
+    train = next(s for s in spans if s["name"] == "rl.train")
+    assert train["trace_id"] == root["trace_id"] and train["parent_span_id"] == root["span_id"]
+    assert root["attributes"]["rl.loop.iteration"] == 3
+    assert train["resource"]["service.instance.id"] == "learner"
+
+
+def test_instruments_refuse_missing_attributes_and_iterations():
+    tel = otel.setup_telemetry(metric_readers=[], span_processors=[])
+    with pytest.raises(ValueError, match="lack"):
+        otel.RLInstruments(tel.meter, {"rl.run.id": "x"})
+    with pytest.raises(ValueError, match="belongs on spans"):
+        otel.RLInstruments(tel.meter, {**COMMON, otel.RL_LOOP_ITERATION: 1})
+    rl = otel.RLInstruments(tel.meter, COMMON)
+    with pytest.raises(ValueError, match="belongs on spans"):
+        rl.attrs({otel.RL_LOOP_ITERATION: 2})
+    with pytest.raises(ValueError, match="endpoint='localhost:4317' is invalid"):
+        otel.setup_telemetry(endpoint="localhost:4317")
+    with pytest.raises(ValueError, match="export_interval_ms=0"):
+        otel.setup_telemetry(export_interval_ms=0)
+    assert otel.mfu(1e9, 100, 1e12) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="peak_flops=0"):
+        otel.mfu(1, 1, 0)
+    assert otel.peak_flops_for(["NVIDIA L4"], 1) == 30.3e12
+    assert otel.peak_flops_for([], 2) == 2 * otel.PEAK_FLOPS["cpu-core"]
+
+
+ENV_PROGRAM = textwrap.dedent("""
+    import time
+    from distrl.telemetry import setup_telemetry
+    tel = setup_telemetry()
+    print("enabled", tel.enabled, flush=True)
+    tel.meter.create_counter("env.counter").add(3)
+    with tel.tracer.start_as_current_span("env.span"):
+        pass
+    time.sleep(1.0)  # OTEL_METRIC_EXPORT_INTERVAL=200 exports before shutdown does
+    tel.shutdown()
+""")
+
+
+def run_program(program, env, timeout=60):
+    full = {**os.environ, **env}
+    return subprocess.run([sys.executable, "-c", program], env=full, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_otel_environment_variables_are_honoured(collector):
+    out = run_program(ENV_PROGRAM, {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint, "OTEL_SERVICE_NAME": "from-env",
+        "OTEL_RESOURCE_ATTRIBUTES": "deployment.environment=test,team=rl",
+        "OTEL_METRIC_EXPORT_INTERVAL": "200"})
+    assert out.returncode == 0, out.stderr
+    store = collector.store()
+    points = store.points(PREFIX + "env.counter/counter")
+    assert len(points) >= 2  # periodic exports at 200 ms, not only the one at shutdown
+    resource = points[-1]["resource"]
+    assert resource["service.name"] == "from-env"
+    assert resource["deployment.environment"] == "test" and resource["team"] == "rl"
+    assert [s["name"] for s in store.spans()] == ["env.span"]
+
+    disabled = run_program(ENV_PROGRAM, {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+                                         "OTEL_SDK_DISABLED": "true",
+                                         "OTEL_SERVICE_NAME": "disabled"})
+    assert disabled.returncode == 0 and "enabled False" in disabled.stdout
+    assert all(p["resource"]["service.name"] != "disabled"
+               for p in store.points(PREFIX + "env.counter/counter"))
+
+
+def test_a_stock_sdk_program_lands_unchanged(tmp_path):
+    """Default OTLP gRPC exporters (insecure, localhost:4317) and nothing from distrl."""
+    program = textwrap.dedent("""
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(insecure=True))
+        meters = MeterProvider(metric_readers=[reader])
+        meters.get_meter("stock").create_counter("stock.requests").add(41, {"route": "/a"})
+        tracers = TracerProvider()
+        tracers.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(insecure=True)))
+        with tracers.get_tracer("stock").start_as_current_span("stock.span"):
+            pass
+        meters.shutdown()
+        tracers.shutdown()
+    """)
+    probe = socket.socket()
+    try:
+        probe.bind(("127.0.0.1", 4317))
+    except OSError:
+        pytest.skip("port 4317 is taken on this machine by something else")
+    finally:
+        probe.close()
+    with LocalCollector(tmp_path / "stock.db", port=4317) as collector:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+        out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
+                             text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        [point] = collector.store().points(PREFIX + "stock.requests/counter")
+        assert point["int_value"] == 41 and point["attributes"] == {"route": "/a"}
+        assert [s["name"] for s in collector.store().spans()] == ["stock.span"]
+
+
+def test_no_collector_no_flood_and_a_bounded_shutdown():
+    dead = socket.socket()
+    dead.bind(("127.0.0.1", 0))
+    port = dead.getsockname()[1]
+    dead.close()  # nothing listens here
+    program = textwrap.dedent(f"""
+        import time
+        from distrl.telemetry import setup_telemetry
+        tel = setup_telemetry(endpoint="http://127.0.0.1:{port}", export_interval_ms=100,
+                              export_timeout_s=1)
+        counter = tel.meter.create_counter("c")
+        with tel.tracer.start_as_current_span("s"):
+            pass
+        start = time.monotonic()
+        n = 0
+        while time.monotonic() - start < 8:
+            counter.add(1)
+            n += 1
+        t0 = time.monotonic()
+        tel.shutdown(timeout_s=2)
+        print("adds", n, "shutdown_s", round(time.monotonic() - t0, 2))
+    """)
+    out = run_program(program, {}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    shutdown_s = float(out.stdout.split("shutdown_s")[1])
+    assert shutdown_s <= 3.5  # bounded by the timeout given, not by the exporter's retries
+    warnings = [line for line in out.stderr.splitlines()
+                if "Transient error" in line or "Failed to export" in line]
+    # ~80 export attempts in 8 s; the log shows a few lines, not one per retry.
+    assert 1 <= len(warnings) <= 3, out.stderr
