@@ -34,6 +34,8 @@ bench: install
 	$(BIN)/python benchmarks/actor_throughput.py
 	$(BIN)/python benchmarks/learner_throughput.py
 	$(BIN)/python benchmarks/time_to_solve.py
+	$(BIN)/python benchmarks/collector_ingest.py
+	$(BIN)/python benchmarks/telemetry_overhead.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network).
 lock:

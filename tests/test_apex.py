@@ -82,3 +82,84 @@ def test_too_many_cpus_fail_fast(local_ray, tmp_path):
                         output_dir=str(tmp_path))
     with pytest.raises(RuntimeError, match=r"4 CPUs .* cluster has 2; lower num_actors"):
         ApeX(config).train()
+
+
+def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, tmp_path):
+    from distrl.collector import LocalCollector
+
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        config = ApexConfig(target_return=None, max_env_steps=60_000, max_seconds=120,
+                            output_dir=str(tmp_path / "run"), progress=False, telemetry=True,
+                            otlp_endpoint=collector.endpoint, metric_export_interval_s=1.0,
+                            run_id="test-run")
+        result = ApeX(config).train()
+        store = collector.store()
+        types = {m["metric_type"]: m for m in store.metric_types()}
+        spans = store.spans()
+    prefix = "prometheus.googleapis.com/"
+    expected = {
+        "rl.loop.duration/histogram": {"driver", "actor", "learner"},
+        "rl.sample.duration/histogram": {"actor", "replay"},
+        "rl.reward.duration/histogram": {"actor"},
+        "rl.train.duration/histogram": {"learner"},
+        "rl.sync.duration/histogram": {"actor", "learner", "replay"},
+        "rl.step.duration/histogram": {"actor"},
+        "rl.sample.samples/counter": {"actor"},
+        "rl.sample.episodes/counter": {"actor"},
+        "rl.train.steps/counter": {"learner"},
+        "rl.environment.reward.mean/gauge": {"actor", "evaluator"},
+        "rl.environment.episode.length.mean/gauge": {"actor", "evaluator"},
+        "rl.train.loss/gauge": {"learner"},
+        "rl.train.mfu/gauge": {"learner"},
+        "rl.samples.rate/gauge": {"driver"},
+    }
+    for suffix, components in expected.items():
+        assert prefix + suffix in types, suffix
+        points = _points(tmp_path, prefix + suffix)
+        assert {p["resource"]["service.component"] for p in points} == components, suffix
+        for p in points:
+            assert p["attributes"]["rl.run.id"] == "test-run"
+            assert p["attributes"]["rl.environment.name"] == "CartPole-v1"
+            assert "rl.loop.iteration" not in p["attributes"]
+    # Traffic adds up: the actors' sample counters total the env steps of the run.
+    last = {}
+    for p in _points(tmp_path, prefix + "rl.sample.samples/counter"):
+        last[p["resource"]["service.instance.id"]] = p["int_value"]
+    assert sum(last.values()) == result.env_steps
+    mfu = [p["value"] for p in _points(tmp_path, prefix + "rl.train.mfu/gauge")]
+    assert all(0 < v < 1 for v in mfu)
+    # One trace per driver iteration, joined by learner, actor and replay spans.
+    by_trace: dict = {}
+    for s in spans:
+        by_trace.setdefault(s["trace_id"], []).append(s)
+    roots = [s for s in spans if s["name"] == "rl.loop"]
+    assert len(roots) == len(result.throughput)
+    assert all(s["parent_span_id"] is None for s in roots)
+    joined = [t for t in by_trace.values()
+              if {"rl.loop", "rl.sample", "rl.reward", "rl.train"} <= {s["name"] for s in t}]
+    assert joined, "no trace has sample, reward and train spans under its loop span"
+    components = {s["resource"]["service.component"] for t in joined for s in t}
+    assert components == {"driver", "actor", "learner", "replay"}
+    sync = [s for s in spans if s["name"] == "rl.sync"]
+    assert any(s["attributes"].get("rl.sync.bytes", 0) > 0 for s in sync)
+    assert {s["attributes"]["rl.sync.source"] for s in sync} == {"learner"}
+
+
+def _points(tmp_path, metric_type):
+    from distrl.collector import CollectorStore
+
+    return CollectorStore(tmp_path / "otel.db").points(metric_type)
+
+
+def test_telemetry_on_with_no_collector_still_trains(local_ray, tmp_path):
+    import socket
+
+    probe = socket.socket()
+    probe.bind(("127.0.0.1", 0))
+    port = probe.getsockname()[1]
+    probe.close()
+    config = ApexConfig(target_return=100.0, max_seconds=120, output_dir=str(tmp_path),
+                        progress=False, telemetry=True, otlp_endpoint=f"http://127.0.0.1:{port}",
+                        metric_export_interval_s=1.0)
+    result = ApeX(config).train()
+    assert result.reached_target

@@ -31,7 +31,8 @@ ALL_TYPES = [
 ]
 
 
-def request(*metrics, resource=(kv("service.name", string_value="svc"),)):
+def request(*metrics, resource=None):
+    resource = resource or [kv("service.name", string_value="svc")]
     return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[
         metrics_pb2.ResourceMetrics(
             resource={"attributes": list(resource)},

@@ -65,3 +65,18 @@ def test_tutorial_runner_refuses_what_it_cannot_run(capsys):
     assert "no notebooks matched ['99']" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["-p", "not-a-parameter"])
+
+
+def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
+    out_dir = tmp_path / "run"
+    executed = run_notebook(
+        NOTEBOOKS_DIR / "02-instrument-with-opentelemetry.ipynb", tmp_path,
+        {"OUTPUT_DIR": str(out_dir), "TARGET_RETURN": 100.0, "MAX_SECONDS": 120.0,
+         "COLLECTOR_PORT": 0, "EXPORT_INTERVAL_S": 1.0, "OVERHEAD_SECONDS": 12.0},
+        kernel=kernel, cell_timeout_s=600)
+    assert executed.exists()
+    summary = json.loads((out_dir / "telemetry_summary.json").read_text())
+    assert summary["metric_types"] >= 14 and summary["points"] > 0
+    assert summary["traces"] > 0 and summary["processes"] >= 6  # driver, learner, 2 actors, ...
+    assert summary["best_eval_return"] >= 100
+    assert set(summary["overhead_env_steps_per_s"]) == {"off", "on"}

@@ -183,7 +183,9 @@ class ReplayWorker(ReplayService):
 
         start = time.perf_counter()
         size = int(np.asarray(keys).nbytes + np.asarray(td_abs).nbytes)
-        with self.tel.span(otel.SPAN_SYNC, trace_carrier, {otel.RL_SYNC_BYTES: size}):
+        with self.tel.span(otel.SPAN_SYNC, trace_carrier, {
+                otel.RL_SYNC_BYTES: size, otel.RL_SYNC_SOURCE: "learner",
+                otel.RL_SYNC_DESTINATION: "replay"}):
             live = super().update_priorities(keys, td_abs)
         if self.tel.enabled:
             self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,

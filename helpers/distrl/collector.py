@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import functools
 import json
 import re
 import signal
@@ -92,9 +93,21 @@ def any_value(value):
     return getattr(value, kind)
 
 
+_ATTRIBUTE_CACHE: dict[bytes, str] = {}
+
+
 def attributes_json(key_values) -> str:
-    return json.dumps({kv.key: any_value(kv.value) for kv in key_values}, sort_keys=True,
-                      separators=(",", ":"))
+    """Attributes as canonical JSON (sorted keys). Series repeat their attribute sets, so the
+    JSON is cached by the attributes' wire bytes."""
+    wire = b"".join(kv.SerializeToString() for kv in key_values)
+    cached = _ATTRIBUTE_CACHE.get(wire)
+    if cached is None:
+        cached = json.dumps({kv.key: any_value(kv.value) for kv in key_values}, sort_keys=True,
+                            separators=(",", ":"))
+        if len(_ATTRIBUTE_CACHE) >= 65_536:  # bound the memory of a high-cardinality stream
+            _ATTRIBUTE_CACHE.clear()
+        _ATTRIBUTE_CACHE[wire] = cached
+    return cached
 
 
 def metric_type_of(name: str, kind: str) -> str:
@@ -115,7 +128,13 @@ def _histogram_fields(p) -> tuple:
     if any(lo >= hi for lo, hi in zip(bounds, bounds[1:])):
         raise InvalidPoint(f"histogram bounds {bounds} are not strictly increasing")
     return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
-            p.max if p.HasField("max") else None, json.dumps(bounds), json.dumps(counts), None)
+            p.max if p.HasField("max") else None, _bounds_json(tuple(bounds)), json.dumps(counts),
+            None)
+
+
+@functools.lru_cache(maxsize=1024)
+def _bounds_json(bounds: tuple) -> str:
+    return json.dumps(list(bounds))
 
 
 def _exponential_fields(p) -> tuple:

@@ -1,0 +1,167 @@
+"""Looking at what the collector stored: percentiles from histogram buckets, rates from
+counters, gauge series, and trace waterfalls.
+
+    store = CollectorStore("runs/otel.db")
+    latency_percentiles(store, "rl.sample.duration")          # p50/p95/p99 per rl.loop
+    counter_rate(store, "rl.sample.samples")                   # pandas: time -> per-second rate
+    plot_trace_waterfall(store.spans(trace_id))                # one loop iteration across processes
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+PREFIX = "prometheus.googleapis.com/"
+
+
+def _series_key(point: dict) -> tuple:
+    return (point["resource"].get("service.instance.id"),
+            tuple(sorted((k, str(v)) for k, v in point["attributes"].items())))
+
+
+def latest_per_series(points: list[dict]) -> list[dict]:
+    """The newest point of every series (cumulative points carry the series' totals)."""
+    latest: dict = {}
+    for p in points:
+        key = _series_key(p)
+        if key not in latest or p["time_ns"] >= latest[key]["time_ns"]:
+            latest[key] = p
+    return list(latest.values())
+
+
+def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float:
+    """The q-quantile (0..1) of an explicit-bucket histogram, interpolating inside the bucket
+    (the first bucket starts at 0, the overflow bucket is reported at its lower bound)."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q={q!r} is invalid: expected a quantile in [0, 1]")
+    if len(counts) != len(bounds) + 1:
+        raise ValueError(f"{len(counts)} bucket counts for {len(bounds)} bounds; expected "
+                         f"{len(bounds) + 1}")
+    total = sum(counts)
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    cumulative = 0.0
+    for i, count in enumerate(counts):
+        if count and cumulative + count >= rank:
+            lower = 0.0 if i == 0 else bounds[i - 1]
+            if i == len(bounds):
+                return float(lower)
+            upper = bounds[i]
+            return float(lower + (upper - lower) * (rank - cumulative) / count)
+        cumulative += count
+    return float(bounds[-1])
+
+
+def latency_percentiles(store, name: str, by: str = "rl.loop",
+                        quantiles=(0.5, 0.95, 0.99)):
+    """A DataFrame of count, mean and percentiles (ms) of a latency histogram, grouped by an
+    attribute, from the newest cumulative point of each series."""
+    import pandas as pd
+
+    rows = {}
+    for p in latest_per_series(store.points(f"{PREFIX}{name}/histogram")):
+        group = p["attributes"].get(by, "")
+        bounds, counts = p["bounds"], p["bucket_counts"]
+        entry = rows.setdefault(group, {"bounds": bounds, "counts": np.zeros(len(counts)),
+                                        "sum": 0.0})
+        entry["counts"] += counts
+        entry["sum"] += p["sum"] or 0.0
+    out = []
+    for group, e in sorted(rows.items()):
+        n = int(e["counts"].sum())
+        row = {by: group, "count": n, "mean_ms": e["sum"] / n if n else float("nan")}
+        for q in quantiles:
+            row[f"p{round(q * 100)}_ms"] = bucket_percentile(e["bounds"], list(e["counts"]), q)
+        out.append(row)
+    return pd.DataFrame(out).set_index(by) if out else pd.DataFrame()
+
+
+def counter_rate(store, name: str, bin_s: float = 1.0):
+    """Per-second rate of a cumulative counter summed over its series, in time bins."""
+    import pandas as pd
+
+    frames = []
+    for group in _by_series(store.points(f"{PREFIX}{name}/counter")).values():
+        times = np.array([p["time_ns"] for p in group]) / 1e9
+        values = np.array([p["value"] for p in group])
+        increments = np.diff(values, prepend=0.0)
+        frames.append(pd.DataFrame({"time_s": times, "increase": increments}))
+    if not frames:
+        return pd.DataFrame(columns=["time_s", "rate"])
+    df = pd.concat(frames)
+    start = df["time_s"].min()
+    df["bin"] = ((df["time_s"] - start) // bin_s) * bin_s
+    rate = df.groupby("bin")["increase"].sum() / bin_s
+    return rate.rename("rate").reset_index().rename(columns={"bin": "time_s"})
+
+
+def gauge_series(store, name: str, by: str = "rl.loop"):
+    """A gauge's points as a DataFrame: time (s from the first point), group, value."""
+    import pandas as pd
+
+    points = store.points(f"{PREFIX}{name}/gauge")
+    if not points:
+        return pd.DataFrame(columns=["time_s", by, "value"])
+    start = min(p["time_ns"] for p in points)
+    return pd.DataFrame([{"time_s": (p["time_ns"] - start) / 1e9,
+                          by: p["attributes"].get(by, ""), "value": p["value"]}
+                         for p in points])
+
+
+def _by_series(points: list[dict]) -> dict:
+    out: dict = {}
+    for p in points:
+        out.setdefault(_series_key(p), []).append(p)
+    return out
+
+
+def traces(store):
+    """One row per trace: root span, start, duration, span count and the processes involved."""
+    import pandas as pd
+
+    rows: dict = {}
+    for s in store.spans():
+        entry = rows.setdefault(s["trace_id"], {"trace_id": s["trace_id"], "spans": 0,
+                                                "components": set(), "root": None})
+        entry["spans"] += 1
+        entry["components"].add(s["resource"].get("service.component", "?"))
+        if s["parent_span_id"] is None:
+            entry["root"] = s
+    out = []
+    for entry in rows.values():
+        root = entry.pop("root")
+        if root is None:
+            continue
+        out.append({**entry, "iteration": root["attributes"].get("rl.loop.iteration"),
+                    "start_ns": root["start_ns"],
+                    "duration_ms": (root["end_ns"] - root["start_ns"]) / 1e6,
+                    "components": ",".join(sorted(entry["components"]))})
+    return pd.DataFrame(out).sort_values("start_ns") if out else pd.DataFrame()
+
+
+def plot_trace_waterfall(spans: list[dict], ax=None):
+    """Horizontal bars, one per span, from the root's start, coloured by process."""
+    import matplotlib.pyplot as plt
+
+    if not spans:
+        raise ValueError("no spans to draw: pick a trace id from traces(store)")
+    spans = sorted(spans, key=lambda s: s["start_ns"])
+    t0 = min(s["start_ns"] for s in spans)
+    components = sorted({s["resource"].get("service.component", "?") for s in spans})
+    colours = {c: f"C{i}" for i, c in enumerate(components)}
+    if ax is None:
+        _, ax = plt.subplots(figsize=(9, 0.35 * len(spans) + 1))
+    for row, s in enumerate(spans):
+        start = (s["start_ns"] - t0) / 1e6
+        width = max((s["end_ns"] - s["start_ns"]) / 1e6, 0.01)
+        component = s["resource"].get("service.component", "?")
+        ax.barh(row, width, left=start, color=colours[component])
+        label = f"{s['name']}  [{s['resource'].get('service.instance.id', '?').split('@')[0]}]"
+        ax.text(start + width, row, f" {label} {width:.2f} ms", va="center", fontsize=8)
+    ax.set_yticks([])
+    ax.invert_yaxis()
+    ax.set_xlabel("ms since the iteration's rl.loop span started")
+    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in components]
+    ax.legend(handles, components, loc="lower right", fontsize=8)
+    return ax

@@ -1,0 +1,80 @@
+"""Percentiles, rates and waterfalls computed from what the collector stores."""
+
+import numpy as np
+import pytest
+
+from distrl import explore
+
+
+def test_bucket_percentile_against_the_raw_values():
+    rng = np.random.default_rng(0)
+    values = rng.uniform(0, 100, 100_000)
+    bounds = list(np.arange(5.0, 100.1, 5.0))  # the last bound covers every value
+    counts = np.histogram(values, bins=[-np.inf, *bounds, np.inf])[0].tolist()
+    for q in (0.5, 0.95, 0.99):
+        assert explore.bucket_percentile(bounds, counts, q) == pytest.approx(
+            np.quantile(values, q), abs=0.5)
+    assert explore.bucket_percentile([1.0, 2.0], [0, 4, 0], 0.5) == pytest.approx(1.5)
+    assert explore.bucket_percentile([1.0], [0, 3], 0.9) == 1.0  # overflow: its lower bound
+    assert np.isnan(explore.bucket_percentile([1.0], [0, 0], 0.5))
+    with pytest.raises(ValueError, match="q=1.5"):
+        explore.bucket_percentile([1.0], [1, 1], 1.5)
+    with pytest.raises(ValueError, match="3 bucket counts for 1 bounds"):
+        explore.bucket_percentile([1.0], [1, 1, 1], 0.5)
+
+
+class FakeStore:
+    """Rows shaped exactly as CollectorStore.points/spans returns them."""
+
+    def __init__(self, points=None, spans=None):
+        self._points, self._spans = points or {}, spans or []
+
+    def points(self, metric_type):
+        return self._points.get(metric_type, [])
+
+    def spans(self, trace_id=None):
+        return [s for s in self._spans if trace_id in (None, s["trace_id"])]
+
+
+def point(instance, t, attrs=None, **fields):
+    return {"resource": {"service.instance.id": instance}, "attributes": attrs or {},
+            "time_ns": int(t * 1e9), **fields}
+
+
+def test_latency_percentiles_merge_the_newest_point_of_each_series():
+    p = "prometheus.googleapis.com/rl.sample.duration/histogram"
+    rows = [point("a", 1, {"rl.loop": "actor"}, bounds=[1.0, 10.0], bucket_counts=[1, 0, 0], sum=0.5),
+            point("a", 2, {"rl.loop": "actor"}, bounds=[1.0, 10.0], bucket_counts=[2, 2, 0], sum=10.0),
+            point("b", 2, {"rl.loop": "actor"}, bounds=[1.0, 10.0], bucket_counts=[0, 0, 4], sum=80.0),
+            point("c", 2, {"rl.loop": "replay"}, bounds=[1.0, 10.0], bucket_counts=[4, 0, 0], sum=2.0)]
+    table = explore.latency_percentiles(FakeStore({p: rows}), "rl.sample.duration")
+    assert table.loc["actor", "count"] == 8 and table.loc["actor", "mean_ms"] == 90.0 / 8
+    assert table.loc["actor", "p50_ms"] == pytest.approx(10.0)
+    assert table.loc["replay", "p50_ms"] == pytest.approx(0.5)
+
+
+def test_counter_rate_sums_increments_over_series():
+    p = "prometheus.googleapis.com/rl.sample.samples/counter"
+    rows = [point("a", 0, value=100.0), point("a", 1, value=300.0), point("b", 0, value=50.0),
+            point("b", 1, value=150.0)]
+    rate = explore.counter_rate(FakeStore({p: rows}), "rl.sample.samples", bin_s=1.0)
+    assert rate["rate"].tolist() == [150.0, 300.0]
+
+
+def test_waterfall_draws_one_bar_per_span():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    spans = [{"trace_id": "t", "span_id": str(i), "parent_span_id": None if i == 0 else "0",
+              "name": n, "start_ns": i * 1_000_000, "end_ns": i * 1_000_000 + 500_000,
+              "attributes": {"rl.loop.iteration": 4} if i == 0 else {},
+              "resource": {"service.component": c, "service.instance.id": f"{c}-1@h"}}
+             for i, (n, c) in enumerate([("rl.loop", "driver"), ("rl.sample", "actor"),
+                                         ("rl.train", "learner")])]
+    ax = explore.plot_trace_waterfall(spans)
+    assert len(ax.patches) == 3
+    table = explore.traces(FakeStore(spans=spans))
+    assert table.iloc[0]["spans"] == 3 and table.iloc[0]["iteration"] == 4
+    assert table.iloc[0]["components"] == "actor,driver,learner"
+    with pytest.raises(ValueError, match="no spans"):
+        explore.plot_trace_waterfall([])
