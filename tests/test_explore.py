@@ -29,8 +29,9 @@ class FakeStore:
     def __init__(self, points=None, spans=None):
         self._points, self._spans = points or {}, spans or []
 
-    def points(self, metric_type):
-        return self._points.get(metric_type, [])
+    def points(self, metric_type, where=None):
+        return [p for p in self._points.get(metric_type, [])
+                if all(p["attributes"].get(k) == v for k, v in (where or {}).items())]
 
     def spans(self, trace_id=None):
         return [s for s in self._spans if trace_id in (None, s["trace_id"])]
@@ -55,10 +56,14 @@ def test_latency_percentiles_merge_the_newest_point_of_each_series():
 
 def test_counter_rate_sums_increments_over_series():
     p = "prometheus.googleapis.com/rl.sample.samples/counter"
-    rows = [point("a", 0, value=100.0), point("a", 1, value=300.0), point("b", 0, value=50.0),
-            point("b", 1, value=150.0)]
-    rate = explore.counter_rate(FakeStore({p: rows}), "rl.sample.samples", bin_s=1.0)
-    assert rate["rate"].tolist() == [150.0, 300.0]
+    rows = [point("a", 0, value=100.0), point("a", 1, value=300.0), point("a", 2, value=400.0),
+            point("b", 0, value=50.0), point("b", 1, value=150.0),
+            point("c", 0, {"rl.run.id": "other"}, value=1e6), point("c", 1, {"rl.run.id": "other"},
+                                                                    value=2e6)]
+    rate = explore.counter_rate(FakeStore({p: rows}), "rl.sample.samples", bin_s=1.0,
+                                where={"rl.run.id": None})
+    # a: 200/s then 100/s; b: 100/s; c is another run. The first points are not spikes.
+    assert rate["time_s"].tolist() == [1.0, 2.0] and rate["rate"].tolist() == [300.0, 100.0]
 
 
 def test_waterfall_draws_one_bar_per_span():

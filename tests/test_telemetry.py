@@ -216,3 +216,22 @@ def test_no_collector_no_flood_and_a_bounded_shutdown():
                 if "Transient error" in line or "Failed to export" in line]
     # ~80 export attempts in 8 s; the log shows a few lines, not one per retry.
     assert 1 <= len(warnings) <= 3, out.stderr
+
+
+def test_a_forked_child_does_not_revive_a_shut_down_exporter(collector):
+    """Ray forks helper processes; the SDK restarts export threads in forked children."""
+    program = textwrap.dedent(f"""
+        import os, time
+        from distrl.telemetry import setup_telemetry
+        tel = setup_telemetry(endpoint="{collector.endpoint}")
+        tel.meter.create_counter("c").add(1)
+        tel.shutdown()
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(0.5)
+            os._exit(0)
+        os.waitpid(pid, 0)
+    """)
+    out = run_program(program, {})
+    assert out.returncode == 0, out.stderr
+    assert "already shutdown" not in out.stderr

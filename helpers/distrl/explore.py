@@ -53,14 +53,15 @@ def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float
     return float(bounds[-1])
 
 
-def latency_percentiles(store, name: str, by: str = "rl.loop",
-                        quantiles=(0.5, 0.95, 0.99)):
+def latency_percentiles(store, name: str, by: str = "rl.loop", quantiles=(0.5, 0.95, 0.99),
+                        where: dict | None = None):
     """A DataFrame of count, mean and percentiles (ms) of a latency histogram, grouped by an
-    attribute, from the newest cumulative point of each series."""
+    attribute, from the newest cumulative point of each series; `where` filters on exact
+    attribute values, e.g. {"rl.run.id": run_id}."""
     import pandas as pd
 
     rows = {}
-    for p in latest_per_series(store.points(f"{PREFIX}{name}/histogram")):
+    for p in latest_per_series(store.points(f"{PREFIX}{name}/histogram", where)):
         group = p["attributes"].get(by, "")
         bounds, counts = p["bounds"], p["bucket_counts"]
         entry = rows.setdefault(group, {"bounds": bounds, "counts": np.zeros(len(counts)),
@@ -77,30 +78,41 @@ def latency_percentiles(store, name: str, by: str = "rl.loop",
     return pd.DataFrame(out).set_index(by) if out else pd.DataFrame()
 
 
-def counter_rate(store, name: str, bin_s: float = 1.0):
-    """Per-second rate of a cumulative counter summed over its series, in time bins."""
+def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None):
+    """Per-second rate of a cumulative counter, summed over its series, in time bins.
+
+    Each series' rate comes from consecutive points (increase / time between them), so the
+    first point of a series, which carries everything counted before it, is not a spike.
+    """
     import pandas as pd
 
+    points = store.points(f"{PREFIX}{name}/counter", where)
+    if not points:
+        return pd.DataFrame(columns=["time_s", "rate"])
+    t0 = min(p["time_ns"] for p in points)
     frames = []
-    for group in _by_series(store.points(f"{PREFIX}{name}/counter")).values():
-        times = np.array([p["time_ns"] for p in group]) / 1e9
+    for series, group in enumerate(_by_series(points).values()):
+        times = np.array([p["time_ns"] for p in group], dtype=np.float64)
         values = np.array([p["value"] for p in group])
-        increments = np.diff(values, prepend=0.0)
-        frames.append(pd.DataFrame({"time_s": times, "increase": increments}))
+        if len(group) < 2:
+            continue
+        rate = np.diff(values) / np.maximum(np.diff(times) / 1e9, 1e-9)
+        frames.append(pd.DataFrame({"time_s": (times[1:] - t0) / 1e9, "rate": rate,
+                                    "series": series}))
     if not frames:
         return pd.DataFrame(columns=["time_s", "rate"])
     df = pd.concat(frames)
-    start = df["time_s"].min()
-    df["bin"] = ((df["time_s"] - start) // bin_s) * bin_s
-    rate = df.groupby("bin")["increase"].sum() / bin_s
-    return rate.rename("rate").reset_index().rename(columns={"bin": "time_s"})
+    df["bin"] = (df["time_s"] // bin_s) * bin_s
+    per_series = df.groupby(["bin", "series"])["rate"].mean()
+    return per_series.groupby("bin").sum().rename("rate").reset_index().rename(
+        columns={"bin": "time_s"})
 
 
-def gauge_series(store, name: str, by: str = "rl.loop"):
+def gauge_series(store, name: str, by: str = "rl.loop", where: dict | None = None):
     """A gauge's points as a DataFrame: time (s from the first point), group, value."""
     import pandas as pd
 
-    points = store.points(f"{PREFIX}{name}/gauge")
+    points = store.points(f"{PREFIX}{name}/gauge", where)
     if not points:
         return pd.DataFrame(columns=["time_s", by, "value"])
     start = min(p["time_ns"] for p in points)
@@ -161,7 +173,9 @@ def plot_trace_waterfall(spans: list[dict], ax=None):
         ax.text(start + width, row, f" {label} {width:.2f} ms", va="center", fontsize=8)
     ax.set_yticks([])
     ax.invert_yaxis()
+    end = max((s["end_ns"] - t0) / 1e6 for s in spans)
+    ax.set_xlim(0, end * 1.45)  # room for the labels right of the bars
     ax.set_xlabel("ms since the iteration's rl.loop span started")
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in components]
-    ax.legend(handles, components, loc="lower right", fontsize=8)
+    ax.legend(handles, components, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax

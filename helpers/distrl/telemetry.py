@@ -247,7 +247,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
         interval = export_interval_ms
         if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
             interval = DEFAULT_EXPORT_INTERVAL_MS
-        metric_readers = [PeriodicExportingMetricReader(
+        metric_readers = [_fork_safe_reader_class(PeriodicExportingMetricReader)(
             OTLPMetricExporter(endpoint=endpoint, timeout=export_timeout_s),
             export_interval_millis=interval, export_timeout_millis=export_timeout_s * 1000)]
     if span_processors is None:
@@ -259,6 +259,26 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     for processor in span_processors:
         tracer_provider.add_span_processor(processor)
     return Telemetry(meter_provider, tracer_provider, resource, True)
+
+
+_FORK_SAFE: dict = {}
+
+
+def _fork_safe_reader_class(base):
+    """PeriodicExportingMetricReader that stays stopped in forked children once shut down.
+
+    The SDK restarts the export thread in every forked child (os.register_at_fork), even for
+    a reader that was shut down; Ray forks helpers with preexec_fn, so each fork then logged
+    "Exporter already shutdown, ignoring batch" from the dead reader.
+    """
+    if base not in _FORK_SAFE:
+        class ForkSafeReader(base):
+            def _at_fork_reinit(self):
+                if not self._shutdown:
+                    super()._at_fork_reinit()
+
+        _FORK_SAFE[base] = ForkSafeReader
+    return _FORK_SAFE[base]
 
 
 def common_attributes(*, run_id: str, algorithm: str, environment: str, model: str,
