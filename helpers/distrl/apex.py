@@ -121,11 +121,13 @@ class ProcessTelemetry:
         carrier, self._carrier = self._carrier, None
         return carrier
 
-    def span(self, name: str, carrier: dict | None, attributes: dict | None = None):
+    def span(self, name: str, carrier: dict | None, attributes: dict | None = None,
+             start_time_ns: int | None = None):
         """A span under `carrier` when one is given (a traced unit), else nothing."""
         if not self.enabled or carrier is None:
             return contextlib.nullcontext(None)
-        return otel.span(self.tracer, name, carrier, {**self.attrs, **(attributes or {})})
+        return otel.span(self.tracer, name, carrier, {**self.attrs, **(attributes or {})},
+                         start_time_ns)
 
     def shutdown(self) -> None:
         if self.enabled:
@@ -415,10 +417,10 @@ class ActorWorker:
                 block_ref, trace_carrier=_carrier_of(reward_span)), len(block))
             if weights_request is None and steps_since_sync >= c.weight_sync_period:
                 weights_request = (self.learner.get_weights.remote(actor.weights_version),
-                                   time.perf_counter(), carrier)
+                                   time.perf_counter(), carrier, time.time_ns())
                 steps_since_sync = 0
             if weights_request is not None and _ready(weights_request[0]):
-                ref, started, sync_carrier = weights_request
+                ref, started, sync_carrier, started_ns = weights_request
                 weights_request = None
                 update = _get(ref)
                 if update is not None:
@@ -426,8 +428,10 @@ class ActorWorker:
                 if tel.enabled:
                     size = sum(w.nbytes for w in update[1]) if update is not None else 0
                     elapsed_ms = (time.perf_counter() - started) * 1e3
-                    with tel.span(otel.SPAN_SYNC, sync_carrier, {**sync_attrs, otel.RL_SYNC_BYTES: size}):
-                        pass  # the span marks when the new weights were applied
+                    # From the request to the new weights in use (the pull is asynchronous).
+                    with tel.span(otel.SPAN_SYNC, sync_carrier,
+                                  {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
+                        pass
                     tel.rl.duration("rl.sync.duration", elapsed_ms, self._sync_attrs)
             returns, lengths = actor.pop_episode_stats()
             with self._lock:

@@ -355,10 +355,13 @@ def extract_context(carrier: dict | None):
 
 
 @contextmanager
-def span(tracer, name: str, carrier: dict | None = None, attributes: dict | None = None):
-    """A span whose parent comes from a carrier (another process), else the current span."""
+def span(tracer, name: str, carrier: dict | None = None, attributes: dict | None = None,
+         start_time_ns: int | None = None):
+    """A span whose parent comes from a carrier (another process), else the current span.
+    start_time_ns backdates its start (e.g. to when a request was sent)."""
     context = extract_context(carrier) if carrier is not None else None
-    with tracer.start_as_current_span(name, context=context, attributes=attributes) as current:
+    with tracer.start_as_current_span(name, context=context, attributes=attributes,
+                                      start_time=start_time_ns) as current:
         yield current
 
 
