@@ -86,31 +86,43 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--throughput-seconds", type=float, default=30.0)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--skip-time-to-solve", action="store_true")
     args = parser.parse_args()
     direct_cost()
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         modes = {"off": [], "on": ["--telemetry", "true", "--otlp-endpoint", collector.endpoint]}
         rates = {"off": [], "on": []}
+        cpu_per_mstep = {"off": [], "on": []}
         for _ in range(args.repeats):
             for mode, flags in modes.items():
                 r = train(["--target-return", "none", "--max-seconds",
                            str(args.throughput_seconds), *flags])
                 rates[mode].append(r["env_steps_per_s"])
+                # CPU seconds of every training process per million env steps: what telemetry
+                # costs, without the scheduling noise of a 2-core machine's throughput.
+                cpu = sum(r["cpu_seconds"].values()) / r["env_steps"] * 1e6
+                cpu_per_mstep[mode].append(cpu)
                 print(f"throughput, telemetry {mode:>3}: {r['env_steps_per_s']:,.0f} env steps/s, "
-                      f"{r['learner_updates_per_s']:,.0f} updates/s", flush=True)
+                      f"{r['learner_updates_per_s']:,.0f} updates/s, {cpu:.1f} CPU s per "
+                      f"million env steps {r['cpu_seconds']}", flush=True)
         solve = {"off": [], "on": []}
-        for seed in args.seeds:
+        for seed in ([] if args.skip_time_to_solve else args.seeds):
             for mode, flags in modes.items():
                 r = train(["--seed", str(seed), "--max-seconds", "120", *flags])
                 after = r["wall_time_s"] - (r["time_to_target_s"] or r["wall_time_s"])
                 t = r["process_wall_s"] - after if r["reached_target"] else float("inf")
                 solve[mode].append(t)
                 print(f"seed {seed}, telemetry {mode:>3}: time to solve {t:.1f}s", flush=True)
+    off_cpu, on_cpu = statistics.median(cpu_per_mstep["off"]), statistics.median(cpu_per_mstep["on"])
+    print(f"CPU per million env steps: off {off_cpu:.1f}s, on {on_cpu:.1f}s, on/off = "
+          f"{on_cpu / off_cpu:.3f} (target <= 1.03)")
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
     print(f"env-step throughput: off {off:,.0f}/s, on {on:,.0f}/s, on/off = {on / off:.3f} "
           f"(target >= 0.97)")
+    if args.skip_time_to_solve:
+        return
     off_t, on_t = statistics.median(solve["off"]), statistics.median(solve["on"])
     print(f"time to solve (median of {len(args.seeds)} seeds): off {off_t:.1f}s, on {on_t:.1f}s, "
           f"on/off = {on_t / off_t:.3f} (target <= 1.03; seed-to-seed spread is larger than 3%)")

@@ -33,6 +33,9 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     # The epsilons span all actors' slots, as the paper has it.
     expected = [slot_epsilons(config, i).tolist() for i in range(config.num_actors)]
     np.testing.assert_allclose(result.actor_epsilons, expected)
+    # What each process cost, in CPU seconds.
+    assert set(result.cpu_seconds) == {"driver", "learner", "replay", "evaluator", "actors"}
+    assert all(v > 0 for v in result.cpu_seconds.values())
     # Actors pulled fresh weights from the learner while they ran.
     assert all(0 < v <= result.learner_updates for v in result.actor_weights_versions)
     # Evaluations are greedy episodes, in time order.

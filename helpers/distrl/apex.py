@@ -61,6 +61,7 @@ class TrainingResult:
     evals: list[dict] = field(default_factory=list)
     actor_epsilons: list[list[float]] = field(default_factory=list)
     actor_weights_versions: list[int] = field(default_factory=list)
+    cpu_seconds: dict = field(default_factory=dict)
     throughput: list[dict] = field(default_factory=list)
     output_dir: str = ""
     checkpoint: str | None = None
@@ -193,6 +194,9 @@ class ReplayWorker(ReplayService):
             self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
                                  self._sync_attrs)
         return live
+
+    def stats(self) -> dict:
+        return {**super().stats(), "cpu_s": time.process_time()}
 
     def close(self) -> None:
         super().close()
@@ -342,7 +346,7 @@ class LearnerWorker:
     def stats(self, trace_carrier: dict | None = None) -> dict:
         self.tel.set_carrier(trace_carrier)
         with self._lock:
-            return dict(self._stats, checkpoint=self.checkpoint)
+            return dict(self._stats, checkpoint=self.checkpoint, cpu_s=time.process_time())
 
     def log_scalars(self, scalars: dict, step: int) -> None:
         import tensorflow as tf
@@ -469,7 +473,7 @@ class ActorWorker:
             self._returns, self._lengths = [], []
         return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
-                "episode_lengths": lengths}
+                "episode_lengths": lengths, "cpu_s": time.process_time()}
 
     def stop(self) -> None:
         self._stop.set()
@@ -496,8 +500,10 @@ class EvaluatorWorker:
         return {"weights_version": version, "returns": returns.tolist(),
                 "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
 
-    def close(self) -> None:
+    def close(self) -> float:
+        """Flush telemetry; returns the CPU seconds this process used."""
         self.tel.shutdown()
+        return time.process_time()
 
 
 def _get(ref):
@@ -624,6 +630,7 @@ class ApeX:
         from tqdm.auto import tqdm
 
         c = self.config
+        driver_cpu_start = time.process_time()
         run_refs = {learner.run.remote(): "learner"}
         run_refs |= {a.run.remote(): f"actor {i}" for i, a in enumerate(actors)}
         epsilons = ray.get([a.epsilons.remote() for a in actors])
@@ -704,8 +711,13 @@ class ApeX:
         checkpoint = ray.get(learner.close.remote())
         final_weights = ray.get(learner.get_weights.remote(-1))[1]
         r_stats = ray.get(replay.stats.remote())
-        ray.get(evaluator.close.remote())
+        evaluator_cpu_s = ray.get(evaluator.close.remote())
         tel.shutdown()
+        # CPU seconds per process (all threads): what the run cost, telemetry included.
+        cpu_seconds = {"driver": time.process_time() - driver_cpu_start,
+                       "learner": finals[0]["cpu_s"], "replay": r_stats["cpu_s"],
+                       "evaluator": evaluator_cpu_s,
+                       "actors": sum(f["cpu_s"] for f in finals[1:])}
         wall = time.monotonic() - t_start
         env_steps = sum(f["env_steps"] for f in finals[1:])
         updates = finals[0]["updates"]
@@ -722,7 +734,7 @@ class ApeX:
             stop_reason=stop_reason, evals=evals, actor_epsilons=epsilons,
             actor_weights_versions=[f["weights_version"] for f in finals[1:]],
             throughput=throughput, output_dir=str(self.output_dir), checkpoint=checkpoint,
-            config=c.to_dict(), weights=final_weights)
+            cpu_seconds=cpu_seconds, config=c.to_dict(), weights=final_weights)
         result.save(self.output_dir / "results.json")
         return result
 
