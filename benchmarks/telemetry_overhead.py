@@ -44,6 +44,7 @@ def direct_cost() -> None:
 
     from distrl import telemetry as otel
     from distrl.actor import Actor
+    from distrl.apex import TRAFFIC_FLUSH_BLOCKS, _TrafficTally
     from distrl.config import ApexConfig
     from distrl.network import NetworkSpec, init_weights
 
@@ -55,18 +56,20 @@ def direct_cost() -> None:
         rl = otel.RLInstruments(tel.meter, otel.common_attributes(
             run_id="bench", algorithm="apex-dqn", environment="CartPole-v1", model="m"))
         attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
+        tally = _TrafficTally()
         block_s, record_s, blocks = 0.0, 0.0, 0
         while block_s < 5.0:
             t0 = time.perf_counter()
             actor.collect(config.actor_block_steps)
             t1 = time.perf_counter()
-            # What ActorWorker.run records per block (telemetry on).
+            # What ActorWorker.run records per block (telemetry on): four latency
+            # observations, and the traffic tally that it flushes every 8 blocks.
             for name in ["rl.sample.duration", "rl.step.duration", "rl.reward.duration",
                          "rl.loop.duration"]:
                 rl.duration(name, 1.0, attrs)
-            rl.add("rl.sample.samples", 512, attrs)
-            rl.add("rl.sample.episodes", 3, attrs)
-            rl.set("rl.environment.reward.mean", 20.0, attrs)
+            tally.add(512, [20.0], [20])
+            if tally.blocks >= TRAFFIC_FLUSH_BLOCKS:
+                tally.flush(rl, attrs)
             t2 = time.perf_counter()
             block_s, record_s, blocks = block_s + t1 - t0, record_s + t2 - t1, blocks + 1
         per_update = []

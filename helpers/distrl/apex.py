@@ -399,6 +399,7 @@ class ActorWorker:
         weights_request = None    # (ref, start time, trace carrier)
         steps_since_sync = 0
         sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
+        traffic = _TrafficTally()
         while not self._stop.is_set():
             carrier = tel.take_carrier()
             t0 = time.perf_counter()
@@ -447,13 +448,13 @@ class ActorWorker:
                 rl.duration("rl.step.duration", (t1 - t0) * 1e3 / steps, attrs)
                 rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
                 rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
-                rl.add("rl.sample.samples", steps * c.envs_per_actor, attrs)
-                if returns:
-                    rl.add("rl.sample.episodes", len(returns), attrs)
-                    rl.set("rl.environment.reward.mean", float(np.mean(returns)), attrs)
-                    rl.set("rl.environment.episode.length.mean", float(np.mean(lengths)), attrs)
+                traffic.add(steps * c.envs_per_actor, returns, lengths)
+                if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
+                    traffic.flush(rl, attrs)
         if in_flight is not None:
             self._deliver(*in_flight)
+        if tel.enabled:
+            traffic.flush(tel.rl, self._sample_attrs)
         tel.shutdown()
         return self.stats()
 
@@ -477,6 +478,36 @@ class ActorWorker:
 
     def stop(self) -> None:
         self._stop.set()
+
+
+# Each SDK call costs ~10 us; counters and gauges are summed over this many actor blocks
+# (~40 ms) and recorded once, which halves the actor's telemetry cost. Latency histograms
+# still get one observation per block.
+TRAFFIC_FLUSH_BLOCKS = 8
+
+
+class _TrafficTally:
+    """An actor's env steps and finished episodes since its last flush to the instruments."""
+
+    def __init__(self):
+        self.blocks, self.samples = 0, 0
+        self.returns: list[float] = []
+        self.lengths: list[int] = []
+
+    def add(self, samples: int, returns: list[float], lengths: list[int]) -> None:
+        self.blocks += 1
+        self.samples += samples
+        self.returns += returns
+        self.lengths += lengths
+
+    def flush(self, rl, attrs: dict) -> None:
+        if self.samples:
+            rl.add("rl.sample.samples", self.samples, attrs)
+        if self.returns:
+            rl.add("rl.sample.episodes", len(self.returns), attrs)
+            rl.set("rl.environment.reward.mean", float(np.mean(self.returns)), attrs)
+            rl.set("rl.environment.episode.length.mean", float(np.mean(self.lengths)), attrs)
+        self.__init__()
 
 
 class EvaluatorWorker:
