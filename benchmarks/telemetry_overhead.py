@@ -13,29 +13,14 @@ within 3% of off.
 """
 
 import argparse
-import json
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+from time_to_solve import run_training, time_to_solve_s  # benchmarks/ is on sys.path
+
 from distrl.collector import LocalCollector
-
-
-def train(extra: list[str]) -> dict:
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
-               "false", "--output-dir", tmp, *extra]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        wall = time.monotonic() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"{cmd} failed:\n{proc.stderr[-3000:]}")
-        result = json.loads((Path(tmp) / "results.json").read_text())
-    result["process_wall_s"] = wall
-    return result
 
 
 def direct_cost() -> None:
@@ -100,7 +85,7 @@ def main() -> None:
         cpu_per_mstep = {"off": [], "on": []}
         for _ in range(args.repeats):
             for mode, flags in modes.items():
-                r = train(["--target-return", "none", "--max-seconds",
+                r = run_training(["--target-return", "none", "--max-seconds",
                            str(args.throughput_seconds), *flags])
                 rates[mode].append(r["env_steps_per_s"])
                 # CPU seconds of every training process per million env steps: what telemetry
@@ -113,9 +98,8 @@ def main() -> None:
         solve = {"off": [], "on": []}
         for seed in ([] if args.skip_time_to_solve else args.seeds):
             for mode, flags in modes.items():
-                r = train(["--seed", str(seed), "--max-seconds", "120", *flags])
-                after = r["wall_time_s"] - (r["time_to_target_s"] or r["wall_time_s"])
-                t = r["process_wall_s"] - after if r["reached_target"] else float("inf")
+                r = run_training(["--seed", str(seed), "--max-seconds", "120", *flags])
+                t = time_to_solve_s(r) or float("inf")
                 solve[mode].append(t)
                 print(f"seed {seed}, telemetry {mode:>3}: time to solve {t:.1f}s", flush=True)
     off_cpu, on_cpu = statistics.median(cpu_per_mstep["off"]), statistics.median(cpu_per_mstep["on"])

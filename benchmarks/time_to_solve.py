@@ -19,22 +19,35 @@ import time
 from pathlib import Path
 
 
-def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
+def run_training(extra: list[str]) -> dict:
+    """`python -m distrl.train --env CartPole-v1 ...` in a fresh process: its results.json,
+    plus process_wall_s, the wall-clock the whole process took (Ray start-up included)."""
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--seed", str(seed),
-               "--progress", "false", "--max-seconds", str(budget_s), "--output-dir", tmp, *extra]
+        cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
+               "false", "--output-dir", tmp, *extra]
         start = time.monotonic()
         proc = subprocess.run(cmd, capture_output=True, text=True)
         wall = time.monotonic() - start
         if proc.returncode != 0:
-            raise SystemExit(f"seed {seed} failed:\n{proc.stderr[-3000:]}")
+            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
         result = json.loads((Path(tmp) / "results.json").read_text())
-    # Time to target as the process saw it: process wall time minus what came after the
-    # target was reached (shutdown), i.e. start-up + training until the solving evaluation.
-    after = result["wall_time_s"] - (result["time_to_target_s"] or result["wall_time_s"])
+    result["process_wall_s"] = wall
+    return result
+
+
+def time_to_solve_s(result: dict) -> float | None:
+    """Time to target as the process saw it: its wall time minus what came after the target
+    was reached (shutdown), i.e. start-up + training until the solving evaluation."""
+    if not result["reached_target"]:
+        return None
+    return result["process_wall_s"] - (result["wall_time_s"] - result["time_to_target_s"])
+
+
+def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
+    result = run_training(["--seed", str(seed), "--max-seconds", str(budget_s), *extra])
     return {"seed": seed, "solved": result["reached_target"],
-            "time_to_solve_s": wall - after if result["reached_target"] else None,
-            "process_wall_s": wall, "env_steps": result["env_steps"],
+            "time_to_solve_s": time_to_solve_s(result),
+            "process_wall_s": result["process_wall_s"], "env_steps": result["env_steps"],
             "learner_updates": result["learner_updates"], "startup_s": result["startup_s"]}
 
 

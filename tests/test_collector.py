@@ -250,3 +250,19 @@ def test_collector_cli_serves_until_terminated(tmp_path):
     assert proc.wait(timeout=20) == 0
     assert "collector stopped" in proc.stdout.read()
     assert json.loads(json.dumps(CollectorStore(tmp_path / "cli.db").metric_types())) == []
+
+
+def test_points_are_filtered_by_attribute_values_in_sql(collector, stub):
+    gauge = metrics_pb2.Metric(name="g", gauge={"data_points": [
+        number(10, 1.0, ALL_TYPES), number(11, 2.0, [kv("rl.loop", string_value="learner")])]})
+    stub.Export(request(gauge))
+    store = collector.store()
+    points = PREFIX + "g/gauge"
+    assert [p["value"] for p in store.points(points, {"rl.loop": "actor"})] == [1.0]
+    assert [p["value"] for p in store.points(points, {"rl.loop": "learner"})] == [2.0]
+    assert [p["value"] for p in store.points(points, {"b": True, "i": -7, "d": 2.5})] == [1.0]
+    assert [p["value"] for p in store.points(points, {"s": None})] == [2.0]  # absent
+    assert store.points(points, {"rl.loop": "replay"}) == []
+    for bad in ({"arr": [1, "x"]}, {'we"ird': 1}):
+        with pytest.raises(ValueError, match="where=.* is invalid"):
+            store.points(points, bad)

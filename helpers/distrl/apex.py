@@ -145,7 +145,6 @@ def _carrier_of(current_span) -> dict | None:
         return None
     from opentelemetry import trace
 
-
     return otel.inject_context(trace.set_span_in_context(current_span))
 
 
@@ -159,20 +158,17 @@ class ReplayWorker(ReplayService):
                          seed=config.seed)
         self.tel = ProcessTelemetry(config, "replay")
         if self.tel.enabled:
-
             rl = self.tel.rl
             self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
             self._sync_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SYNC_SOURCE: "learner",
                                          otel.RL_SYNC_DESTINATION: "replay"})
 
     def add(self, block, timeout: float | None = 1.0, trace_carrier: dict | None = None) -> bool:
-
         with self.tel.span("replay.insert", trace_carrier, {otel.RL_SAMPLE_BATCH_SIZE: len(block)}):
             return super().add(block, timeout)
 
     def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
                num_batches: int = 1, trace_carrier: dict | None = None):
-
         start = time.perf_counter()
         with self.tel.span("replay.sample", trace_carrier,
                            {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
@@ -183,7 +179,6 @@ class ReplayWorker(ReplayService):
         return batches
 
     def update_priorities(self, keys, td_abs, trace_carrier: dict | None = None) -> int:
-
         start = time.perf_counter()
         size = int(np.asarray(keys).nbytes + np.asarray(td_abs).nbytes)
         with self.tel.span(otel.SPAN_SYNC, trace_carrier, {
@@ -217,7 +212,7 @@ class LearnerWorker:
                 "sees none; install a CUDA build of TensorFlow on that node or use num_gpus=0")
         import tensorflow as tf
 
-        self.config, self.replay, self.spec = config, replay, spec
+        self.config, self.replay = config, replay
         self.learner = Learner(config, spec, weights)
         self.output_dir = Path(output_dir)
         self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
@@ -229,7 +224,6 @@ class LearnerWorker:
         self.checkpoint: str | None = None
         self.tel = ProcessTelemetry(config, "learner")
         if self.tel.enabled:
-
             self._publish_attrs = self.tel.rl.attrs({
                 otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
             # One update: three forward passes (online and target on s', online on s) and a
@@ -247,13 +241,9 @@ class LearnerWorker:
             names.append(details.get("device_name", gpu.name))
         return names
 
-    def devices(self) -> list[str]:
-        return self.gpus
-
     def run(self) -> dict:
         """Train until stop() or max_learner_updates; returns the final stats."""
         import tensorflow as tf
-
 
         c, tel = self.config, self.tel
         learner = self.learner
@@ -306,7 +296,6 @@ class LearnerWorker:
                 s["wait_s"] += t1 - t0
                 s["train_s"] += t2 - t1
             if tel.enabled:
-
                 tel.rl.duration("rl.loop.duration", (t2 - t0) * 1e3, tel.attrs)
                 tel.rl.add("rl.train.steps", len(batches), tel.attrs)
                 tel.rl.set("rl.train.loss", loss, tel.attrs)
@@ -372,7 +361,6 @@ class ActorWorker:
 
     def __init__(self, config: ApexConfig, index: int, weights, replay, learner):
         self.config, self.replay, self.learner = config, replay, learner
-        self.index = index
         self.actor = Actor(config, index, weights)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -382,7 +370,6 @@ class ActorWorker:
         self.transitions_sent = 0
         self.tel = ProcessTelemetry(config, "actor", index)
         if self.tel.enabled:
-
             rl = self.tel.rl
             self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
             self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
@@ -392,7 +379,6 @@ class ActorWorker:
         return self.actor.epsilons.tolist()
 
     def run(self) -> dict:
-
         c, actor, tel = self.config, self.actor, self.tel
         steps = c.actor_block_steps
         in_flight = None          # (block ref, add ref): one block travels while the next is made
@@ -490,6 +476,9 @@ class _TrafficTally:
     """An actor's env steps and finished episodes since its last flush to the instruments."""
 
     def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
         self.blocks, self.samples = 0, 0
         self.returns: list[float] = []
         self.lengths: list[int] = []
@@ -507,7 +496,7 @@ class _TrafficTally:
             rl.add("rl.sample.episodes", len(self.returns), attrs)
             rl.set("rl.environment.reward.mean", float(np.mean(self.returns)), attrs)
             rl.set("rl.environment.episode.length.mean", float(np.mean(self.lengths)), attrs)
-        self.__init__()
+        self.reset()
 
 
 class EvaluatorWorker:
@@ -783,7 +772,6 @@ class _IterationTraces:
         """End the last iteration's span, open the next one; returns its context carrier."""
         if not self.tel.enabled:
             return None
-
         self.end()
         self.iteration += 1
         self.started = time.perf_counter()

@@ -34,7 +34,6 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
-RESOURCE_TYPE = "prometheus_target"
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS resources (
@@ -361,22 +360,25 @@ class CollectorStore:
         return out
 
     def points(self, metric_type: str, where: dict | None = None) -> list[dict]:
-        """Points of one metric type (attributes and resource decoded), optionally filtered by
-        exact attribute values, oldest first."""
-        rows = self.query(
-            "SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
-            "r.id = p.resource_id WHERE metric_type = ? ORDER BY time_ns, p.id", (metric_type,))
-        out = []
+        """Points of one metric type (attributes and resource decoded), oldest first, filtered
+        in SQL by exact attribute values (None: the attribute is absent)."""
+        sql = ("SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
+               "r.id = p.resource_id WHERE metric_type = ?")
+        params: list = [metric_type]
+        for key, value in (where or {}).items():
+            if '"' in key or not isinstance(value, (str, int, float, bool, type(None))):
+                raise ValueError(f"where={{{key!r}: {value!r}}} is invalid: expected attribute "
+                                 "keys without double quotes and str, number, bool or None values")
+            sql += f""" AND json_extract(p.attributes, '$."{key}"') IS ?"""
+            params.append(value)
+        rows = self.query(sql + " ORDER BY time_ns, p.id", tuple(params))
         for row in rows:
             row["attributes"] = json.loads(row["attributes"])
             row["resource"] = json.loads(row["resource"])
             for key in ("bounds", "bucket_counts", "exponential"):
                 if row[key] is not None:
                     row[key] = json.loads(row[key])
-            if where and any(row["attributes"].get(k) != v for k, v in where.items()):
-                continue
-            out.append(row)
-        return out
+        return rows
 
     def spans(self, trace_id: str | None = None) -> list[dict]:
         sql = ("SELECT s.*, r.attributes AS resource FROM spans s JOIN resources r ON "
@@ -390,15 +392,20 @@ class CollectorStore:
         return rows
 
 
+def _stored(context, write, request):
+    """write(request), or an UNAVAILABLE status (the exporter retries) if SQLite failed."""
+    try:
+        return write(request)
+    except sqlite3.Error as err:
+        context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+
+
 class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
     def __init__(self, store: CollectorStore):
         self.store = store
 
     def Export(self, request, context):  # noqa: N802 (gRPC method name)
-        try:
-            _, rejected, error = self.store.write_metrics(request)
-        except sqlite3.Error as err:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+        _, rejected, error = _stored(context, self.store.write_metrics, request)
         response = metrics_service_pb2.ExportMetricsServiceResponse()
         if rejected:
             response.partial_success.rejected_data_points = rejected
@@ -411,11 +418,14 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self.store = store
 
     def Export(self, request, context):  # noqa: N802
-        try:
-            self.store.write_spans(request)
-        except sqlite3.Error as err:
-            context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+        _stored(context, self.store.write_spans, request)
         return trace_service_pb2.ExportTraceServiceResponse()
+
+
+def _check_port(port) -> None:
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
+        raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
+                         "(0 picks a free port)")
 
 
 class CollectorServer:
@@ -427,9 +437,7 @@ class CollectorServer:
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
                  port: int = 4317, max_workers: int = 8):
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-            raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
-                             "(0 picks a free port)")
+        _check_port(port)
         self.db_path = Path(db_path)
         self.host, self.port, self.max_workers = host, port, max_workers
         self.store: CollectorStore | None = None
@@ -479,9 +487,7 @@ class LocalCollector:
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
                  port: int = 4317, start_timeout_s: float = 30.0):
-        if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
-            raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
-                             "(0 picks a free port)")
+        _check_port(port)
         self.db_path = Path(db_path)
         self.host, self.port = host, port
         self.start_timeout_s = start_timeout_s

@@ -16,6 +16,7 @@ OTEL_METRIC_EXPORT_INTERVAL and OTEL_SDK_DISABLED.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -167,12 +168,6 @@ class Telemetry:
 
         return self.tracer_provider.get_tracer("distrl", __version__)
 
-    def force_flush(self, timeout_s: float = 5.0) -> bool:
-        if not self.enabled:
-            return True
-        ok = self.tracer_provider.force_flush(int(timeout_s * 1000))
-        return bool(self.meter_provider.force_flush(int(timeout_s * 1000))) and bool(ok)
-
     def shutdown(self, timeout_s: float = 5.0) -> None:
         """Flush what is pending and stop exporting, in at most about timeout_s seconds."""
         if not self.enabled:
@@ -226,7 +221,6 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
@@ -247,7 +241,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
         interval = export_interval_ms
         if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
             interval = DEFAULT_EXPORT_INTERVAL_MS
-        metric_readers = [_fork_safe_reader_class(PeriodicExportingMetricReader)(
+        metric_readers = [_fork_safe_reader_class()(
             OTLPMetricExporter(endpoint=endpoint, timeout=export_timeout_s),
             export_interval_millis=interval, export_timeout_millis=export_timeout_s * 1000)]
     if span_processors is None:
@@ -261,24 +255,22 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     return Telemetry(meter_provider, tracer_provider, resource, True)
 
 
-_FORK_SAFE: dict = {}
-
-
-def _fork_safe_reader_class(base):
+@functools.cache
+def _fork_safe_reader_class():
     """PeriodicExportingMetricReader that stays stopped in forked children once shut down.
 
     The SDK restarts the export thread in every forked child (os.register_at_fork), even for
     a reader that was shut down; Ray forks helpers with preexec_fn, so each fork then logged
     "Exporter already shutdown, ignoring batch" from the dead reader.
     """
-    if base not in _FORK_SAFE:
-        class ForkSafeReader(base):
-            def _at_fork_reinit(self):
-                if not self._shutdown:
-                    super()._at_fork_reinit()
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        _FORK_SAFE[base] = ForkSafeReader
-    return _FORK_SAFE[base]
+    class ForkSafeReader(PeriodicExportingMetricReader):
+        def _at_fork_reinit(self):
+            if not self._shutdown:
+                super()._at_fork_reinit()
+
+    return ForkSafeReader
 
 
 def common_attributes(*, run_id: str, algorithm: str, environment: str, model: str,
