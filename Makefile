@@ -43,6 +43,9 @@ lock:
 	/tmp/distrl-lock/bin/pip install --quiet --upgrade pip
 	/tmp/distrl-lock/bin/pip install --quiet -e ".[dev]"
 	/tmp/distrl-lock/bin/pip freeze --exclude-editable --exclude distrl > requirements.lock
+	echo "# TensorFlow's CUDA wheels for the GPU image (Dockerfile); not installed by make install." >> requirements.lock
+	/tmp/distrl-lock/bin/python tools/gpu_pins.py requirements.lock > /tmp/distrl-gpu-pins
+	cat /tmp/distrl-gpu-pins >> requirements.lock
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache

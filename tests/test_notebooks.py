@@ -80,3 +80,61 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
     assert summary["traces"] > 0 and summary["processes"] >= 6  # driver, learner, 2 actors, ...
     assert summary["best_eval_return"] >= 100
     assert set(summary["overhead_env_steps_per_s"]) == {"off", "on"}
+
+
+def _outputs(executed: Path) -> str:
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+
+
+def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
+    from distrl import manifests
+
+    out_dir = tmp_path / "run"
+    executed = run_notebook(
+        NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
+        {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "PREFIX": "rl-demo",
+         "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot"}, kernel=kernel)
+    text = _outputs(executed)
+    assert "gcloud beta container clusters create-auto rl-demo-cluster --region=us-central1" in text
+    assert "all 16 steps printed" in text and "USD per hour" in text
+    docs = manifests.load_dir(out_dir / "manifests")
+    assert {d["metadata"]["namespace"] for _, d in docs if d["kind"] != "Namespace"} == {"rl-demo"}
+
+
+def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, stand_ins,
+                                                     monkeypatch):
+    """DRY_RUN=False with gcloud and kubectl stand-ins recording their argv: the notebook runs
+    the prerequisite checks, every step of the plan, then (TEARDOWN=True) every undo."""
+    from distrl import gke
+
+    home = tmp_path / "home"  # the notebook makes the Ray auth token in ~/.ray when missing
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    out_dir = tmp_path / "run"
+    run_notebook(NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
+                 {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "DRY_RUN": False,
+                  "TEARDOWN": True}, kernel=kernel)
+    plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1"), out_dir / "manifests",
+                           home / ".ray" / "auth_token")
+    expected = [["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
+                ["gcloud", "projects", "describe", "demo-project-1",
+                 "--format=value(lifecycleState)"]]
+    expected += [list(s.argv) for s in plan] + [list(s.argv) for s in gke.teardown_plan(plan)]
+    assert stand_ins() == expected
+    assert (home / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
+
+
+def test_03_live_path_without_a_login_stops_before_any_command(kernel, tmp_path: Path,
+                                                               stand_ins, monkeypatch):
+    from papermill.exceptions import PapermillExecutionError
+
+    monkeypatch.setenv("FAKE_ACCOUNT", "")
+    with pytest.raises(PapermillExecutionError, match="gcloud auth login"):
+        run_notebook(NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
+                     {"OUTPUT_DIR": str(tmp_path / "run"), "PROJECT_ID": "demo-project-1",
+                      "DRY_RUN": False}, kernel=kernel)
+    assert [argv[:3] for argv in stand_ins()] == [["gcloud", "auth", "list"]]

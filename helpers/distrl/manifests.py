@@ -1,0 +1,452 @@
+"""Kubernetes manifests for Ape-X on GKE, rendered from GkeSettings, and their validation.
+
+    write_manifests(settings, "runs/gke/manifests")   # cluster/, job/, plain/ as YAML files
+    for doc in load_dir("k8s"): validate(doc)          # strict schema checks, no cluster needed
+
+Layout (the same under k8s/, which holds the defaults, and under a rendered directory):
+  cluster/  what `kubectl apply` creates with the Ray operator: namespace, service account,
+            NetworkPolicy, run volume, the RayCluster (head + Spot `actors` group, TensorBoard
+            beside the head) and TensorBoard's ClusterIP Service
+  job/      a RayJob: a one-shot training run whose cluster is deleted after the job
+  plain/    the seed's shape for clusters without the operator: a headless Service, a head
+            pod, actor workers that run the wait-for-head script from a ConfigMap
+
+No Service is of type LoadBalancer: the Ray dashboard (and its Jobs API, which runs any code
+it is sent) and TensorBoard are reached with `kubectl port-forward` only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from distrl.gke import MANAGED_OTEL_ENDPOINT, GkeSettings, machine
+
+RAY_VERSION = "2.60.0"  # tests check it against requirements.lock and the Dockerfile
+KUBERNETES_VERSION = "1.34.0"  # schemas to validate against (GKE rapid channel or older)
+RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}
+TENSORBOARD_PORT = 6006
+RUNS_DIR = "/home/ray/runs"
+SPOT_SELECTOR = {"cloud.google.com/gke-spot": "true"}
+# Spot VMs get about 30 s notice; the pod must be gone before the node is.
+SPOT_GRACE_S = 25
+DEFAULTS = GkeSettings(project_id="my-project-id")  # what k8s/ is rendered with
+
+
+@dataclass(frozen=True)
+class PodSize:
+    cpu: int
+    memory_gib: int
+    gpus: int = 0
+
+
+def pod_sizes(settings: GkeSettings) -> dict[str, PodSize]:
+    """Requests (= limits) of the head's Ray container and of one actor pod per node.
+
+    They leave room for GKE's system pods and, on the head, the TensorBoard sidecar, so one
+    pod fits one node; Ray's num-cpus equals the CPU request.
+    """
+    head, actor = machine(settings.head_machine_type), machine(settings.actor_machine_type)
+    return {"head": PodSize(head.vcpus - 2, math.floor(head.memory_gib * 0.7),
+                            0 if settings.gpu_type == "none" else 1),
+            "actor": PodSize(actor.vcpus - 1, math.floor(actor.memory_gib * 0.75))}
+
+
+def _labels(s: GkeSettings, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "distrl", "app.kubernetes.io/instance": s.prefix,
+            "app.kubernetes.io/component": component}
+
+
+def _meta(s: GkeSettings, name: str, component: str, namespaced: bool = True) -> dict:
+    meta = {"name": name, "labels": _labels(s, component)}
+    if namespaced:
+        meta["namespace"] = s.namespace
+    return meta
+
+
+def _resources(size: PodSize) -> dict:
+    amounts = {"cpu": str(size.cpu), "memory": f"{size.memory_gib}Gi"}
+    if size.gpus:
+        amounts["nvidia.com/gpu"] = str(size.gpus)
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def token_secret_name(s: GkeSettings) -> str:
+    return f"{s.prefix}-ray-token"
+
+
+def _env(s: GkeSettings) -> list[dict]:
+    """The seed's OTEL_* variables pointed at GKE's managed collector, plus Ray's auth token."""
+    return [
+        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": MANAGED_OTEL_ENDPOINT},
+        {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": "grpc"},
+        {"name": "OTEL_SERVICE_NAME", "value": "rl-training-service"},
+        {"name": "OTEL_RESOURCE_ATTRIBUTES",
+         "value": f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
+                  "k8s.pod.name=$(POD_NAME)"},
+        # Cloud Monitoring bills by samples; 30 s keeps the golden signals fresh enough.
+        {"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "30000"},
+        {"name": "RAY_AUTH_MODE", "value": "token"},
+        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+            "name": token_secret_name(s), "key": "auth_token"}}},
+        {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
+    ]
+
+
+_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+_STOP_RAY = {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
+
+
+def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
+    size = pod_sizes(s)["head"]
+    selector = {}
+    if s.mode == "standard":
+        selector["cloud.google.com/gke-nodepool"] = s.head_pool
+    elif s.gpu_type != "none":
+        selector["cloud.google.com/gke-accelerator"] = s.gpu_type
+    ray_head = {
+        "name": "ray-head", "image": s.image, "imagePullPolicy": "IfNotPresent",
+        "ports": [{"name": n, "containerPort": p} for n, p in RAY_PORTS.items()],
+        "env": _env(s), "resources": _resources(size), "securityContext": _SECURITY,
+        "lifecycle": _STOP_RAY,
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR}],
+    }
+    if command:
+        ray_head["command"] = command
+    tensorboard = {
+        "name": "tensorboard", "image": s.image, "imagePullPolicy": "IfNotPresent",
+        "command": ["tensorboard", f"--logdir={RUNS_DIR}", "--host=0.0.0.0",
+                    f"--port={TENSORBOARD_PORT}"],
+        "ports": [{"name": "tensorboard", "containerPort": TENSORBOARD_PORT}],
+        "resources": _resources(PodSize(1, 2)), "securityContext": _SECURITY,
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}],
+    }
+    spec = {"serviceAccountName": s.service_account, "securityContext": _POD_SECURITY,
+            "containers": [ray_head, tensorboard],
+            "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{s.prefix}-runs"}}]}
+    if selector:
+        spec["nodeSelector"] = selector
+    return spec
+
+
+def _actor_pod_spec(s: GkeSettings, container: dict) -> dict:
+    """Actor pods: Spot nodes only, gone before the node is (SPOT_GRACE_S < 30 s notice)."""
+    return {"serviceAccountName": s.service_account, "securityContext": _POD_SECURITY,
+            "nodeSelector": dict(SPOT_SELECTOR), "terminationGracePeriodSeconds": SPOT_GRACE_S,
+            "containers": [container]}
+
+
+def _actor_container(s: GkeSettings, **extra) -> dict:
+    return {"name": "ray-worker", "image": s.image, "imagePullPolicy": "IfNotPresent",
+            "env": _env(s), "resources": _resources(pod_sizes(s)["actor"]),
+            "securityContext": _SECURITY, "lifecycle": _STOP_RAY, **extra}
+
+
+def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
+    """The KubeRay cluster spec shared by the RayCluster and the RayJob.
+
+    autoscale: the actors group grows from 0 to max_actor_nodes pods as Ray asks for CPUs;
+    False (the RayJob) starts all of them at once, since the run needs them from the start.
+    """
+    sizes = pod_sizes(s)
+    head_params = {"dashboard-host": "0.0.0.0", "num-cpus": str(sizes["head"].cpu)}
+    if sizes["head"].gpus:
+        head_params["num-gpus"] = str(sizes["head"].gpus)
+    spec = {
+        "rayVersion": RAY_VERSION,
+        "enableInTreeAutoscaling": autoscale,
+        "headGroupSpec": {
+            "serviceType": "ClusterIP",
+            "rayStartParams": head_params,
+            "template": {"metadata": {"labels": _labels(s, "ray-head")},
+                         "spec": _head_pod_spec(s)},
+        },
+        "workerGroupSpecs": [{
+            "groupName": "actors",
+            "replicas": 0 if autoscale else s.max_actor_nodes,
+            "minReplicas": 0 if autoscale else s.max_actor_nodes,
+            "maxReplicas": s.max_actor_nodes,
+            "rayStartParams": {"num-cpus": str(sizes["actor"].cpu)},
+            "template": {"metadata": {"labels": _labels(s, "ray-actors")},
+                         "spec": _actor_pod_spec(s, _actor_container(s))},
+        }],
+    }
+    if autoscale:
+        spec["autoscalerOptions"] = {"upscalingMode": "Default", "idleTimeoutSeconds": 60}
+    return spec
+
+
+def num_actors(s: GkeSettings) -> int:
+    """One Ape-X actor per actor-node CPU."""
+    return s.max_actor_nodes * pod_sizes(s)["actor"].cpu
+
+
+def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> list[str]:
+    argv = ["python", "-m", "distrl.train", "--env", "CartPole-v1",
+            "--num-actors", str(num_actors(s)), "--actor-cpus", "1",
+            "--num-gpus", "0" if s.gpu_type == "none" else "1",
+            "--telemetry", "true", "--output-dir", output_dir, "--progress", "false"]
+    return argv
+
+
+def namespace_docs(s: GkeSettings) -> list[dict]:
+    return [
+        {"apiVersion": "v1", "kind": "Namespace",
+         "metadata": _meta(s, s.namespace, "namespace", namespaced=False)},
+        {"apiVersion": "v1", "kind": "ServiceAccount",
+         "metadata": {**_meta(s, s.service_account, "identity"),
+                      "annotations": {"iam.gke.io/gcp-service-account": s.gsa_email}}},
+    ]
+
+
+def network_policy(s: GkeSettings) -> dict:
+    """Only pods of this namespace reach its pods (the Ray ports, TensorBoard, anything)."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(s, f"{s.prefix}-same-namespace-only", "network-policy"),
+            "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {}}]}]}}
+
+
+def runs_volume(s: GkeSettings) -> dict:
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": _meta(s, f"{s.prefix}-runs", "runs"),
+            "spec": {"accessModes": ["ReadWriteOnce"],
+                     "resources": {"requests": {"storage": "20Gi"}}}}
+
+
+def tensorboard_service(s: GkeSettings, head_component: str = "ray-head") -> dict:
+    return {"apiVersion": "v1", "kind": "Service",
+            "metadata": _meta(s, f"{s.prefix}-tensorboard", "tensorboard"),
+            "spec": {"type": "ClusterIP", "selector": _labels(s, head_component),
+                     "ports": [{"name": "tensorboard", "port": TENSORBOARD_PORT,
+                                "targetPort": TENSORBOARD_PORT}]}}
+
+
+def ray_cluster(s: GkeSettings) -> dict:
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster",
+            "metadata": _meta(s, s.prefix, "ray-cluster"), "spec": ray_cluster_spec(s)}
+
+
+def ray_job(s: GkeSettings) -> dict:
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": _meta(s, f"{s.prefix}-train", "ray-job"),
+            "spec": {"entrypoint": " ".join(training_command(s)),
+                     "shutdownAfterJobFinishes": True,
+                     "ttlSecondsAfterFinished": 600,
+                     "activeDeadlineSeconds": 4 * 3600,
+                     "submissionMode": "K8sJobMode",
+                     "rayClusterSpec": ray_cluster_spec(s, autoscale=False)}}
+
+
+def wait_for_head_script() -> str:
+    return resources.files("distrl").joinpath("scripts/wait-for-head.sh").read_text()
+
+
+def plain_docs(s: GkeSettings) -> list[dict]:
+    """The seed's shape, without the operator: headless Service, head pod, actor Deployment."""
+    sizes = pod_sizes(s)
+    head_name = f"{s.prefix}-head"
+    head_cmd = ["ray", "start", "--head", "--block", "--dashboard-host=0.0.0.0",
+                f"--port={RAY_PORTS['gcs-server']}", f"--num-cpus={sizes['head'].cpu}"]
+    if sizes["head"].gpus:
+        head_cmd.append(f"--num-gpus={sizes['head'].gpus}")
+    head_pod = {"apiVersion": "v1", "kind": "Pod",
+                "metadata": _meta(s, head_name, "plain-head"),
+                "spec": _head_pod_spec(s, command=head_cmd)}
+    script = {"apiVersion": "v1", "kind": "ConfigMap",
+              "metadata": _meta(s, f"{s.prefix}-wait-for-head", "plain-actors"),
+              "data": {"wait-for-head.sh": wait_for_head_script()}}
+    container = _actor_container(
+        s, command=["/bin/sh", "/opt/distrl/wait-for-head.sh", "--block"],
+        volumeMounts=[{"name": "scripts", "mountPath": "/opt/distrl", "readOnly": True}])
+    container["env"] = [*container["env"],
+                        {"name": "RAY_HEAD_ADDRESS",
+                         "value": f"{head_name}.{s.namespace}.svc.cluster.local:"
+                                  f"{RAY_PORTS['gcs-server']}"},
+                        {"name": "RAY_NUM_CPUS", "value": str(sizes["actor"].cpu)},
+                        {"name": "WAIT_FOR_HEAD_TIMEOUT_S", "value": "600"}]
+    actor_spec = _actor_pod_spec(s, container)
+    actor_spec["volumes"] = [{"name": "scripts", "configMap": {
+        "name": f"{s.prefix}-wait-for-head", "defaultMode": 0o555}}]
+    actors = {"apiVersion": "apps/v1", "kind": "Deployment",
+              "metadata": _meta(s, f"{s.prefix}-actors", "plain-actors"),
+              "spec": {"replicas": s.max_actor_nodes,
+                       "selector": {"matchLabels": _labels(s, "plain-actors")},
+                       "template": {"metadata": {"labels": _labels(s, "plain-actors")},
+                                    "spec": actor_spec}}}
+    headless = {"apiVersion": "v1", "kind": "Service",
+                "metadata": _meta(s, head_name, "plain-head"),
+                "spec": {"clusterIP": "None", "selector": _labels(s, "plain-head"),
+                         "ports": [{"name": n, "port": p, "targetPort": p}
+                                   for n, p in RAY_PORTS.items()]}}
+    return [headless, head_pod, script, actors]
+
+
+def render(s: GkeSettings) -> dict[str, list[dict]]:
+    """Relative file path -> the documents in it."""
+    return {
+        "cluster/00-namespace.yaml": namespace_docs(s),
+        "cluster/10-network-policy.yaml": [network_policy(s)],
+        "cluster/20-runs-volume.yaml": [runs_volume(s)],
+        "cluster/30-raycluster.yaml": [ray_cluster(s)],
+        "cluster/40-tensorboard.yaml": [tensorboard_service(s)],
+        "job/rayjob.yaml": [ray_job(s)],
+        "plain/00-namespace.yaml": namespace_docs(s),
+        "plain/10-network-policy.yaml": [network_policy(s)],
+        "plain/20-runs-volume.yaml": [runs_volume(s)],
+        "plain/30-head.yaml": plain_docs(s)[:2],
+        "plain/40-actors.yaml": plain_docs(s)[2:],
+        "plain/50-tensorboard.yaml": [tensorboard_service(s, "plain-head")],
+    }
+
+
+def dump(docs: list[dict]) -> str:
+    """YAML as people write it: no anchors for shared pieces, scripts as literal blocks."""
+    import yaml
+
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):
+            return True
+
+    def text(dumper, value: str):
+        style = "|" if "\n" in value else None
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+    Dumper.add_representer(str, text)
+    return "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, width=100) for d in docs)
+
+
+HEADER = ("# Generated by distrl.manifests from GkeSettings(project_id='my-project-id', ...).\n"
+          "# Regenerate: python -m distrl.manifests k8s   (notebook 03 renders your own values)\n")
+
+
+def write_manifests(s: GkeSettings, directory: str | Path) -> list[Path]:
+    """Write every manifest under directory; returns the paths written."""
+    directory = Path(directory)
+    written = []
+    for rel, docs in render(s).items():
+        path = directory / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text((HEADER if s == DEFAULTS else "") + dump(docs))
+        written.append(path)
+    return written
+
+
+def load_dir(directory: str | Path) -> list[tuple[Path, dict]]:
+    """(file, document) for every YAML document under directory."""
+    import yaml
+
+    out = []
+    for path in sorted(Path(directory).rglob("*.yaml")):
+        out += [(path, d) for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return out
+
+
+# --- validation ----------------------------------------------------------------------------
+
+def validate(doc: dict, kubernetes_version: str = KUBERNETES_VERSION) -> None:
+    """Raise ValueError naming the problem: core kinds against the Kubernetes OpenAPI schema in
+    strict mode (unknown fields are errors), KubeRay kinds against the fields KubeRay requires,
+    including their pod templates as strict Pods."""
+    if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
+        raise ValueError(f"not a Kubernetes object (needs apiVersion and kind): {doc!r:.200}")
+    name = f"{doc['kind']} {doc.get('metadata', {}).get('name', '?')}"
+    if doc["apiVersion"] == "ray.io/v1":
+        _check_kuberay(doc, name, kubernetes_version)
+    else:
+        _strict(doc, name, kubernetes_version)
+    if doc["kind"] == "Service" and doc.get("spec", {}).get("type") in ("LoadBalancer", "NodePort"):
+        raise ValueError(f"{name}: spec.type={doc['spec']['type']} exposes the service outside the "
+                         "cluster; use ClusterIP and kubectl port-forward")
+
+
+def _strict(doc: dict, name: str, kubernetes_version: str) -> None:
+    import kubernetes_validate
+
+    try:
+        kubernetes_validate.validate(doc, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as e:
+        path = ".".join(str(p) for p in e.path)
+        raise ValueError(f"{name}: {path or '(top)'}: {e.message}") from None
+
+
+def _need(obj: dict, key: str, kind: type | tuple, where: str):
+    if key not in obj:
+        raise ValueError(f"{where}: missing required field {key!r}")
+    value = obj[key]
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        kinds = kind.__name__ if isinstance(kind, type) else "/".join(k.__name__ for k in kind)
+        raise ValueError(f"{where}.{key}: expected {kinds}, got {type(value).__name__} {value!r}")
+    return value
+
+
+def _check_group(group: dict, where: str, name: str, kubernetes_version: str) -> None:
+    params = _need(group, "rayStartParams", dict, where)
+    for k, v in params.items():
+        if not isinstance(v, str):  # KubeRay's CRD types rayStartParams as map[string]string
+            raise ValueError(f"{where}.rayStartParams.{k}: expected a string, got {v!r}")
+    template = _need(group, "template", dict, where)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "template", **template.get("metadata", {})},
+           "spec": _need(template, "spec", dict, f"{where}.template")}
+    _strict(pod, f"{name} {where}.template", kubernetes_version)
+    containers = pod["spec"]["containers"]
+    ray_container = containers[0]  # KubeRay runs Ray in the first container
+    requests = ray_container.get("resources", {}).get("requests", {})
+    limits = ray_container.get("resources", {}).get("limits", {})
+    if requests != limits:
+        raise ValueError(f"{where}: the Ray container's requests {requests} differ from its "
+                         f"limits {limits} (Ray sizes itself by them; keep them equal)")
+    if "num-cpus" in params and params["num-cpus"] != str(requests.get("cpu")):
+        raise ValueError(f"{where}: rayStartParams num-cpus={params['num-cpus']} does not match "
+                         f"the CPU request {requests.get('cpu')}")
+
+
+def _check_cluster_spec(spec: dict, where: str, name: str, kubernetes_version: str) -> None:
+    version = _need(spec, "rayVersion", str, where)
+    if version != RAY_VERSION:
+        raise ValueError(f"{where}.rayVersion={version!r} differs from the locked Ray {RAY_VERSION}")
+    head = _need(spec, "headGroupSpec", dict, where)
+    _check_group(head, f"{where}.headGroupSpec", name, kubernetes_version)
+    if head.get("serviceType", "ClusterIP") not in ("ClusterIP",):
+        raise ValueError(f"{where}.headGroupSpec.serviceType={head['serviceType']!r}: keep the "
+                         "head ClusterIP and use kubectl port-forward (the Jobs API runs any code)")
+    for i, group in enumerate(spec.get("workerGroupSpecs", [])):
+        w = f"{where}.workerGroupSpecs[{i}]"
+        _need(group, "groupName", str, w)
+        low, high = _need(group, "minReplicas", int, w), _need(group, "maxReplicas", int, w)
+        replicas = _need(group, "replicas", int, w)
+        if not 0 <= low <= replicas <= high:
+            raise ValueError(f"{w}: needs 0 <= minReplicas ({low}) <= replicas ({replicas}) <= "
+                             f"maxReplicas ({high})")
+        _check_group(group, w, name, kubernetes_version)
+
+
+def _check_kuberay(doc: dict, name: str, kubernetes_version: str) -> None:
+    meta = _need(doc, "metadata", dict, name)
+    _need(meta, "name", str, f"{name}.metadata")
+    spec = _need(doc, "spec", dict, name)
+    if doc["kind"] == "RayCluster":
+        _check_cluster_spec(spec, "spec", name, kubernetes_version)
+    elif doc["kind"] == "RayJob":
+        _need(spec, "entrypoint", str, "spec")
+        _need(spec, "shutdownAfterJobFinishes", bool, "spec")
+        ttl = _need(spec, "ttlSecondsAfterFinished", int, "spec")
+        if ttl < 0:
+            raise ValueError(f"{name}: spec.ttlSecondsAfterFinished={ttl} must be >= 0")
+        _check_cluster_spec(_need(spec, "rayClusterSpec", dict, "spec"), "spec.rayClusterSpec",
+                            name, kubernetes_version)
+    else:
+        raise ValueError(f"{name}: unknown ray.io/v1 kind {doc['kind']!r} (RayCluster, RayJob)")
+
+
+if __name__ == "__main__":
+    import sys
+
+    out = sys.argv[1] if len(sys.argv) > 1 else "k8s"
+    for p in write_manifests(DEFAULTS, out):
+        print(p)

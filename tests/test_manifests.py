@@ -1,0 +1,271 @@
+"""k8s/ manifests: strict schema validation, KubeRay's required fields, agreement of the lock
+file, Dockerfile and manifests on versions, hadolint, and the wait-for-head script run for real."""
+
+import copy
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from distrl import manifests as m
+from distrl.gke import GkeSettings
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "k8s"
+VARIANTS = {
+    "defaults": m.DEFAULTS,
+    "t4-prefix": GkeSettings(project_id="demo-project-1", prefix="rl-exp", zone="us-central1-b",
+                             gpu_type="nvidia-tesla-t4", max_actor_nodes=10,
+                             actor_machine_type="n2-standard-32"),
+    "cpu-only": GkeSettings(project_id="demo-project-1", gpu_type="none"),
+    "autopilot": GkeSettings(project_id="demo-project-1", mode="autopilot"),
+}
+
+
+def locked(name: str) -> str:
+    text = (ROOT / "requirements.lock").read_text()
+    return re.search(rf"^{re.escape(name)}==(\S+)$", text, re.M | re.I).group(1)
+
+
+def test_shipped_manifests_are_the_rendering_of_the_defaults(tmp_path):
+    """k8s/ is generated; a hand edit that the code does not know about is caught here."""
+    written = m.write_manifests(m.DEFAULTS, tmp_path)
+    shipped = sorted(p.relative_to(K8S) for p in K8S.rglob("*.yaml")
+                     if "monitoring" not in p.parts)
+    assert shipped == sorted(p.relative_to(tmp_path) for p in written)
+    for rel in shipped:
+        assert (K8S / rel).read_text() == (tmp_path / rel).read_text(), \
+            f"k8s/{rel} differs from the rendering: run `python -m distrl.manifests k8s`"
+
+
+def test_every_shipped_manifest_validates_strictly():
+    docs = m.load_dir(K8S)
+    kinds = {d["kind"] for _, d in docs}
+    assert {"Namespace", "ServiceAccount", "NetworkPolicy", "PersistentVolumeClaim", "Service",
+            "RayCluster", "RayJob", "Pod", "ConfigMap", "Deployment"} <= kinds
+    for _, doc in docs:
+        m.validate(doc)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_rendered_manifests_validate_for_every_variant(variant, tmp_path):
+    s = VARIANTS[variant]
+    m.write_manifests(s, tmp_path)
+    docs = m.load_dir(tmp_path)
+    for _, doc in docs:
+        m.validate(doc)
+        assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == s.prefix
+        if doc["kind"] != "Namespace":
+            assert doc["metadata"]["namespace"] == s.namespace
+    cluster = next(d for _, d in docs if d["kind"] == "RayCluster")
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
+    actors = cluster["spec"]["workerGroupSpecs"][0]
+    sizes = m.pod_sizes(s)
+    assert actors["maxReplicas"] == s.max_actor_nodes and actors["minReplicas"] == 0
+    assert actors["rayStartParams"]["num-cpus"] == str(sizes["actor"].cpu)
+    assert actors["template"]["spec"]["nodeSelector"] == {"cloud.google.com/gke-spot": "true"}
+    assert head["containers"][0]["image"] == s.image
+    assert head["serviceAccountName"] == s.service_account
+    assert "cloud.google.com/gke-spot" not in head.get("nodeSelector", {})  # head not on Spot
+    gpu = head["containers"][0]["resources"]["limits"].get("nvidia.com/gpu")
+    assert gpu == (None if s.gpu_type == "none" else "1")
+    if s.mode == "standard":
+        assert head["nodeSelector"] == {"cloud.google.com/gke-nodepool": s.head_pool}
+    elif s.gpu_type != "none":
+        assert head["nodeSelector"] == {"cloud.google.com/gke-accelerator": s.gpu_type}
+    job = next(d for _, d in docs if d["kind"] == "RayJob")
+    assert job["spec"]["shutdownAfterJobFinishes"] is True
+    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert f"--num-actors {m.num_actors(s)}" in job["spec"]["entrypoint"]
+
+
+def test_no_service_leaves_the_cluster_and_the_ray_ports_are_namespace_only():
+    docs = [d for _, d in m.load_dir(K8S)]
+    for d in docs:
+        if d["kind"] == "Service":
+            assert d["spec"].get("type", "ClusterIP") == "ClusterIP"
+        if d["kind"] == "RayCluster":
+            assert d["spec"]["headGroupSpec"]["serviceType"] == "ClusterIP"
+    policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"],
+                              "ingress": [{"from": [{"podSelector": {}}]}]}
+
+
+def test_telemetry_env_points_at_the_managed_collector_and_auth_stays_on():
+    cluster = next(d for _, d in m.load_dir(K8S) if d["kind"] == "RayCluster")
+    env = {e["name"]: e for e in
+           cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == \
+        "http://opentelemetry-collector.gke-managed-otel.svc.cluster.local:4317"
+    assert env["OTEL_SERVICE_NAME"]["value"] == "rl-training-service"
+    assert env["RAY_AUTH_MODE"]["value"] == "token"
+    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "distrl-ray-token"
+
+
+def _ray_cluster() -> dict:
+    return copy.deepcopy(m.ray_cluster(m.DEFAULTS))
+
+
+@pytest.mark.parametrize("break_it, message", [
+    (lambda d: d["spec"].pop("headGroupSpec"), "missing required field 'headGroupSpec'"),
+    (lambda d: d["spec"].update(rayVersion="2.9.0"), "differs from the locked Ray"),
+    (lambda d: d["spec"]["headGroupSpec"]["rayStartParams"].update({"num-cpus": 6}),
+     "expected a string"),
+    (lambda d: d["spec"]["workerGroupSpecs"][0].update(minReplicas=5, maxReplicas=2),
+     "minReplicas (5) <= replicas (0) <= maxReplicas (2)"),
+    (lambda d: d["spec"]["workerGroupSpecs"][0].update(replicas="3"), "expected int, got str"),
+    (lambda d: d["spec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0]
+     ["resources"]["limits"].update(cpu="8"), "differ from its limits"),
+    (lambda d: d["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+     .update(imagePullPolcy="Always"), "imagePullPolcy"),  # strict: unknown fields fail
+    (lambda d: d["spec"]["headGroupSpec"].update(serviceType="LoadBalancer"),
+     "kubectl port-forward"),
+])
+def test_validation_rejects_broken_kuberay_objects(break_it, message):
+    doc = _ray_cluster()
+    break_it(doc)
+    with pytest.raises(ValueError) as e:
+        m.validate(doc)
+    assert message in str(e.value)
+
+
+def test_validation_rejects_broken_core_objects():
+    service = m.tensorboard_service(m.DEFAULTS)
+    service["spec"]["type"] = "LoadBalancer"
+    with pytest.raises(ValueError, match="ClusterIP and kubectl port-forward"):
+        m.validate(service)
+    deployment = m.plain_docs(m.DEFAULTS)[3]
+    deployment["spec"]["replicas"] = "three"
+    with pytest.raises(ValueError, match="Deployment distrl-actors: spec.replicas"):
+        m.validate(deployment)
+    with pytest.raises(ValueError, match="needs apiVersion and kind"):
+        m.validate({"metadata": {}})
+
+
+def test_lock_dockerfile_and_manifests_agree_on_ray_and_python():
+    ray = locked("ray")
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    base = re.search(r"^FROM rayproject/ray:(\S+)-py(\d)(\d+)(?:-\S+)?$", dockerfile, re.M)
+    assert base, "the Dockerfile must start from a rayproject/ray:<version>-py<XY> image"
+    assert base.group(1) == ray == m.RAY_VERSION
+    python = f"{base.group(2)}.{base.group(3)}"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["requires-python"] == f">={python},<3.{int(base.group(3)) + 1}"
+    assert f"python={python}" in (ROOT / "environment.yml").read_text()
+    assert f"{sys.version_info.major}.{sys.version_info.minor}" == python
+    for _, doc in m.load_dir(K8S):
+        if doc["kind"] == "RayCluster":
+            assert doc["spec"]["rayVersion"] == ray
+        if doc["kind"] == "RayJob":
+            assert doc["spec"]["rayClusterSpec"]["rayVersion"] == ray
+
+
+def test_dockerfile_installs_from_the_lock_file_as_a_non_root_user():
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    assert "-r requirements.lock" in dockerfile
+    users = re.findall(r"^USER (\S+)", dockerfile, re.M)
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    gpu_pins = re.findall(r"^# gpu: (\S+)==(\S+)$", (ROOT / "requirements.lock").read_text(),
+                          re.M)
+    assert {"nvidia-cudnn-cu12", "nvidia-cublas-cu12"} <= {name for name, _ in gpu_pins}
+
+
+def test_dockerfile_is_hadolint_clean():
+    hadolint = Path(sys.executable).parent / "hadolint"
+    proc = subprocess.run([str(hadolint), str(ROOT / "Dockerfile")], capture_output=True,
+                          text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# --- the wait-for-head script, run for real -------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _env(**extra) -> dict:
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
+               RAY_AUTH_MODE="token")
+    return env | extra
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM the process group, then SIGKILL whatever is left (ray start --block's children)."""
+    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+
+
+def _nodes(address: str) -> int:
+    proc = subprocess.run(["ray", "status", "--address", address], capture_output=True,
+                          text=True, env=_env(), timeout=60)
+    active = proc.stdout.split("Active:")[-1].split("Pending:")[0] if "Active:" in proc.stdout else ""
+    return active.count("node_")
+
+
+@pytest.mark.slow
+def test_wait_for_head_script_joins_a_real_head(tmp_path):
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    script = m.wait_for_head_script()
+    (tmp_path / "wait-for-head.sh").write_text(script)
+    # The worker starts first: the script must wait for the head, then join it.
+    worker = subprocess.Popen(
+        ["sh", str(tmp_path / "wait-for-head.sh"), "--block"],
+        env=_env(RAY_HEAD_ADDRESS=address, RAY_NUM_CPUS="1", WAIT_FOR_HEAD_INTERVAL_S="1",
+                 WAIT_FOR_HEAD_TIMEOUT_S="120"),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    head = None
+    try:
+        time.sleep(3)
+        assert worker.poll() is None, worker.stdout.read()
+        head = subprocess.Popen(
+            ["ray", "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
+             "--include-dashboard=false"], env=_env(), stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 120
+        while _nodes(address) < 2:
+            assert time.monotonic() < deadline, "the worker never joined the head"
+            assert worker.poll() is None, worker.stdout.read()
+            time.sleep(2)
+    finally:
+        _stop(worker)
+        if head is not None:
+            _stop(head)
+    log = worker.stdout.read()
+    assert "waiting for the Ray head at" in log and "is up; joining" in log
+
+
+def test_wait_for_head_script_gives_up_with_a_clear_error(tmp_path):
+    (tmp_path / "wait-for-head.sh").write_text(m.wait_for_head_script())
+    start = time.monotonic()
+    proc = subprocess.run(["sh", str(tmp_path / "wait-for-head.sh")], capture_output=True,
+                          text=True, timeout=60,
+                          env=_env(RAY_HEAD_ADDRESS=f"127.0.0.1:{_free_port()}",
+                                   WAIT_FOR_HEAD_TIMEOUT_S="2", WAIT_FOR_HEAD_INTERVAL_S="1"))
+    assert proc.returncode == 1
+    assert "no Ray head answered at 127.0.0.1:" in proc.stderr and "within 2s" in proc.stderr
+    assert time.monotonic() - start < 30
+    proc = subprocess.run(["sh", str(tmp_path / "wait-for-head.sh")], capture_output=True,
+                          text=True, env={k: v for k, v in _env().items()
+                                          if k != "RAY_HEAD_ADDRESS"})
+    assert proc.returncode != 0 and "set RAY_HEAD_ADDRESS" in proc.stderr
