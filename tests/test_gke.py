@@ -51,6 +51,14 @@ def test_bad_settings_are_refused_naming_the_value(field, value, message):
     assert message in str(e.value)
 
 
+def test_the_image_tag_names_the_package_and_ray_versions():
+    from distrl import __version__
+
+    assert GkeSettings(project_id=PROJECT).image.endswith(
+        f"/distrl-images/distrl:{__version__}-ray{gke.RAY_VERSION}")
+    assert (gke.REPO_ROOT / "Dockerfile").exists()  # what Cloud Build builds
+
+
 def test_every_name_derives_from_the_prefix():
     s = settings()
     assert (s.cluster, s.head_pool, s.actor_pool, s.repository, s.namespace, s.service_account) == \
@@ -85,7 +93,7 @@ def expected_standard(manifests: Path, token: Path) -> list[list[str]]:
          "--min-nodes=0", "--max-nodes=3", "--node-labels=distrl/pool=rl-actors", LABELS, P],
         ["gcloud", "artifacts", "repositories", "create", "rl-images",
          "--repository-format=docker", "--location=europe-west4", LABELS, P],
-        ["gcloud", "builds", "submit", ".",
+        ["gcloud", "builds", "submit", str(gke.REPO_ROOT),
          f"--tag=europe-west4-docker.pkg.dev/{PROJECT}/rl-images/distrl:t1",
          "--region=europe-west4", P],
         ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],

@@ -28,6 +28,9 @@ from pathlib import Path
 from distrl import __version__
 
 DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+# The checkout that holds the Dockerfile (the package is installed editable from it).
+REPO_ROOT = Path(__file__).resolve().parents[2]
+RAY_VERSION = "2.60.0"  # tests check it against requirements.lock, the Dockerfile and k8s/
 GPU_TYPES = ("nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-p4", "none")
 MODES = ("standard", "autopilot")
 APIS = ("container", "monitoring", "cloudtrace", "telemetry", "logging", "artifactregistry",
@@ -72,7 +75,7 @@ class GkeSettings:
     max_actor_nodes: int = 4
     actor_machine_type: str = "e2-standard-8"
     mode: str = "standard"
-    image_tag: str = __version__
+    image_tag: str = f"{__version__}-ray{RAY_VERSION}"
 
     def __post_init__(self):
         problems = []
@@ -176,13 +179,15 @@ def _labels_flag(settings: GkeSettings) -> str:
 
 
 def create_plan(settings: GkeSettings, manifests_dir: str | Path,
-                auth_token_file: str | Path = DEFAULT_TOKEN_FILE) -> list[Step]:
+                auth_token_file: str | Path = DEFAULT_TOKEN_FILE,
+                source_dir: str | Path = REPO_ROOT) -> list[Step]:
     """The ordered steps from an empty project to a verified Ray cluster.
 
     manifests_dir: where `distrl.manifests.write_manifests(settings, ...)` put the rendered
     manifests (`kubectl apply` reads them from there).
     auth_token_file: the Ray auth token the cluster will require; by default your own
     (~/.ray/auth_token), so the Jobs client on your machine works through port-forward.
+    source_dir: what Cloud Build builds (the directory with the Dockerfile).
     """
     s, project = settings, f"--project={settings.project_id}"
     loc, labels = s.location_flag, _labels_flag(settings)
@@ -247,8 +252,8 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              ("gcloud", "artifacts", "repositories", "delete", s.repository,
               f"--location={s.region}", project, "--quiet")),
         Step("Build the image with Cloud Build",
-             ("gcloud", "builds", "submit", ".", f"--tag={s.image}", f"--region={s.region}",
-              project),
+             ("gcloud", "builds", "submit", str(source_dir), f"--tag={s.image}",
+              f"--region={s.region}", project),
              "Builds the repository's Dockerfile in Google Cloud (no local Docker needed) from "
              "the same lock file as `make install`."),
         Step("Fetch cluster credentials for kubectl",

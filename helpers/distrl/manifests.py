@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from distrl.gke import MANAGED_OTEL_ENDPOINT, GkeSettings, machine
+from distrl.gke import MANAGED_OTEL_ENDPOINT, RAY_VERSION, GkeSettings, machine
 
-RAY_VERSION = "2.60.0"  # tests check it against requirements.lock and the Dockerfile
 KUBERNETES_VERSION = "1.34.0"  # schemas to validate against (GKE rapid channel or older)
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}
 TENSORBOARD_PORT = 6006
