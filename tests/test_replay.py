@@ -219,3 +219,17 @@ def test_replay_service_refuses_whole_blocks_and_loses_nothing():
     assert service.add(make_block(8, 16), timeout=0)  # the retried block lands
     assert service.stats()["inserted"] == 24
     assert service.update_priorities(batch.keys, np.ones(8)) == 8
+
+
+def test_check_finds_a_healthy_replay_healthy_and_a_corrupted_one_not():
+    replay = PrioritizedReplay(64, (3,))
+    for i in range(5):  # wraps around: 100 inserted into 64 slots
+        replay.add(make_block(20, start=20 * i))
+    replay.update_priorities(np.arange(60, 80), np.full(20, 2.0))
+    report = replay.check()
+    assert report == {"ok": True, "problems": [], "size": 64, "inserted": 100}
+    replay.key[5] = 7  # a slot claims a key it cannot hold
+    assert "keys of live slots" in replay.check()["problems"][0]
+    replay.key[5] = 69
+    replay.tree.tree[1] += 1.0  # the root no longer sums its leaves
+    assert not replay.check()["ok"] and "sum tree root" in replay.check()["problems"][0]

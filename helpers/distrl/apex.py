@@ -60,11 +60,16 @@ class TrainingResult:
     stop_reason: str
     evals: list[dict] = field(default_factory=list)
     actor_epsilons: list[list[float]] = field(default_factory=list)
-    actor_weights_versions: list[int] = field(default_factory=list)
+    actor_weights_versions: list[int | None] = field(default_factory=list)
+    actor_restarts: list[int] = field(default_factory=list)
+    actor_nodes: list[str | None] = field(default_factory=list)
     cpu_seconds: dict = field(default_factory=dict)
     throughput: list[dict] = field(default_factory=list)
     output_dir: str = ""
     checkpoint: str | None = None
+    events: list[dict] = field(default_factory=list)
+    resumed_from: str | None = None
+    replay_check: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     weights: list[np.ndarray] | None = field(default=None, repr=False)
 
@@ -140,6 +145,33 @@ def model_name(config: ApexConfig) -> str:
     return f"{head}mlp-{'x'.join(map(str, config.hidden_sizes))}"
 
 
+def _on_sigterm(action) -> None:
+    """Run action() on SIGTERM (a Spot notice, a pod deletion), then end the process as SIGTERM
+    would. Ray's own handler cannot be chained to here: raised from a signal handler while the
+    worker's main thread waits in Ray's C++ loop, its SystemExit never ends the process.
+    Call from the process's main thread (a Ray actor's __init__ runs there)."""
+    import signal
+
+    def handler(signum, frame):
+        try:
+            action()
+        finally:
+            os._exit(128 + signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):  # not the main thread: no handler, nothing breaks
+        signal.signal(signal.SIGTERM, handler)
+
+
+def _ask_learner_to_checkpoint(get_learner, role: str):
+    def action():
+        learner = get_learner()
+        if learner is not None:
+            import ray
+
+            ray.get(learner.checkpoint_now.remote(f"SIGTERM to the {role}"), timeout=20)
+    return action
+
+
 def _carrier_of(current_span) -> dict | None:
     if current_span is None:
         return None
@@ -157,6 +189,8 @@ class ReplayWorker(ReplayService):
                          min_size=config.min_replay_size, error_buffer=error_buffer,
                          seed=config.seed)
         self.tel = ProcessTelemetry(config, "replay")
+        self.learner = None
+        _on_sigterm(_ask_learner_to_checkpoint(lambda: self.learner, "replay"))
         if self.tel.enabled:
             rl = self.tel.rl
             self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
@@ -190,6 +224,10 @@ class ReplayWorker(ReplayService):
                                  self._sync_attrs)
         return live
 
+    def set_learner(self, learner) -> None:
+        """The learner to ask for a checkpoint when this process gets SIGTERM."""
+        self.learner = learner
+
     def stats(self) -> dict:
         return {**super().stats(), "cpu_s": time.process_time()}
 
@@ -201,7 +239,8 @@ class ReplayWorker(ReplayService):
 class LearnerWorker:
     """The learner's process: pulls batches from replay itself and trains in a loop thread."""
 
-    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replay, output_dir: str):
+    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replay, output_dir: str,
+                 checkpoint_dir: str, resume_path: str | None = None):
         from distrl.learner import Learner, configure_tensorflow
 
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
@@ -214,14 +253,23 @@ class LearnerWorker:
 
         self.config, self.replay = config, replay
         self.learner = Learner(config, spec, weights)
+        self.resumed: dict | None = None
+        if resume_path is not None:  # weights, target network, optimizer, update counter
+            self.resumed = self.learner.restore_checkpoint(resume_path)
+            weights = self.learner.get_weights()
         self.output_dir = Path(output_dir)
+        self.checkpoint_dir = checkpoint_dir
+        self.progress: dict = {}  # the driver's counters, saved with each checkpoint
+        self.events: list[dict] = []
+        self._update_lock = threading.Lock()  # a checkpoint never sees half an update
         self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
         self._lock = threading.Lock()
-        self._published = (0, weights)
+        self._published = (self.learner.updates, weights)
         self._stop = threading.Event()
         self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
                        "wait_s": 0.0, "train_s": 0.0}
         self.checkpoint: str | None = None
+        _on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner")
         if self.tel.enabled:
             self._publish_attrs = self.tel.rl.attrs({
@@ -271,7 +319,8 @@ class LearnerWorker:
                 keys, priorities = [], []
                 for batch in batches:
                     u0 = time.perf_counter()
-                    loss, td_abs, diag = learner.update(batch)
+                    with self._update_lock:
+                        loss, td_abs, diag = learner.update(batch)
                     if tel.enabled:
                         tel.rl.duration("rl.train.duration", (time.perf_counter() - u0) * 1e3,
                                         tel.attrs)
@@ -322,9 +371,24 @@ class LearnerWorker:
                                  self._publish_attrs)
 
     def save_checkpoint(self) -> str:
-        path = self.learner.save_checkpoint(self.output_dir / "checkpoints")
-        self.checkpoint = str(path)
+        with self._update_lock:
+            extra = {"progress": dict(self.progress), "saved_at": time.time()}
+            self.checkpoint = self.learner.save_checkpoint(self.checkpoint_dir, extra=extra)
         return self.checkpoint
+
+    def checkpoint_now(self, reason: str) -> str:
+        """A checkpoint at once (SIGTERM anywhere in the run: the Spot notice)."""
+        path = self.save_checkpoint()
+        self.events.append({"time": time.time(), "kind": "checkpoint", "detail": reason,
+                            "checkpoint": path})
+        return path
+
+    def note_progress(self, progress: dict) -> None:
+        """The driver's counters (env steps, ...) to store with the next checkpoint."""
+        self.progress = progress
+
+    def resumed_meta(self) -> dict | None:
+        return self.resumed
 
     def get_weights(self, have_version: int = -1):
         """(version, weights), or None when the caller already has the newest version."""
@@ -335,7 +399,8 @@ class LearnerWorker:
     def stats(self, trace_carrier: dict | None = None) -> dict:
         self.tel.set_carrier(trace_carrier)
         with self._lock:
-            return dict(self._stats, checkpoint=self.checkpoint, cpu_s=time.process_time())
+            return dict(self._stats, checkpoint=self.checkpoint, cpu_s=time.process_time(),
+                        pid=os.getpid(), events=list(self.events))
 
     def log_scalars(self, scalars: dict, step: int) -> None:
         import tensorflow as tf
@@ -359,9 +424,13 @@ class LearnerWorker:
 class ActorWorker:
     """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
 
-    def __init__(self, config: ApexConfig, index: int, weights, replay, learner):
+    def __init__(self, config: ApexConfig, index: int, replay, learner):
         self.config, self.replay, self.learner = config, replay, learner
+        # The learner's newest weights: a restarted actor (a lost node, a killed process) picks
+        # up where training is, and nothing large sits in the object store for restarts.
+        version, weights = _get(learner.get_weights.remote(-1))
         self.actor = Actor(config, index, weights)
+        self.actor.set_weights(weights, version)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._returns: list[float] = []
@@ -369,6 +438,7 @@ class ActorWorker:
         self.blocks_sent = 0
         self.transitions_sent = 0
         self.tel = ProcessTelemetry(config, "actor", index)
+        _on_sigterm(_ask_learner_to_checkpoint(lambda: self.learner, f"actor {index}"))
         if self.tel.enabled:
             rl = self.tel.rl
             self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
@@ -460,7 +530,8 @@ class ActorWorker:
             self._returns, self._lengths = [], []
         return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
-                "episode_lengths": lengths, "cpu_s": time.process_time()}
+                "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
+                "node_id": _node_id()}
 
     def stop(self) -> None:
         self._stop.set()
@@ -505,7 +576,13 @@ class EvaluatorWorker:
     def __init__(self, config: ApexConfig):
         self.config = config
         self.count = 0
+        self.learner = None
+        _on_sigterm(_ask_learner_to_checkpoint(lambda: self.learner, "evaluator"))
         self.tel = ProcessTelemetry(config, "evaluator")
+
+    def set_learner(self, learner) -> None:
+        """The learner to ask for a checkpoint when this process gets SIGTERM."""
+        self.learner = learner
 
     def evaluate(self, versioned_weights) -> dict:
         version, weights = versioned_weights
@@ -536,6 +613,12 @@ def _put(value):
     import ray
 
     return ray.put(value)
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
 
 
 def _ready(ref) -> bool:
@@ -615,79 +698,151 @@ class ApeX:
         if started_ray:
             ray.init(ignore_reinit_error=True, include_dashboard=False,
                      logging_level="warning", log_to_driver=True)
+        self._sigterm = threading.Event()
+        previous = _catch_sigterm(self._sigterm)
         try:
             plan = self._check_resources(ray)
             return self._train(ray, plan, t_start)
         finally:
+            _restore_sigterm(previous)
             if started_ray:
                 ray.shutdown()
 
     def _train(self, ray, plan: dict, t_start: float) -> TrainingResult:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
         c = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
+        checkpoint_dir = c.checkpoint_dir or str(self.output_dir / "checkpoints")
         weights = init_weights(self.spec, c.seed)
+        resume_path, resumed = None, None
+        if c.resume is not None:
+            from distrl.learner import read_checkpoint, resolve_resume
+
+            resume_path = resolve_resume(c.resume, checkpoint_dir)
+            resumed, arrays = read_checkpoint(resume_path)
+            weights = [arrays[f"online_{i}"] for i in range(len(weights))]
         error_buffer = max(c.min_replay_size * c.samples_per_insert
                            * c.samples_per_insert_tolerance,
                            c.samples_per_insert * c.envs_per_actor * c.actor_block_steps
                            + c.batch_size * c.batches_per_fetch)
+        # Replay, learner and evaluator live beside the driver (on GKE: the head, never Spot);
+        # actors spread over the cluster's nodes, and Ray restarts one whose process is lost.
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         replay = ray.remote(ReplayWorker).options(
-            max_concurrency=c.num_actors + 8, **plan["replay"]).remote(
+            max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["replay"]).remote(
             c, self.obs_shape, error_buffer)
         learner = ray.remote(LearnerWorker).options(
-            max_concurrency=c.num_actors + 8, **plan["learner"]).remote(
-            c, self.spec, weights, replay, str(self.output_dir))
-        actors = [ray.remote(ActorWorker).options(max_concurrency=4, **plan["actor"]).remote(
-            c, i, weights, replay, learner) for i in range(c.num_actors)]
-        evaluator = ray.remote(EvaluatorWorker).options(**plan["evaluator"]).remote(c)
+            max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["learner"]).remote(
+            c, self.spec, weights, replay, str(self.output_dir), checkpoint_dir, resume_path)
+        actors = [ray.remote(ActorWorker).options(
+            max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",
+            **plan["actor"]).remote(c, i, replay, learner) for i in range(c.num_actors)]
+        evaluator = ray.remote(EvaluatorWorker).options(
+            scheduling_strategy=here, **plan["evaluator"]).remote(c)
+        replay.set_learner.remote(learner)
+        evaluator.set_learner.remote(learner)
         workers = [replay, learner, evaluator, *actors]
         try:
-            return self._drive(ray, replay, learner, actors, evaluator, t_start)
+            return self._drive(ray, replay, learner, actors, evaluator, t_start,
+                               resumed, resume_path)
         finally:
             for w in workers:
-                ray.kill(w)
+                ray.kill(w, no_restart=True)
 
-    def _drive(self, ray, replay, learner, actors, evaluator, t_start) -> TrainingResult:
+    def _drive(self, ray, replay, learner, actors, evaluator, t_start, resumed: dict | None,
+               resume_path: str | None) -> TrainingResult:
+        from ray.exceptions import ActorDiedError, RayActorError
         from tqdm.auto import tqdm
 
         c = self.config
         driver_cpu_start = time.process_time()
         run_refs = {learner.run.remote(): "learner"}
-        run_refs |= {a.run.remote(): f"actor {i}" for i, a in enumerate(actors)}
+        run_refs |= {a.run.remote(): i for i, a in enumerate(actors)}
         epsilons = ray.get([a.epsilons.remote() for a in actors])
         t_train = time.monotonic()
         evals: list[dict] = []
         throughput: list[dict] = []
+        events: list[dict] = []
         eval_ref, last_eval = None, t_train
         time_to_target, stop_reason = None, ""
         env_steps = updates = 0
         startup_s = None
+        fleet = _ActorFleet(len(actors))
+        before = (resumed or {}).get("progress", {})  # what the resumed run had done
+        steps_before, seconds_before = before.get("env_steps", 0), before.get("train_s", 0.0)
+        if resume_path is not None:
+            events.append({"time_s": 0.0, "kind": "resumed", "detail": resume_path})
         tel = ProcessTelemetry(c, "driver")
         tracer_root = _IterationTraces(tel, c)
         bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
                    desc=f"Ape-X {c.env_id}", dynamic_ncols=True)
+
+        def say(kind: str, detail: str, now: float) -> None:
+            events.append({"time_s": now - t_start, "kind": kind, "detail": detail})
+            bar.write(f"[distrl] {detail}")
+
         try:
             while True:
                 time.sleep(POLL_INTERVAL_S)
+                now = time.monotonic()
                 crashed, _ = ray.wait(list(run_refs), timeout=0)
                 for ref in crashed:  # a run() that ends on its own is a crash or a budget
-                    ray.get(ref)     # re-raises the worker's exception, if any
-                    if run_refs[ref] == "learner":
+                    who = run_refs.pop(ref)
+                    if who == "learner":
+                        try:
+                            ray.get(ref)
+                        except RayActorError as e:
+                            raise self._lost("learner") from e
                         stop_reason = stop_reason or "max_learner_updates"
+                        continue
+                    try:
+                        ray.get(ref)
+                        continue  # returned: stop() was called
+                    except ActorDiedError as e:  # for good: Ray has no restarts left for it
+                        fleet.retire(who)
+                        say("actor_lost", f"actor {who} lost for good ({_cause(e)}): going on "
+                            f"with {fleet.expected} of {len(actors)} actors", now)
+                    except RayActorError as e:  # its process is gone; Ray is restarting it
+                        if fleet.lose(who):
+                            say("actor_lost", f"actor {who} lost ({_cause(e)}); Ray restarts "
+                                "it", now)
+                        fleet.retry_at[who] = now + 1.0
+                for i, at in list(fleet.retry_at.items()):  # run() again once it is back
+                    if now >= at:
+                        del fleet.retry_at[i]
+                        run_refs[actors[i].run.remote()] = i
+                if self._sigterm.is_set() and not stop_reason:
+                    stop_reason = "sigterm"
+                    say("sigterm", "SIGTERM: stopping after a final checkpoint", now)
                 if stop_reason:
                     break
                 carrier = tracer_root.next_iteration()
-                actor_stats = ray.get([a.stats.remote(carrier) for a in actors])
-                l_stats, r_stats = ray.get([learner.stats.remote(carrier),
-                                            replay.stats.remote()])
-                now = time.monotonic()
-                env_steps = sum(s["env_steps"] for s in actor_stats)
+                for i, a in enumerate(actors):
+                    fleet.ask(i, a, carrier)
+                for i, change in fleet.collect(ray, now):
+                    say("actor_back" if change == "is back" else "actor_silent",
+                        f"actor {i} {change}: {fleet.running(now)} of {fleet.expected} actors "
+                        "running", now)
+                try:
+                    l_stats = ray.get(learner.stats.remote(carrier))
+                except RayActorError as e:
+                    raise self._lost("learner") from e
+                try:
+                    r_stats = ray.get(replay.stats.remote())
+                except RayActorError as e:
+                    raise self._lost("replay") from e
+                env_steps = steps_before + fleet.env_steps()
                 updates = l_stats["updates"]
+                learner.note_progress.remote({"env_steps": env_steps,
+                                              "train_s": seconds_before + now - t_train})
                 if startup_s is None and r_stats["inserted"] > 0:
                     startup_s = now - t_start
                 throughput.append({"time_s": now - t_start, "env_steps": env_steps,
                                    "learner_updates": updates,
                                    "inserted": r_stats["inserted"],
-                                   "replay_size": r_stats["size"]})
+                                   "replay_size": r_stats["size"],
+                                   "actors_running": fleet.running(now)})
                 bar.update(env_steps - bar.n)
                 rates = _rates(throughput)
                 tracer_root.record_rates(rates[0])
@@ -727,36 +882,171 @@ class ApeX:
             a.stop.remote()
         learner.stop.remote()
         replay.close.remote()
-        finals = ray.get(list(run_refs))
+        learner_final = ray.get(next(r for r, who in run_refs.items() if who == "learner"))
+        actor_finals = fleet.finish(ray, {r: who for r, who in run_refs.items() if who != "learner"})
         checkpoint = ray.get(learner.close.remote())
         final_weights = ray.get(learner.get_weights.remote(-1))[1]
         r_stats = ray.get(replay.stats.remote())
+        replay_check = ray.get(replay.check.remote())
         evaluator_cpu_s = ray.get(evaluator.close.remote())
         tel.shutdown()
+        for event in learner_final.get("events", []):
+            events.append({"time_s": event["time"] - (time.time() - (time.monotonic() - t_start)),
+                           "kind": event["kind"], "detail": event["detail"]})
+        events.sort(key=lambda e: e["time_s"])
         # CPU seconds per process (all threads): what the run cost, telemetry included.
         cpu_seconds = {"driver": time.process_time() - driver_cpu_start,
-                       "learner": finals[0]["cpu_s"], "replay": r_stats["cpu_s"],
+                       "learner": learner_final["cpu_s"], "replay": r_stats["cpu_s"],
                        "evaluator": evaluator_cpu_s,
-                       "actors": sum(f["cpu_s"] for f in finals[1:])}
+                       "actors": sum(f["cpu_s"] for f in actor_finals.values())}
         wall = time.monotonic() - t_start
-        env_steps = sum(f["env_steps"] for f in finals[1:])
-        updates = finals[0]["updates"]
+        env_steps = steps_before + fleet.env_steps()
+        updates = learner_final["updates"]
         train_s = max(time.monotonic() - t_train, 1e-9)
+        updates_this_run = updates - (resumed or {}).get("updates", 0)
         result = TrainingResult(
             env_id=c.env_id, reached_target=time_to_target is not None,
             target_return=c.target_return, time_to_target_s=time_to_target, wall_time_s=wall,
             startup_s=startup_s or wall, env_steps=env_steps, learner_updates=updates,
             transitions_inserted=r_stats["inserted"], transitions_sampled=r_stats["sampled"],
-            env_steps_per_s=env_steps / train_s, learner_updates_per_s=updates / train_s,
+            env_steps_per_s=(env_steps - steps_before) / train_s,
+            learner_updates_per_s=updates_this_run / train_s,
             samples_per_insert=r_stats["sampled"] / max(r_stats["inserted"], 1),
             final_eval_return=evals[-1]["mean_return"] if evals else None,
             best_eval_return=max((e["mean_return"] for e in evals), default=None),
             stop_reason=stop_reason, evals=evals, actor_epsilons=epsilons,
-            actor_weights_versions=[f["weights_version"] for f in finals[1:]],
+            actor_weights_versions=[actor_finals[i]["weights_version"] if i in actor_finals
+                                    else None for i in range(len(actors))],
+            actor_restarts=list(fleet.restarts), actor_nodes=list(fleet.nodes),
             throughput=throughput, output_dir=str(self.output_dir), checkpoint=checkpoint,
-            cpu_seconds=cpu_seconds, config=c.to_dict(), weights=final_weights)
+            cpu_seconds=cpu_seconds, replay_check=replay_check, events=events,
+            resumed_from=resume_path, config=c.to_dict(), weights=final_weights)
         result.save(self.output_dir / "results.json")
         return result
+
+
+    def _lost(self, role: str) -> RuntimeError:
+        where = self.config.checkpoint_dir or self.output_dir / "checkpoints"
+        return RuntimeError(f"the {role} process was lost, and the run with it; the last "
+                            f"checkpoint is in {where}: resubmit with --resume auto to continue")
+
+
+class _ActorFleet:
+    """The driver's view of its actors: counters that survive restarts, who is running."""
+
+    def __init__(self, n: int):
+        self.restarts = [0] * n      # new processes seen per actor (a pid that changed)
+        self.pids: list[int | None] = [None] * n
+        self.lost: set[int] = set()
+        self.retry_at: dict[int, float] = {}
+        self.retired: set[int] = set()
+        self.last = [{"env_steps": 0, "transitions_sent": 0} for _ in range(n)]
+        self.base = [0] * n          # env steps of earlier lives of each actor
+        self.seen = [0.0] * n
+        self.nodes: list[str | None] = [None] * n
+        self.pending: dict = {}      # actor index -> its stats() ref not yet answered
+        self.was_running = [True] * n
+
+    @property
+    def expected(self) -> int:
+        return len(self.restarts) - len(self.retired)
+
+    def lose(self, i: int) -> bool:
+        """Actor i's process is gone; True the first time (until it is back)."""
+        new = i not in self.lost
+        self.lost.add(i)
+        return new
+
+    def retire(self, i: int) -> None:
+        self.retired.add(i)
+        self.retry_at.pop(i, None)
+
+    def ask(self, i: int, actor, carrier) -> None:
+        if i not in self.pending and i not in self.retired:
+            self.pending[i] = actor.stats.remote(carrier)
+
+    def collect(self, ray, now: float, wait_s: float = 0.2) -> list[tuple[int, str]]:
+        """Take the stats that arrived; returns (actor, 'stopped'/'back') changes."""
+        from ray.exceptions import RayActorError
+
+        refs = list(self.pending.values())
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=wait_s)
+        ready = set(ready)
+        for i, ref in list(self.pending.items()):
+            if ref not in ready:
+                continue
+            del self.pending[i]
+            try:
+                s = ray.get(ref)
+            except RayActorError:
+                continue
+            self._take(i, s)
+            self.lost.discard(i)
+            self.seen[i] = now
+            self.nodes[i] = s.get("node_id")
+        changes = []
+        for i in range(len(self.restarts)):
+            running = i not in self.retired and now - self.seen[i] < 5.0
+            if running != self.was_running[i] and self.seen[i] > 0:
+                changes.append((i, "is back" if running else "stopped reporting"))
+            if self.seen[i] > 0:
+                self.was_running[i] = running
+        return changes
+
+    def _take(self, i: int, s: dict) -> None:
+        if self.pids[i] is not None and s["pid"] != self.pids[i]:  # a new life of actor i
+            self.restarts[i] += 1
+            self.base[i] += self.last[i]["env_steps"]
+        elif s["env_steps"] < self.last[i]["env_steps"]:
+            self.base[i] += self.last[i]["env_steps"]
+        self.pids[i] = s["pid"]
+        self.last[i] = s
+
+    def running(self, now: float) -> int:
+        return sum(1 for i in range(len(self.restarts))
+                   if i not in self.retired and now - self.seen[i] < 5.0)
+
+    def env_steps(self) -> int:
+        return sum(b + s["env_steps"] for b, s in zip(self.base, self.last))
+
+    def finish(self, ray, run_refs: dict, timeout_s: float = 30.0) -> dict[int, dict]:
+        """The final stats of every actor that returns from run() within the timeout."""
+        from ray.exceptions import RayActorError
+
+        refs = list(run_refs)
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s) if refs else ([], [])
+        finals = {}
+        for ref in ready:
+            i = run_refs[ref]
+            try:
+                s = ray.get(ref)
+            except RayActorError:
+                continue
+            self._take(i, s)
+            finals[i] = s
+        return finals
+
+
+def _cause(error: Exception) -> str:
+    return str(error).strip().splitlines()[0][:160]
+
+
+def _catch_sigterm(flag: threading.Event):
+    """SIGTERM to the driver (a Spot notice on its node) ends the run with a final checkpoint."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
+    return previous
+
+
+def _restore_sigterm(previous) -> None:
+    import signal
+
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
 
 
 class _IterationTraces:

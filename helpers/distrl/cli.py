@@ -1,11 +1,12 @@
 """The `distrl` command: `distrl train ...`, `distrl collector --db PATH --port PORT`,
-`distrl gke plan|create|teardown|cost|render --project-id ID ...`."""
+`distrl gke plan|create|teardown|cost|render --project-id ID ...`, `distrl cluster up|down|status`."""
 
 from __future__ import annotations
 
 import sys
 
-COMMANDS = {"train": "distrl.train", "collector": "distrl.collector", "gke": "distrl.gke"}
+COMMANDS = {"train": "distrl.train", "collector": "distrl.collector", "gke": "distrl.gke",
+            "cluster": "distrl.cluster"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -14,7 +15,7 @@ def main(argv: list[str] | None = None) -> int:
         known = ", ".join(COMMANDS)
         if argv and argv[0] not in {"-h", "--help"}:
             print(f"error: unknown command {argv[0]!r}; expected one of: {known}", file=sys.stderr)
-        print("usage: distrl {train,collector,gke} [options]   (distrl COMMAND --help for options)",
+        print("usage: distrl {train,collector,gke,cluster} [options]   (distrl COMMAND --help for options)",
               file=sys.stderr if argv and argv[0] not in {"-h", "--help"} else sys.stdout)
         return 0 if argv and argv[0] in {"-h", "--help"} else 2
     import importlib

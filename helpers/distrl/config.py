@@ -126,7 +126,13 @@ class ApexConfig:
     output_dir: str | None = None
     """where results.json, TensorBoard logs and checkpoints go (None: runs/<env>-<time>)"""
     checkpoint_interval_s: float = 30.0
-    """seconds between learner checkpoints (one is always written at the end)"""
+    """seconds between learner checkpoints (one is always written at the end, and one on SIGTERM)"""
+    checkpoint_dir: str | None = None
+    """checkpoint directory or URI, e.g. gs://bucket/run/checkpoints (None: output_dir/checkpoints)"""
+    resume: str | None = None
+    """continue from a checkpoint: 'auto' (newest in checkpoint_dir), a directory, or one .npz"""
+    max_actor_restarts: int = -1
+    """times Ray restarts a lost actor process, e.g. on a preempted node (-1: always; 0: never)"""
     resource_timeout_s: float = 10.0
     """seconds to wait for the cluster to offer the CPUs/GPUs asked for before failing"""
     progress: bool = True
@@ -219,6 +225,12 @@ def _validate(c: ApexConfig) -> None:
            "max_seconds", c.max_seconds, "None or a number > 0")
     _check(c.output_dir is None or (isinstance(c.output_dir, str) and c.output_dir != ""),
            "output_dir", c.output_dir, "None or a non-empty path")
+    for name in ["checkpoint_dir", "resume"]:
+        v = getattr(c, name)
+        _check(v is None or (isinstance(v, str) and v.strip() != ""), name, v,
+               "None or a non-empty path or URI")
+    _check(_is_int(c.max_actor_restarts) and c.max_actor_restarts >= -1, "max_actor_restarts",
+           c.max_actor_restarts, "an integer >= -1 (-1: always restart)")
     _check(c.otlp_endpoint is None or (isinstance(c.otlp_endpoint, str)
                                        and c.otlp_endpoint.startswith(("http://", "https://"))),
            "otlp_endpoint", c.otlp_endpoint, "None or http://host:port (https:// for TLS)")

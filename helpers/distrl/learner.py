@@ -13,11 +13,11 @@ where discount is gamma^n, gamma^k for an episode truncated after k steps, or 0 
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import re
 import sys
-from pathlib import Path
 
 import numpy as np
 
@@ -124,49 +124,94 @@ class Learner:
     def get_weights(self) -> list[np.ndarray]:
         return get_keras_weights(self.online, self.spec)
 
-    # --- checkpoints: one .npz of arrays plus a .json of counters and config ---
+    # --- checkpoints: one .npz of arrays plus a .json of counters and config, in a local
+    # directory or under any fsspec URI (gs://bucket/run/checkpoints) ---
 
     def save_checkpoint(self, directory: str | os.PathLike, extra: dict | None = None,
-                        keep: int = 3) -> Path:
-        directory = Path(directory)
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"checkpoint-{self.updates:09d}.npz"
+                        keep: int = 3) -> str:
+        """Write checkpoint-<updates>.npz (+ .json) under directory; returns its path or URI."""
+        fs, root = _filesystem(directory)
+        fs.makedirs(root, exist_ok=True)
+        name = f"{root}/checkpoint-{self.updates:09d}"
         arrays = {f"online_{i}": w for i, w in enumerate(self.get_weights())}
         arrays |= {f"target_{i}": w for i, w in enumerate(get_keras_weights(self.target,
                                                                             self.spec))}
         arrays |= {f"optimizer_{i}": np.asarray(v) for i, v in
                    enumerate(self.optimizer.variables)}
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "wb") as f:
-            np.savez(f, **arrays)
+        buffer = io.BytesIO()
+        np.savez(buffer, **arrays)
         meta = {"updates": self.updates, "config": self.config.to_dict(), **(extra or {})}
-        path.with_suffix(".json").write_text(json.dumps(meta, indent=2))
-        os.replace(tmp, path)  # the .npz appears last, whole: its presence marks a checkpoint
-        for old in _checkpoints(directory)[:-keep]:
-            old.unlink(missing_ok=True)
-            old.with_suffix(".json").unlink(missing_ok=True)
-        return path
+        fs.pipe_file(f"{name}.json", json.dumps(meta, indent=2).encode())
+        # The .npz appears last and whole (a rename, or one object write on GCS): its presence
+        # marks a complete checkpoint.
+        fs.pipe_file(f"{name}.npz.tmp", buffer.getvalue())
+        fs.mv(f"{name}.npz.tmp", f"{name}.npz")
+        for old in _checkpoint_paths(fs, root)[:-keep]:
+            fs.rm(old)
+            if fs.exists(old[:-4] + ".json"):
+                fs.rm(old[:-4] + ".json")
+        return _uri(fs, f"{name}.npz")
 
     def restore_checkpoint(self, path: str | os.PathLike) -> dict:
-        path = Path(path)
-        with np.load(path) as data:
-            count = len(self.spec.layer_shapes()) * 2
-            set_keras_weights(self.online, self.spec, [data[f"online_{i}"] for i in range(count)])
-            set_keras_weights(self.target, self.spec, [data[f"target_{i}"] for i in range(count)])
-            for i, var in enumerate(self.optimizer.variables):
-                var.assign(data[f"optimizer_{i}"])
-        meta = json.loads(path.with_suffix(".json").read_text())
+        """Weights, target network, optimizer state and counters from a checkpoint; returns
+        its metadata (updates, config and whatever extra the writer added)."""
+        meta, arrays = read_checkpoint(path)
+        count = len(self.spec.layer_shapes()) * 2
+        set_keras_weights(self.online, self.spec, [arrays[f"online_{i}"] for i in range(count)])
+        set_keras_weights(self.target, self.spec, [arrays[f"target_{i}"] for i in range(count)])
+        for i, var in enumerate(self.optimizer.variables):
+            var.assign(arrays[f"optimizer_{i}"])
         self.updates = int(meta["updates"])
         return meta
 
 
-def _checkpoints(directory: str | os.PathLike) -> list[Path]:
-    return sorted(p for p in Path(directory).glob("checkpoint-*.npz") if CHECKPOINT_RE.search(p.name))
+def _filesystem(location: str | os.PathLike):
+    import fsspec
+
+    return fsspec.core.url_to_fs(str(location))
 
 
-def latest_checkpoint(directory: str | os.PathLike) -> Path | None:
-    found = _checkpoints(directory)
-    return found[-1] if found else None
+def _uri(fs, path: str) -> str:
+    """A local path stays a path; anything else gets its protocol back (gs://...)."""
+    from fsspec.implementations.local import LocalFileSystem
+
+    return path if isinstance(fs, LocalFileSystem) else fs.unstrip_protocol(path)
+
+
+def _checkpoint_paths(fs, root: str) -> list[str]:
+    return sorted(p for p in fs.glob(f"{root}/checkpoint-*.npz") if CHECKPOINT_RE.search(p))
+
+
+def latest_checkpoint(directory: str | os.PathLike) -> str | None:
+    """The newest complete checkpoint under directory (path or URI), or None."""
+    fs, root = _filesystem(directory)
+    if not fs.exists(root):
+        return None
+    found = _checkpoint_paths(fs, root)
+    return _uri(fs, found[-1]) if found else None
+
+
+def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
+    """(metadata, arrays) of one checkpoint .npz (path or URI)."""
+    fs, name = _filesystem(path)
+    if not CHECKPOINT_RE.search(name) or not fs.exists(name):
+        raise FileNotFoundError(f"no checkpoint at {path!s} (expected .../checkpoint-NNNNNNNNN.npz)")
+    with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
+        arrays = {k: data[k] for k in data.files}
+    meta = json.loads(fs.cat_file(name[:-4] + ".json"))
+    return meta, arrays
+
+
+def resolve_resume(resume: str, checkpoint_dir: str) -> str:
+    """'auto' -> the newest checkpoint in checkpoint_dir; a directory -> its newest; a file as is."""
+    target = checkpoint_dir if resume == "auto" else resume
+    if CHECKPOINT_RE.search(str(target)):
+        read_checkpoint(target)  # raises a clear error if it is missing
+        return str(target)
+    found = latest_checkpoint(target)
+    if found is None:
+        raise FileNotFoundError(f"resume={resume!r}: no checkpoint-*.npz in {target}")
+    return found
 
 
 def double_dqn_reference(online_q_next, target_q_next, q, action, reward, discount):

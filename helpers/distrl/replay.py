@@ -158,6 +158,29 @@ class PrioritizedReplay:
     def __len__(self) -> int:
         return min(self.total_inserted, self.capacity)
 
+    def check(self) -> dict:
+        """Integrity after anything went wrong around it (a lost actor mid-insert, ...): every
+        live slot holds exactly the key it should, with a finite priority > 0, empty slots
+        have none, and the sum tree's root equals the sum of its leaves."""
+        size = len(self)
+        expected = np.arange(self.total_inserted - size, self.total_inserted, dtype=np.int64)
+        live = self.key[expected % self.capacity]
+        leaves = self.tree.leaves(np.arange(self.capacity))
+        filled = np.zeros(self.capacity, dtype=bool)
+        filled[expected % self.capacity] = True
+        problems = []
+        if not np.array_equal(np.sort(live), expected):
+            problems.append("keys of live slots are not the last `size` insertion numbers")
+        if not (np.isfinite(leaves[filled]).all() and (leaves[filled] > 0).all()):
+            problems.append("a live slot has a priority that is not finite and > 0")
+        if (leaves[~filled] != 0).any():
+            problems.append("an empty slot has a priority")
+        total = float(leaves.sum())
+        if not np.isclose(self.tree.total, total, rtol=1e-6, atol=1e-9):
+            problems.append(f"sum tree root {self.tree.total} != sum of leaves {total}")
+        return {"ok": not problems, "problems": problems, "size": size,
+                "inserted": self.total_inserted}
+
     def _scaled(self, td_abs: np.ndarray) -> np.ndarray:
         td_abs = np.asarray(td_abs, dtype=np.float64)
         if td_abs.size and not np.all(np.isfinite(td_abs)):
@@ -347,6 +370,10 @@ class ReplayService:
         self.priority_updates += len(keys)
         self.stale_priority_updates += len(keys) - live
         return live
+
+    def check(self) -> dict:
+        with self._lock:
+            return self.replay.check()
 
     def stats(self) -> dict:
         with self._lock:

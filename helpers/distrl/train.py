@@ -32,7 +32,8 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use true or false")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
+    """The options; defaults=False leaves unset options out of the result (for --resume)."""
     parser = argparse.ArgumentParser(
         prog="python -m distrl.train",
         description="Train Ape-X DQN on Ray. Writes results.json, TensorBoard logs and "
@@ -42,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     docs = field_help()
     for f in dataclasses.fields(ApexConfig):
         hint = hints[f.name]
-        kwargs: dict = {"default": f.default, "help": docs.get(f.name, ""), "dest": f.name}
+        kwargs: dict = {"default": f.default if defaults else argparse.SUPPRESS,
+                        "help": docs.get(f.name, ""), "dest": f.name}
         args = typing.get_args(hint)
         optional = type(None) in args
         base = next((a for a in args if a is not type(None)), hint) if optional else hint
@@ -59,14 +61,31 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resumed_config(explicit: dict) -> ApexConfig:
+    """--resume: the checkpoint's config, with the options given on this command line on top."""
+    from distrl.learner import read_checkpoint, resolve_resume
+
+    output_dir = explicit.get("output_dir")
+    checkpoint_dir = explicit.get("checkpoint_dir") or (f"{output_dir}/checkpoints"
+                                                        if output_dir else None)
+    if explicit["resume"] == "auto" and checkpoint_dir is None:
+        raise ValueError("resume='auto' needs --output-dir or --checkpoint-dir to look in")
+    path = resolve_resume(explicit["resume"], checkpoint_dir or "")
+    meta, _ = read_checkpoint(path)
+    return ApexConfig.from_dict(meta["config"]).replace(**(explicit | {"resume": path}))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = vars(build_parser().parse_args(argv))
     try:
-        config = ApexConfig(**args)
+        if args["resume"] is not None:
+            config = resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
+        else:
+            config = ApexConfig(**args)
         from distrl.apex import ApeX
 
         apex = ApeX(config)
-    except ValueError as err:
+    except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     result = apex.train()

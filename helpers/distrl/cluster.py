@@ -1,0 +1,333 @@
+"""A local multi-node Ray cluster: a head and K worker nodes as separate processes, started the
+way the pods of k8s/plain start them (`ray start --head`, then the wait-for-head script).
+
+    with LocalCluster(num_workers=2, cpus_per_worker=1) as cluster:
+        client = cluster.job_client()            # Ray's JobSubmissionClient, token included
+        ...
+    # every process the cluster started is gone here, also after a failed start
+
+    distrl cluster up --workers 2 --cpus-per-worker 1     # from a shell; `distrl cluster down`
+
+The dashboard (and its Jobs API) listens on 127.0.0.1 only. Ray's token authentication stays on:
+the nodes and the job client use ~/.ray/auth_token (made if missing).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+
+STATE_FILE = Path(tempfile.gettempdir()) / "distrl-cluster.json"
+RAY_CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+
+
+class ClusterError(RuntimeError):
+    """The cluster did not start (nothing it started is left running) or cannot be reached."""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def node_env(extra: dict | None = None) -> dict:
+    """Environment of every node process: this Python's bin first on PATH, token auth on."""
+    from distrl.gke import DEFAULT_TOKEN_FILE, ensure_auth_token
+
+    ensure_auth_token(DEFAULT_TOKEN_FILE)
+    env = dict(os.environ)
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
+    env["RAY_AUTH_MODE"] = "token"
+    env.pop("RAY_ADDRESS", None)
+    return env | (extra or {})
+
+
+def wait_for_head_script() -> Path:
+    return Path(str(resources.files("distrl").joinpath("scripts/wait-for-head.sh")))
+
+
+@dataclass
+class Node:
+    name: str
+    process: subprocess.Popen
+    log: Path
+    cpus: float
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalCluster:
+    """Head + num_workers worker nodes on this machine, each its own `ray start` process."""
+
+    num_workers: int = 2
+    cpus_per_worker: float = 1
+    head_cpus: float = 1
+    port: int = 0
+    dashboard_port: int = 0
+    log_dir: str | Path | None = None
+    start_timeout_s: float = 120.0
+    nodes: list[Node] = field(default_factory=list)
+
+    def __post_init__(self):
+        def whole(value, name, low):
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ValueError(f"{name}={value!r}: expected an integer >= {low}")
+
+        whole(self.num_workers, "num_workers", 0)
+        for name in ("cpus_per_worker", "head_cpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
+                raise ValueError(f"{name}={value!r}: expected a number of CPUs >= 0")
+        for name in ("port", "dashboard_port"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+                raise ValueError(f"{name}={value!r}: expected a port from 0 (any free) to 65535")
+        if not self.start_timeout_s > 0:
+            raise ValueError(f"start_timeout_s={self.start_timeout_s!r}: expected > 0")
+
+    # --- addresses ---
+    @property
+    def address(self) -> str:
+        """The head's GCS address (what `ray start --address` and ray.init take)."""
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def dashboard_url(self) -> str:
+        """The dashboard and Jobs API (what JobSubmissionClient takes)."""
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    # --- lifecycle ---
+    def start(self) -> LocalCluster:
+        if self.nodes:
+            raise ClusterError("this cluster is already started; stop() it first")
+        self.port = self.port or _free_port()
+        self.dashboard_port = self.dashboard_port or _free_port()
+        logs = Path(self.log_dir or tempfile.mkdtemp(prefix="distrl-cluster-"))
+        logs.mkdir(parents=True, exist_ok=True)
+        self.log_dir = logs
+        with _token_auth():
+            pass
+        try:
+            self._start_node("head", [
+                "ray", "start", "--head", "--block", f"--port={self.port}",
+                f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
+                "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                "--disable-usage-stats"], self.head_cpus, {})
+            for i in range(self.num_workers):
+                self.add_worker(name=f"worker-{i + 1}")
+            self.wait_for_nodes(1 + self.num_workers)
+            self._wait_for_jobs_api()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def add_worker(self, cpus: float | None = None, name: str | None = None) -> Node:
+        """Start one more worker node (e.g. a replacement after a simulated preemption)."""
+        cpus = self.cpus_per_worker if cpus is None else cpus
+        name = name or f"worker-{len(self.nodes)}"
+        env = {"RAY_HEAD_ADDRESS": self.address, "RAY_NUM_CPUS": f"{cpus:g}",
+               "WAIT_FOR_HEAD_TIMEOUT_S": f"{self.start_timeout_s:g}",
+               "WAIT_FOR_HEAD_INTERVAL_S": "0.5"}
+        return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
+                                       "--disable-usage-stats"], cpus, env)
+
+    def _start_node(self, name: str, argv: list[str], cpus: float, env: dict) -> Node:
+        log = Path(self.log_dir) / f"{name}.log"
+        with open(log, "w") as out:
+            # Its own session: stop() ends the node and everything it spawned as one group.
+            process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                       env=node_env(env), start_new_session=True)
+        node = Node(name, process, log, cpus)
+        self.nodes.append(node)
+        return node
+
+    def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> list[dict]:
+        """Block until `count` nodes are alive in the cluster; returns them (ray.util.state)."""
+        deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
+        alive: list[dict] = []
+        last_error = ""
+        while time.monotonic() < deadline:
+            for node in self.nodes:
+                if not node.alive():
+                    raise ClusterError(f"node {node.name} exited with code "
+                                       f"{node.process.returncode} while starting:\n"
+                                       f"{node.log_tail()}")
+            try:
+                alive = [n for n in self.node_table() if n["state"] == "ALIVE"]
+            except Exception as e:  # the head is not answering yet
+                alive, last_error = [], f"{type(e).__name__}: {e}"[:300]
+            if len(alive) >= count:
+                return alive
+            time.sleep(0.5)
+        raise ClusterError(f"{len(alive)} of {count} nodes alive after "
+                           f"{timeout_s or self.start_timeout_s:g}s ({last_error or 'no error'}); "
+                           f"logs in {self.log_dir}:\n"
+                           + "\n".join(f"--- {n.name}\n{n.log_tail(600)}" for n in self.nodes))
+
+    def _wait_for_jobs_api(self) -> None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                self.job_client().list_jobs()
+                return
+            except Exception as e:
+                if time.monotonic() > deadline:
+                    raise ClusterError(
+                        f"the Jobs API at {self.dashboard_url} did not answer: {e}") from e
+                time.sleep(0.5)
+
+    def node_table(self) -> list[dict]:
+        """Every node the head knows: id, ip, state, CPUs (like the top of `ray status`)."""
+        from ray.util.state import list_nodes
+
+        with _token_auth():
+            nodes = list_nodes(address=self.dashboard_url, detail=True, raise_on_missing_output=False)
+        return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
+                 "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
+                for n in nodes]
+
+    def job_client(self):
+        """Ray's JobSubmissionClient for this cluster (the same call works through port-forward)."""
+        from ray.job_submission import JobSubmissionClient
+
+        with _token_auth():
+            return JobSubmissionClient(self.dashboard_url)
+
+    def kill_node(self, name: str) -> Node:
+        """Kill a worker node's processes at once (SIGKILL), as a Spot preemption would."""
+        node = next((n for n in self.nodes if n.name == name), None)
+        if node is None or name == "head":
+            raise ValueError(f"name={name!r}: expected one of the worker nodes "
+                             f"{[n.name for n in self.nodes if n.name != 'head']}")
+        _kill_group(node.process, signal.SIGKILL, 0)
+        return node
+
+    def stop(self) -> None:
+        """Stop every node (workers first) and wait until all their processes are gone; then
+        forget the cluster. Safe to call twice."""
+        import psutil
+
+        procs = []
+        for pid in self.pids():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(pid))
+        for node in reversed(self.nodes):
+            _kill_group(node.process, signal.SIGTERM, 10.0)
+        for node in self.nodes:  # `ray start --block` may leave children on SIGTERM
+            _kill_group(node.process, signal.SIGKILL, 5.0)
+        _, alive = psutil.wait_procs(procs, timeout=10)
+        for p in alive:  # anything that left the process group
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=5)
+        self.nodes = []
+        # `ray start --head` records the cluster for later ray.init() calls; it is gone now.
+        try:
+            if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{self.port}"):
+                RAY_CURRENT_CLUSTER.unlink()
+        except OSError:
+            pass
+
+    def __enter__(self) -> LocalCluster:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def pids(self) -> list[int]:
+        """Every live process of every node (for checks that nothing is left)."""
+        import psutil
+
+        out = []
+        for node in self.nodes:
+            try:
+                parent = psutil.Process(node.process.pid)
+                out += [parent.pid] + [c.pid for c in parent.children(recursive=True)]
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+
+def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, sig)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(wait_s)
+
+
+@contextlib.contextmanager
+def _token_auth():
+    """Talk to the cluster with token authentication. Ray reads RAY_AUTH_MODE once per process,
+    so it is set for good; a cluster this process starts with ray.init() has it on anyway."""
+    os.environ["RAY_AUTH_MODE"] = "token"
+    yield
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`distrl cluster up|down|status`: a local multi-node cluster from a shell."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="distrl cluster", description=main.__doc__)
+    parser.add_argument("action", choices=["up", "down", "status"])
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--cpus-per-worker", type=float, default=1)
+    parser.add_argument("--head-cpus", type=float, default=1)
+    args = parser.parse_args(argv)
+    if args.action == "up":
+        if STATE_FILE.exists():
+            print(f"error: a cluster is already up ({STATE_FILE}); `distrl cluster down` first",
+                  file=sys.stderr)
+            return 1
+        try:
+            cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus).start()
+        except (ValueError, ClusterError) as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        STATE_FILE.write_text(json.dumps({
+            "address": cluster.address, "dashboard_url": cluster.dashboard_url,
+            "port": cluster.port, "groups": [n.process.pid for n in cluster.nodes],
+            "log_dir": str(cluster.log_dir)}))
+        print(f"Ray cluster up: {1 + args.workers} nodes\n  address   {cluster.address}\n"
+              f"  dashboard {cluster.dashboard_url}   (Jobs API; 127.0.0.1 only)\n"
+              f"  logs      {cluster.log_dir}\nstop it with: distrl cluster down")
+        return 0
+    if not STATE_FILE.exists():
+        print("no cluster started by `distrl cluster up` is running", file=sys.stderr)
+        return 1 if args.action == "status" else 0
+    state = json.loads(STATE_FILE.read_text())
+    if args.action == "status":
+        print(json.dumps(state, indent=2))
+        return 0
+    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
+        for pgid in reversed(state["groups"]):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        time.sleep(wait_s if sig == signal.SIGTERM else 0)
+    try:
+        if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{state['port']}"):
+            RAY_CURRENT_CLUSTER.unlink()
+    except OSError:
+        pass
+    STATE_FILE.unlink()
+    print("Ray cluster down")
+    return 0

@@ -1,0 +1,172 @@
+"""Fault tolerance with real processes: a killed actor, SIGTERM (the Spot notice) to actor and
+learner, a killed driver and --resume, a lost worker node of a multi-node cluster."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from distrl.apex import ApeX
+from distrl.config import ApexConfig
+from distrl.learner import latest_checkpoint, read_checkpoint
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+SMALL = dict(env_id="CartPole-v1", num_actors=2, envs_per_actor=8, hidden_sizes=(32, 32),
+             batch_size=128, min_replay_size=500, replay_capacity=20_000, eval_interval_s=2.0,
+             progress=False, target_return=None, resource_timeout_s=30.0)
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    import ray
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    yield ray
+    ray.shutdown()
+
+
+def processes(title: str) -> list[psutil.Process]:
+    """Ray worker processes by their title, e.g. 'ray::ActorWorker'."""
+    found = []
+    for p in psutil.process_iter(["cmdline"]):
+        cmd = p.info["cmdline"] or []
+        if cmd and cmd[0].startswith(title):
+            found.append(p)
+    return found
+
+
+def wait_for(predicate, timeout_s: float, what: str):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def train_in_thread(config: ApexConfig) -> tuple[threading.Thread, dict]:
+    box: dict = {}
+
+    def target():
+        try:
+            box["result"] = ApeX(config).train()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def assert_counters_consistent(result):
+    steps = [p["env_steps"] for p in result.throughput]
+    assert steps == sorted(steps), "env steps went backwards"
+    assert result.env_steps >= steps[-1] > 0
+    assert result.replay_check["ok"], result.replay_check["problems"]
+    assert 0 < result.transitions_inserted <= result.env_steps
+
+
+def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path):
+    config = ApexConfig(**SMALL, max_seconds=45.0, output_dir=str(tmp_path))
+    thread, box = train_in_thread(config)
+    actors = wait_for(lambda: len(processes("ray::ActorWorker")) == 2 and
+                      processes("ray::ActorWorker"), 60, "two actor processes")
+    time.sleep(12)  # training is under way
+    killed = actors[0]
+    killed.kill()
+    killed_at = time.monotonic()
+    thread.join(120)
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    assert result.stop_reason == "max_seconds"
+    assert sum(result.actor_restarts) == 1
+    lost = [e for e in result.events if e["kind"] == "actor_lost"]
+    assert len(lost) == 1 and "Ray restarts it" in lost[0]["detail"]
+    assert_counters_consistent(result)
+    after = [p for p in result.throughput if p["time_s"] > lost[0]["time_s"] + 10]
+    assert after and after[-1]["actors_running"] == 2  # the replacement reports again
+    assert after[-1]["env_steps"] > after[0]["env_steps"]  # and experience keeps coming
+    assert time.monotonic() - killed_at > 10
+
+
+def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path):
+    """SIGTERM to an actor and then to the learner: each writes a checkpoint within the Spot
+    grace period; the lost learner ends the run; --resume continues and reaches the target."""
+    config = ApexConfig(**SMALL, max_seconds=120.0, output_dir=str(tmp_path),
+                        checkpoint_interval_s=1000.0)  # only SIGTERM makes checkpoints here
+    checkpoints = tmp_path / "checkpoints"
+    thread, box = train_in_thread(config)
+    actor = wait_for(lambda: processes("ray::ActorWorker"), 60, "an actor process")[0]
+    wait_for(lambda: processes("ray::LearnerWorker"), 60, "the learner process")
+    time.sleep(10)
+    assert latest_checkpoint(checkpoints) is None
+    actor.send_signal(signal.SIGTERM)
+    first = wait_for(lambda: latest_checkpoint(checkpoints), 25, "a checkpoint after SIGTERM")
+    time.sleep(5)
+    learner = processes("ray::LearnerWorker")[0]
+    learner.send_signal(signal.SIGTERM)
+    second = wait_for(lambda: latest_checkpoint(checkpoints) != first and
+                      latest_checkpoint(checkpoints), 25, "a second checkpoint")
+    thread.join(120)
+    assert "--resume auto" in str(box.get("error")), box
+    meta, _ = read_checkpoint(second)
+    assert meta["updates"] > read_checkpoint(first)[0]["updates"] > 0
+    assert meta["progress"]["env_steps"] > 0
+
+    resumed = ApeX(config.replace(resume="auto", target_return=100.0, max_seconds=150.0)).train()
+    assert resumed.resumed_from == second
+    assert resumed.reached_target
+    assert resumed.learner_updates > meta["updates"]
+    assert resumed.env_steps > meta["progress"]["env_steps"]
+    assert resumed.events[0]["kind"] == "resumed"
+    assert_counters_consistent(resumed)
+
+
+def test_driver_killed_then_resubmitted_with_resume(tmp_path):
+    """The training command killed outright (SIGKILL: no chance to clean up), then run again
+    with --resume auto: weights, optimizer, counters and config come from the checkpoint."""
+    out = tmp_path / "run"
+    common = [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false"]
+    first = subprocess.Popen(
+        [*common, "--env", "CartPole-v1", "--num-actors", "2", "--envs-per-actor", "8",
+         "--hidden-sizes", "32", "32", "--batch-size", "128", "--min-replay-size", "500",
+         "--target-return", "none", "--max-seconds", "200", "--checkpoint-interval-s", "3"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        wait_for(lambda: (c := latest_checkpoint(out / "checkpoints")) and
+                 read_checkpoint(c)[0]["updates"] > 200, 150, "a checkpoint with progress")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started
+        first.wait(30)
+    saved = latest_checkpoint(out / "checkpoints")
+    meta, _ = read_checkpoint(saved)
+    assert not (out / "results.json").exists()  # the first run never finished
+    proc = subprocess.run([*common, "--resume", "auto", "--target-return", "100",
+                           "--max-seconds", "150"], capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    assert result["resumed_from"] == saved
+    assert result["reached_target"] is True
+    assert result["learner_updates"] > meta["updates"]
+    assert result["env_steps"] > meta["progress"]["env_steps"]
+    assert result["config"]["hidden_sizes"] == [32, 32]  # from the checkpoint, not the defaults
+    assert result["config"]["max_seconds"] == 150.0     # what this command line said
+
+
+def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
+    from distrl.train import main
+
+    assert main(["--resume", "auto", "--output-dir", str(tmp_path)]) == 2
+    assert f"no checkpoint-*.npz in {tmp_path}/checkpoints" in capsys.readouterr().err
+    assert main(["--resume", str(tmp_path / "checkpoint-000000001.npz")]) == 2
+    assert "no checkpoint at" in capsys.readouterr().err
+    assert main(["--resume", "auto"]) == 2
+    assert "needs --output-dir or --checkpoint-dir" in capsys.readouterr().err
