@@ -728,12 +728,16 @@ class ApeX:
                            + c.batch_size * c.batches_per_fetch)
         # Replay, learner and evaluator live beside the driver (on GKE: the head, never Spot);
         # actors spread over the cluster's nodes, and Ray restarts one whose process is lost.
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # Replay and evaluator need no CPU reservation, so they always fit here; the learner
+        # goes elsewhere only if this node cannot give it its CPUs or GPU.
+        node = ray.get_runtime_context().get_node_id()
+        here = NodeAffinitySchedulingStrategy(node, soft=False)
+        near = NodeAffinitySchedulingStrategy(node, soft=True)
         replay = ray.remote(ReplayWorker).options(
             max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["replay"]).remote(
             c, self.obs_shape, error_buffer)
         learner = ray.remote(LearnerWorker).options(
-            max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["learner"]).remote(
+            max_concurrency=c.num_actors + 8, scheduling_strategy=near, **plan["learner"]).remote(
             c, self.spec, weights, replay, str(self.output_dir), checkpoint_dir, resume_path)
         actors = [ray.remote(ActorWorker).options(
             max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",

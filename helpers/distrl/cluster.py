@@ -131,10 +131,14 @@ class LocalCluster:
                 "ray", "start", "--head", "--block", f"--port={self.port}",
                 f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
+                f"--ray-client-server-port={_free_port()}", *_node_ports(0),
                 "--disable-usage-stats"], self.head_cpus, {})
+            self.wait_for_nodes(1)
+            # One node at a time: nodes on one machine share the session directory, and Ray's
+            # choice of socket names there (raylet.1, raylet.2, ...) races when they start at once.
             for i in range(self.num_workers):
                 self.add_worker(name=f"worker-{i + 1}")
-            self.wait_for_nodes(1 + self.num_workers)
+                self.wait_for_nodes(2 + i)
             self._wait_for_jobs_api()
         except BaseException:
             self.stop()
@@ -149,7 +153,8 @@ class LocalCluster:
                "WAIT_FOR_HEAD_TIMEOUT_S": f"{self.start_timeout_s:g}",
                "WAIT_FOR_HEAD_INTERVAL_S": "0.5"}
         return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
-                                       "--disable-usage-stats"], cpus, env)
+                                       *_node_ports(len(self.nodes)), "--disable-usage-stats"],
+                                cpus, env)
 
     def _start_node(self, name: str, argv: list[str], cpus: float, env: dict) -> Node:
         log = Path(self.log_dir) / f"{name}.log"
@@ -268,6 +273,17 @@ class LocalCluster:
         return out
 
 
+def _node_ports(index: int) -> list[str]:
+    """Ports of their own for every node on this one machine: Ray's fixed defaults (the
+    dashboard agent's 52365, ...) would collide between nodes, as they never do across pods."""
+    low = 10_002 + 1_000 * (index % 40)
+    return [f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
+            f"--dashboard-agent-listen-port={_free_port()}",
+            f"--dashboard-agent-grpc-port={_free_port()}",
+            f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+            f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
+
+
 def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(process.pid, sig)
@@ -277,9 +293,15 @@ def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
 
 @contextlib.contextmanager
 def _token_auth():
-    """Talk to the cluster with token authentication. Ray reads RAY_AUTH_MODE once per process,
-    so it is set for good; a cluster this process starts with ray.init() has it on anyway."""
-    os.environ["RAY_AUTH_MODE"] = "token"
+    """Talk to the cluster with token authentication, also when `ray` was imported before
+    (Ray caches the mode; re-reading its config is what Ray itself does when it turns token
+    auth on). A cluster this process later starts with ray.init() has it on by default anyway."""
+    if os.environ.get("RAY_AUTH_MODE") != "token":
+        os.environ["RAY_AUTH_MODE"] = "token"
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray._raylet import Config
+
+            Config.initialize("")
     yield
 
 
