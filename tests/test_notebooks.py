@@ -138,3 +138,19 @@ def test_03_live_path_without_a_login_stops_before_any_command(kernel, tmp_path:
                      {"OUTPUT_DIR": str(tmp_path / "run"), "PROJECT_ID": "demo-project-1",
                       "DRY_RUN": False}, kernel=kernel)
     assert [argv[:3] for argv in stand_ins()] == [["gcloud", "auth", "list"]]
+
+
+def test_04_distributed_training(kernel, tmp_path: Path):
+    """Local multi-node cluster, a job that loses a node and recovers, a resumed job."""
+    out_dir = tmp_path / "run"
+    executed = run_notebook(
+        NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
+        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 60.0, "PREEMPT_AT_S": 25.0,
+         "REPLACEMENT_AFTER_S": 15.0, "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 200.0},
+        kernel=kernel, cell_timeout_s=600)
+    text = _outputs(executed)
+    first = json.loads((out_dir / "fetched" / "results.json").read_text())
+    assert first["reached_target"] and first["resumed_from"].endswith(".npz")
+    assert "killed worker-2" in text and "is back" in text
+    assert text.count("Running entrypoint for job") == 2  # each log line printed once
+    assert "processes left: 0" in text

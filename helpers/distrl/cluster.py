@@ -203,20 +203,11 @@ class LocalCluster:
 
     def node_table(self) -> list[dict]:
         """Every node the head knows: id, ip, state, CPUs (like the top of `ray status`)."""
-        from ray.util.state import list_nodes
-
-        with _token_auth():
-            nodes = list_nodes(address=self.dashboard_url, detail=True, raise_on_missing_output=False)
-        return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
-                 "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
-                for n in nodes]
+        return node_table(self.dashboard_url)
 
     def job_client(self):
         """Ray's JobSubmissionClient for this cluster (the same call works through port-forward)."""
-        from ray.job_submission import JobSubmissionClient
-
-        with _token_auth():
-            return JobSubmissionClient(self.dashboard_url)
+        return job_client(self.dashboard_url)
 
     def kill_node(self, name: str) -> Node:
         """Kill a worker node's processes at once (SIGKILL), as a Spot preemption would."""
@@ -271,6 +262,36 @@ class LocalCluster:
             except psutil.NoSuchProcess:
                 pass
         return out
+
+
+def node_table(dashboard_url: str) -> list[dict]:
+    """The nodes of any Ray cluster whose dashboard is reachable (local, or GKE through
+    `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
+    from ray.util.state import list_nodes
+
+    with _token_auth():
+        nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
+    return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
+             "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
+            for n in nodes]
+
+
+def actor_table(dashboard_url: str) -> list[dict]:
+    """The live Ray actors of the cluster and the node each runs on (who runs where)."""
+    from ray.util.state import list_actors
+
+    with _token_auth():
+        actors = list_actors(address=dashboard_url, detail=True, raise_on_missing_output=False,
+                             filters=[("state", "=", "ALIVE")])
+    return [{"class": a.class_name, "node_id": a.node_id, "pid": a.pid} for a in actors]
+
+
+def job_client(dashboard_url: str):
+    """Ray's JobSubmissionClient with token authentication (local or through port-forward)."""
+    from ray.job_submission import JobSubmissionClient
+
+    with _token_auth():
+        return JobSubmissionClient(dashboard_url)
 
 
 def _node_ports(index: int) -> list[str]:

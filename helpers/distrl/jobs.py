@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
+_shown: dict[str, int] = {}  # job id -> characters of its log already printed
 
 
 def training_entrypoint(train_args: Sequence[str], output_dir: str) -> str:
@@ -40,15 +41,16 @@ def submit_training(client, train_args: Sequence[str], output_dir: str,
 def follow(client, job_id: str, out: Callable[[str], None] = print, poll_s: float = 1.0,
            timeout_s: float | None = None, until: Callable[[], bool] | None = None) -> str:
     """Print the job's new log lines as they come; return its final status (or the current one
-    when `until()` becomes true or timeout_s passes)."""
-    shown = 0
+    when `until()` becomes true or timeout_s passes). A later call goes on where this one
+    stopped, so following a job in several cells prints every line once."""
+    shown = _shown.get(job_id, 0)
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     while True:
         status = str(client.get_job_status(job_id).value)
         logs = client.get_job_logs(job_id)
         for line in logs[shown:].splitlines():
             out(line)
-        shown = len(logs)
+        shown = _shown[job_id] = len(logs)
         if status in TERMINAL or (until is not None and until()):
             return status
         if deadline is not None and time.monotonic() > deadline:
