@@ -36,6 +36,8 @@ bench: install
 	$(BIN)/python benchmarks/time_to_solve.py
 	$(BIN)/python benchmarks/collector_ingest.py
 	$(BIN)/python benchmarks/telemetry_overhead.py
+	$(BIN)/python benchmarks/replay_headroom.py
+	$(BIN)/python benchmarks/multinode_throughput.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network).
 lock:

@@ -1,0 +1,95 @@
+"""Replay ingest headroom: transitions/s one replay process accepts while it serves the learner,
+and from it how many actors one replay process can feed.
+
+    python benchmarks/replay_headroom.py [--seconds 15] [--producers 2] [--capacity 1000000]
+
+A real ReplayWorker (the Ray actor Ape-X runs) at capacity 1M, rate limiter off. A learner
+stand-in samples 4 x 512 per call and sends priorities back, as fast as replay serves it. Producer
+threads add the same ready block of n-step transitions (512 rows, in the object store) over and
+over, so what is measured is the replay process, not the producers. The per-actor rate is one
+actor process on one core (benchmarks/actor_throughput.py's "actor" figure). The seed runs
+100-300 actors.
+"""
+
+import argparse
+import threading
+import time
+
+import numpy as np
+import ray
+
+from distrl.actor import Actor, env_spec
+from distrl.apex import ReplayWorker
+from distrl.config import ApexConfig
+from distrl.network import NetworkSpec, init_weights
+
+
+def per_actor_rate(config: ApexConfig, seconds: float = 5.0) -> tuple[float, object]:
+    """Env steps/s of one actor on one core, and one block it made (to replay)."""
+    obs_shape, n_actions = env_spec(config.env_id)
+    spec = NetworkSpec(int(np.prod(obs_shape)), n_actions, config.hidden_sizes, config.dueling)
+    actor = Actor(config, 0, init_weights(spec, 0))
+    block = actor.collect(config.actor_block_steps)
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        block = actor.collect(config.actor_block_steps)
+        steps += config.actor_block_steps * config.envs_per_actor
+    return steps / (time.perf_counter() - start), block
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument("--capacity", type=int, default=1_000_000)
+    args = parser.parse_args()
+    config = ApexConfig(replay_capacity=args.capacity, samples_per_insert=0.0)
+    actor_rate, block = per_actor_rate(config)
+    print(f"one actor process: {actor_rate:,.0f} env steps/s ({len(block)} transitions per block)")
+
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    replay = ray.remote(ReplayWorker).options(max_concurrency=16, num_cpus=0).remote(
+        config, env_spec(config.env_id)[0], 1e9)
+    block_ref = ray.put(block)
+    ray.get([replay.add.remote(block_ref) for _ in range(8)])  # enough to sample from
+    stop = threading.Event()
+    counts = {"inserted": 0, "updates": 0}
+
+    def produce():
+        while not stop.is_set():
+            ray.get([replay.add.remote(block_ref) for _ in range(4)])
+            counts["inserted"] += 4 * len(block)
+
+    def learn():
+        rng = np.random.default_rng(0)
+        while not stop.is_set():
+            batches = ray.get(replay.sample.remote(config.batch_size, 0.4, num_batches=4))
+            keys = np.concatenate([b.keys for b in batches])
+            ray.get(replay.update_priorities.remote(keys, rng.random(len(keys))))
+            counts["updates"] += len(batches)
+
+    threads = [threading.Thread(target=produce) for _ in range(args.producers)]
+    threads.append(threading.Thread(target=learn))
+    for t in threads:
+        t.start()
+    time.sleep(2.0)  # warm up, then measure
+    before, t0 = dict(counts), time.perf_counter()
+    time.sleep(args.seconds)
+    after, dt = dict(counts), time.perf_counter() - t0
+    stop.set()
+    for t in threads:
+        t.join()
+    ray.shutdown()
+    ingest = (after["inserted"] - before["inserted"]) / dt
+    served = (after["updates"] - before["updates"]) / dt
+    fed = ingest / actor_rate
+    print(f"replay ingest while serving the learner: {ingest:,.0f} transitions/s "
+          f"({served:,.0f} batches of {config.batch_size}/s served meanwhile)")
+    print(f"actors one replay process can feed: {fed:,.1f} at {actor_rate:,.0f} env steps/s each "
+          f"(CartPole on one core); at a seed-like 1,000 env steps/s per actor: {ingest / 1000:,.0f}")
+    print("300 actors: " + ("fed by one replay process" if fed >= 300 else
+                            f"need {int(np.ceil(300 / fed))} replay shards at this per-actor rate"))
+
+
+if __name__ == "__main__":
+    main()
