@@ -1,14 +1,16 @@
 """Replay ingest headroom: transitions/s one replay process accepts while it serves the learner,
 and from it how many actors one replay process can feed.
 
-    python benchmarks/replay_headroom.py [--seconds 15] [--producers 2] [--capacity 1000000]
+    python benchmarks/replay_headroom.py [--seconds 15] [--producers 2] [--shards 1]
 
 A real ReplayWorker (the Ray actor Ape-X runs) at capacity 1M, rate limiter off. A learner
 stand-in samples 4 x 512 per call and sends priorities back, as fast as replay serves it. Producer
 threads add the same ready block of n-step transitions (512 rows, in the object store) over and
 over, so what is measured is the replay process, not the producers. The per-actor rate is one
 actor process on one core (benchmarks/actor_throughput.py's "actor" figure). The seed runs
-100-300 actors.
+100-300 actors. With --shards N, N replay processes share the capacity, producers fill them
+round-robin and the learner stand-in samples them by priority mass (ReplayShards), as Ape-X
+does with replay_shards=N; on a machine with cores to spare the ingest grows with N.
 """
 
 import argparse
@@ -19,7 +21,7 @@ import numpy as np
 import ray
 
 from distrl.actor import Actor, env_spec
-from distrl.apex import ReplayWorker
+from distrl.apex import ReplayShards, ReplayWorker
 from distrl.config import ApexConfig
 from distrl.network import NetworkSpec, init_weights
 
@@ -42,20 +44,23 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--capacity", type=int, default=1_000_000)
+    parser.add_argument("--shards", type=int, default=1)
     args = parser.parse_args()
-    config = ApexConfig(replay_capacity=args.capacity, samples_per_insert=0.0)
+    config = ApexConfig(replay_capacity=args.capacity // args.shards, samples_per_insert=0.0)
     actor_rate, block = per_actor_rate(config)
     print(f"one actor process: {actor_rate:,.0f} env steps/s ({len(block)} transitions per block)")
 
     ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
-    replay = ray.remote(ReplayWorker).options(max_concurrency=16, num_cpus=0).remote(
-        config, env_spec(config.env_id)[0], 1e9)
+    replays = [ray.remote(ReplayWorker).options(max_concurrency=16, num_cpus=0).remote(
+        config, env_spec(config.env_id)[0], 1e9) for _ in range(args.shards)]
+    shards = ReplayShards(replays)
     block_ref = ray.put(block)
-    ray.get([replay.add.remote(block_ref) for _ in range(8)])  # enough to sample from
+    ray.get([r.add.remote(block_ref) for r in replays for _ in range(8)])  # enough to sample
     stop = threading.Event()
     counts = {"inserted": 0, "updates": 0}
 
-    def produce():
+    def produce(i: int):
+        replay = replays[i % len(replays)]
         while not stop.is_set():
             ray.get([replay.add.remote(block_ref) for _ in range(4)])
             counts["inserted"] += 4 * len(block)
@@ -63,12 +68,13 @@ def main() -> None:
     def learn():
         rng = np.random.default_rng(0)
         while not stop.is_set():
-            batches = ray.get(replay.sample.remote(config.batch_size, 0.4, num_batches=4))
-            keys = np.concatenate([b.keys for b in batches])
-            ray.get(replay.update_priorities.remote(keys, rng.random(len(keys))))
+            batches = shards.collect(shards.request(config.batch_size, 0.4, 4)) or []
+            if batches:
+                keys = np.concatenate([b.keys for b in batches])
+                ray.get(shards.update_priorities(keys, rng.random(len(keys))))
             counts["updates"] += len(batches)
 
-    threads = [threading.Thread(target=produce) for _ in range(args.producers)]
+    threads = [threading.Thread(target=produce, args=(i,)) for i in range(args.producers)]
     threads.append(threading.Thread(target=learn))
     for t in threads:
         t.start()
@@ -83,12 +89,16 @@ def main() -> None:
     ingest = (after["inserted"] - before["inserted"]) / dt
     served = (after["updates"] - before["updates"]) / dt
     fed = ingest / actor_rate
-    print(f"replay ingest while serving the learner: {ingest:,.0f} transitions/s "
+    print(f"replay ingest ({args.shards} shard(s)) while serving the learner: {ingest:,.0f} "
+          "transitions/s "
           f"({served:,.0f} batches of {config.batch_size}/s served meanwhile)")
-    print(f"actors one replay process can feed: {fed:,.1f} at {actor_rate:,.0f} env steps/s each "
+    print(f"actors {args.shards} replay process(es) can feed: {fed:,.1f} at {actor_rate:,.0f} "
+          "env steps/s each "
           f"(CartPole on one core); at a seed-like 1,000 env steps/s per actor: {ingest / 1000:,.0f}")
-    print("300 actors: " + ("fed by one replay process" if fed >= 300 else
-                            f"need {int(np.ceil(300 / fed))} replay shards at this per-actor rate"))
+    per_shard = fed / args.shards
+    print("300 actors: " + ("fed" if fed >= 300 else
+                            f"need about {int(np.ceil(300 / per_shard))} replay shards at this "
+                            "per-actor rate, each with a core of its own"))
 
 
 if __name__ == "__main__":

@@ -166,3 +166,53 @@ def test_telemetry_on_with_no_collector_still_trains(local_ray, tmp_path):
                         metric_export_interval_s=1.0)
     result = ApeX(config).train()
     assert result.reached_target
+
+
+def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(local_ray):
+    """Two replay shards with known priorities: batches come from each in proportion to its
+    priority mass, transitions in proportion to p_i over both, and updates reach their shard."""
+    from scipy import stats
+
+    from distrl.apex import ReplayShards, ReplayWorker
+    from distrl.replay import Transitions
+
+    config = ApexConfig(replay_capacity=64, min_replay_size=8, samples_per_insert=0.0,
+                        priority_alpha=1.0, priority_eps=1e-6, batch_size=8)
+
+    def block(start: int, priority: float) -> Transitions:
+        ids = np.arange(start, start + 8, dtype=np.float32)
+        return Transitions(obs=np.repeat(ids[:, None], 4, axis=1), action=np.zeros(8, int),
+                           reward=ids, discount=np.ones(8, np.float32),
+                           next_obs=np.repeat(ids[:, None], 4, axis=1),
+                           priority=np.full(8, priority, np.float32))
+
+    shards = [ray.remote(ReplayWorker).remote(config, (4,), 1e9) for _ in range(2)]
+    ray.get([shards[0].add.remote(block(0, 1.0)), shards[1].add.remote(block(100, 3.0))])
+    client = ReplayShards(shards, seed=1)
+    client.collect(client.request(8, 0.4, 2))  # learn the shards' masses
+    from_1 = rows = 0
+    for _ in range(100):
+        for batch in client.collect(client.request(8, 0.4, 4)):
+            shard = set((batch.keys % 2).tolist())
+            assert len(shard) == 1  # a batch comes whole from one shard
+            from_1 += shard == {1}
+            rows += 1
+            np.testing.assert_allclose(batch.weights, 1.0)  # equal p's within a shard
+    # Shard 1 holds 3/4 of the mass: 400 batches, binomial test at 1%.
+    assert stats.binomtest(from_1, rows, 0.75).pvalue > 0.01, (from_1, rows)
+    # A new priority for a transition of shard 1 lands in shard 1 only.
+    key_in_1 = 3 * 2 + 1  # local key 3 of shard 1
+    ray.get(client.update_priorities(np.array([key_in_1]), np.array([11.0])))
+    totals = [ray.get(s.stats.remote())["priority_total"] for s in shards]
+    assert totals == pytest.approx([8.0, 7 * 3.0 + 11.0], rel=1e-5)
+    for s in shards:
+        ray.kill(s)
+
+
+def test_two_replay_shards_train_cartpole(local_ray, tmp_path):
+    config = ApexConfig(env_id="CartPole-v1", target_return=150.0, max_seconds=120,
+                        replay_shards=2, output_dir=str(tmp_path), progress=False)
+    result = ApeX(config).train()
+    assert result.reached_target, result.evals[-5:]
+    assert result.replay_check["ok"] and result.replay_check["shards"] == 2
+    assert 0 < result.transitions_inserted <= result.env_steps

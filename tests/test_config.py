@@ -96,3 +96,14 @@ def test_cli_help_runs_as_a_module():
     out = subprocess.run([sys.executable, "-m", "distrl.train", "--help"], capture_output=True,
                          text=True, check=True).stdout
     assert "--samples-per-insert" in out and "usage: python -m distrl.train" in out
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"replay_shards": 0}, "replay_shards=0"),
+    ({"replay_shards": 3, "num_actors": 2}, "an integer from 1 to num_actors=2"),
+    ({"replay_shards": 2, "replay_capacity": 600, "batch_size": 512, "min_replay_size": 600},
+     "a shard must hold a batch"),
+])
+def test_replay_shards_are_checked(changes, message):
+    with pytest.raises(ValueError, match=message):
+        ApexConfig(**changes)

@@ -77,10 +77,9 @@ def assert_counters_consistent(result):
 def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path):
     config = ApexConfig(**SMALL, max_seconds=45.0, output_dir=str(tmp_path))
     thread, box = train_in_thread(config)
-    actors = wait_for(lambda: len(processes("ray::ActorWorker")) == 2 and
-                      processes("ray::ActorWorker"), 60, "two actor processes")
-    time.sleep(12)  # training is under way
-    killed = actors[0]
+    wait_for(lambda: len(processes("ray::ActorWorker")) == 2, 60, "two actor processes")
+    time.sleep(12)  # training is under way (and any process of an earlier test is gone)
+    killed = processes("ray::ActorWorker")[0]
     killed.kill()
     killed_at = time.monotonic()
     thread.join(120)
@@ -104,11 +103,11 @@ def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path):
                         checkpoint_interval_s=1000.0)  # only SIGTERM makes checkpoints here
     checkpoints = tmp_path / "checkpoints"
     thread, box = train_in_thread(config)
-    actor = wait_for(lambda: processes("ray::ActorWorker"), 60, "an actor process")[0]
+    wait_for(lambda: processes("ray::ActorWorker"), 60, "an actor process")
     wait_for(lambda: processes("ray::LearnerWorker"), 60, "the learner process")
-    time.sleep(10)
+    time.sleep(10)  # training is under way (and any process of an earlier test is gone)
     assert latest_checkpoint(checkpoints) is None
-    actor.send_signal(signal.SIGTERM)
+    processes("ray::ActorWorker")[0].send_signal(signal.SIGTERM)
     first = wait_for(lambda: latest_checkpoint(checkpoints), 25, "a checkpoint after SIGTERM")
     time.sleep(5)
     learner = processes("ray::LearnerWorker")[0]

@@ -228,6 +228,13 @@ class ReplayWorker(ReplayService):
         """The learner to ask for a checkpoint when this process gets SIGTERM."""
         self.learner = learner
 
+    def sample_with_total(self, batch_size: int, beta: float, timeout: float | None = 1.0,
+                          num_batches: int = 1, trace_carrier: dict | None = None):
+        """sample() plus this shard's priority mass, which decides the learner's next draws."""
+        batches = self.sample(batch_size, beta, timeout, num_batches, trace_carrier)
+        with self._lock:
+            return batches, self.replay.tree.total
+
     def stats(self) -> dict:
         return {**super().stats(), "cpu_s": time.process_time()}
 
@@ -236,11 +243,62 @@ class ReplayWorker(ReplayService):
         self.tel.shutdown()
 
 
+class ReplayShards:
+    """The learner's view of one or more replay processes.
+
+    Each batch comes whole from one shard, drawn with probability proportional to the shard's
+    priority mass, then proportionally within it: every transition is sampled with probability
+    p_i / (sum over all shards), as from one replay. Importance weights, normalised by the
+    batch's largest (Ape-X), need no global counts: (N p_i / T) ** -beta / max_j (...) depends
+    on the p's of the batch only. Keys carry their shard (key * shards + shard), so priorities
+    go back where their transitions live.
+    """
+
+    def __init__(self, shards: list, seed: int = 0):
+        self.shards = list(shards)
+        self.totals = np.ones(len(self.shards))
+        self.rng = np.random.default_rng(seed)
+
+    def request(self, batch_size: int, beta: float, num_batches: int,
+                trace_carrier: dict | None = None) -> list[tuple[int, object]]:
+        n = len(self.shards)
+        mass = self.totals.sum()
+        p = self.totals / mass if mass > 0 else np.full(n, 1.0 / n)
+        counts = self.rng.multinomial(num_batches, p) if n > 1 else [num_batches]
+        return [(s, self.shards[s].sample_with_total.remote(
+                    batch_size, beta, num_batches=int(k), trace_carrier=trace_carrier))
+                for s, k in enumerate(counts) if k]
+
+    def collect(self, pending: list[tuple[int, object]]) -> list | None:
+        """The batches that arrived (a shard held back by its rate limiter sends none)."""
+        from distrl.replay import SampledBatch
+
+        n, batches = len(self.shards), []
+        for s, ref in pending:
+            got, total = _get(ref)
+            self.totals[s] = total
+            for b in got or []:
+                batches.append(b if n == 1 else SampledBatch(
+                    b.transitions, b.keys * n + s, b.weights, b.probabilities))
+        return batches or None
+
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray,
+                          trace_carrier: dict | None = None) -> list:
+        n = len(self.shards)
+        if n == 1:
+            return [self.shards[0].update_priorities.remote(keys, td_abs,
+                                                            trace_carrier=trace_carrier)]
+        shard, local = keys % n, keys // n
+        return [self.shards[s].update_priorities.remote(local[mine], td_abs[mine],
+                                                        trace_carrier=trace_carrier)
+                for s in range(n) if (mine := shard == s).any()]
+
+
 class LearnerWorker:
     """The learner's process: pulls batches from replay itself and trains in a loop thread."""
 
-    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replay, output_dir: str,
-                 checkpoint_dir: str, resume_path: str | None = None):
+    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
+                 output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
         from distrl.learner import Learner, configure_tensorflow
 
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
@@ -251,7 +309,8 @@ class LearnerWorker:
                 "sees none; install a CUDA build of TensorFlow on that node or use num_gpus=0")
         import tensorflow as tf
 
-        self.config, self.replay = config, replay
+        self.config = config
+        self.replay = ReplayShards(replays, config.seed)
         self.learner = Learner(config, spec, weights)
         self.resumed: dict | None = None
         if resume_path is not None:  # weights, target network, optimizer, update counter
@@ -296,17 +355,16 @@ class LearnerWorker:
         c, tel = self.config, self.tel
         learner = self.learner
         fetch = c.batches_per_fetch
-        next_batches = self.replay.sample.remote(c.batch_size, learner.beta(), num_batches=fetch)
+        next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
         priority_refs: deque = deque()
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
             t0 = time.monotonic()
-            batches = _get(next_batches)
+            batches = self.replay.collect(next_batches)
             carrier = tel.take_carrier() if batches is not None else None
             t1 = time.monotonic()
             if batches is None:  # rate limiter or replay warm-up: ask again
-                next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
-                                                         num_batches=fetch)
+                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
                 with self._lock:
                     self._stats["wait_s"] += t1 - t0
                 continue
@@ -314,8 +372,8 @@ class LearnerWorker:
                                                 otel.RL_TRAIN_BATCH_SIZE: c.batch_size}) as train_span:
                 child = _carrier_of(train_span)
                 # Prefetch: replay prepares the next batches while these train.
-                next_batches = self.replay.sample.remote(c.batch_size, learner.beta(),
-                                                         num_batches=fetch, trace_carrier=child)
+                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch,
+                                                   trace_carrier=child)
                 keys, priorities = [], []
                 for batch in batches:
                     u0 = time.perf_counter()
@@ -334,9 +392,9 @@ class LearnerWorker:
                             tf.summary.scalar("learner/mean_q", diag["mean_q"])
                             tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
                             tf.summary.scalar("learner/beta", learner.beta())
-                priority_refs.append(self.replay.update_priorities.remote(
+                priority_refs.extend(self.replay.update_priorities(
                     np.concatenate(keys), np.concatenate(priorities), trace_carrier=child))
-            if len(priority_refs) > 2:  # bound the priority updates in flight
+            while len(priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
                 _get(priority_refs.popleft())
             t2 = time.monotonic()
             with self._lock:
@@ -722,7 +780,12 @@ class ApeX:
             resume_path = resolve_resume(c.resume, checkpoint_dir)
             resumed, arrays = read_checkpoint(resume_path)
             weights = [arrays[f"online_{i}"] for i in range(len(weights))]
-        error_buffer = max(c.min_replay_size * c.samples_per_insert
+        shards = c.replay_shards
+        # Each shard holds its share of the capacity and warm-up; its limiter's slack must
+        # still fit one actor block and one learner fetch.
+        shard_config = c.replace(replay_capacity=c.replay_capacity // shards,
+                                 min_replay_size=-(-c.min_replay_size // shards))
+        error_buffer = max(shard_config.min_replay_size * c.samples_per_insert
                            * c.samples_per_insert_tolerance,
                            c.samples_per_insert * c.envs_per_actor * c.actor_block_steps
                            + c.batch_size * c.batches_per_fetch)
@@ -733,28 +796,31 @@ class ApeX:
         node = ray.get_runtime_context().get_node_id()
         here = NodeAffinitySchedulingStrategy(node, soft=False)
         near = NodeAffinitySchedulingStrategy(node, soft=True)
-        replay = ray.remote(ReplayWorker).options(
+        replays = [ray.remote(ReplayWorker).options(
             max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["replay"]).remote(
-            c, self.obs_shape, error_buffer)
+            shard_config.replace(seed=c.seed + 1000 * s), self.obs_shape, error_buffer)
+            for s in range(shards)]
         learner = ray.remote(LearnerWorker).options(
             max_concurrency=c.num_actors + 8, scheduling_strategy=near, **plan["learner"]).remote(
-            c, self.spec, weights, replay, str(self.output_dir), checkpoint_dir, resume_path)
+            c, self.spec, weights, replays, str(self.output_dir), checkpoint_dir, resume_path)
         actors = [ray.remote(ActorWorker).options(
             max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",
-            **plan["actor"]).remote(c, i, replay, learner) for i in range(c.num_actors)]
+            **plan["actor"]).remote(c, i, replays[i % shards], learner)
+            for i in range(c.num_actors)]
         evaluator = ray.remote(EvaluatorWorker).options(
             scheduling_strategy=here, **plan["evaluator"]).remote(c)
-        replay.set_learner.remote(learner)
+        for r in replays:
+            r.set_learner.remote(learner)
         evaluator.set_learner.remote(learner)
-        workers = [replay, learner, evaluator, *actors]
+        workers = [*replays, learner, evaluator, *actors]
         try:
-            return self._drive(ray, replay, learner, actors, evaluator, t_start,
+            return self._drive(ray, replays, learner, actors, evaluator, t_start,
                                resumed, resume_path)
         finally:
             for w in workers:
                 ray.kill(w, no_restart=True)
 
-    def _drive(self, ray, replay, learner, actors, evaluator, t_start, resumed: dict | None,
+    def _drive(self, ray, replays, learner, actors, evaluator, t_start, resumed: dict | None,
                resume_path: str | None) -> TrainingResult:
         from ray.exceptions import ActorDiedError, RayActorError
         from tqdm.auto import tqdm
@@ -833,7 +899,7 @@ class ApeX:
                 except RayActorError as e:
                     raise self._lost("learner") from e
                 try:
-                    r_stats = ray.get(replay.stats.remote())
+                    r_stats = _replay_stats(ray, replays)
                 except RayActorError as e:
                     raise self._lost("replay") from e
                 env_steps = steps_before + fleet.env_steps()
@@ -885,13 +951,18 @@ class ApeX:
         for a in actors:
             a.stop.remote()
         learner.stop.remote()
-        replay.close.remote()
+        for r in replays:
+            r.close.remote()
         learner_final = ray.get(next(r for r, who in run_refs.items() if who == "learner"))
         actor_finals = fleet.finish(ray, {r: who for r, who in run_refs.items() if who != "learner"})
         checkpoint = ray.get(learner.close.remote())
         final_weights = ray.get(learner.get_weights.remote(-1))[1]
-        r_stats = ray.get(replay.stats.remote())
-        replay_check = ray.get(replay.check.remote())
+        r_stats = _replay_stats(ray, replays)
+        checks = ray.get([r.check.remote() for r in replays])
+        replay_check = {"ok": all(x["ok"] for x in checks),
+                        "problems": [p for x in checks for p in x["problems"]],
+                        "size": sum(x["size"] for x in checks),
+                        "inserted": sum(x["inserted"] for x in checks), "shards": len(checks)}
         evaluator_cpu_s = ray.get(evaluator.close.remote())
         tel.shutdown()
         for event in learner_final.get("events", []):
@@ -1029,6 +1100,13 @@ class _ActorFleet:
             self._take(i, s)
             finals[i] = s
         return finals
+
+
+def _replay_stats(ray, replays: list) -> dict:
+    """The shards' stats summed (one shard: its own)."""
+    shards = ray.get([r.stats.remote() for r in replays])
+    total = {k: sum(s[k] for s in shards) for k in ("size", "inserted", "sampled", "cpu_s")}
+    return total | {"shards": shards}
 
 
 def _cause(error: Exception) -> str:

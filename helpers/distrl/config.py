@@ -50,7 +50,9 @@ class ApexConfig:
 
     # --- prioritized replay ---
     replay_capacity: int = 100_000
-    """transitions kept in the replay ring buffer"""
+    """transitions kept in the replay ring buffer (split evenly over the replay shards)"""
+    replay_shards: int = 1
+    """replay processes; actors fill them round-robin, the learner samples by priority mass"""
     priority_alpha: float = 0.6
     """priority exponent: P(i) is proportional to (|delta_i| + priority_eps) ** priority_alpha"""
     priority_beta: float = 0.4
@@ -192,6 +194,13 @@ def _validate(c: ApexConfig) -> None:
            f"an integer in [1, replay_capacity={c.replay_capacity}]")
     _check(c.batch_size <= c.replay_capacity, "batch_size", c.batch_size,
            f"at most replay_capacity={c.replay_capacity}")
+    _check(_is_int(c.replay_shards) and 1 <= c.replay_shards <= c.num_actors, "replay_shards",
+           c.replay_shards, f"an integer from 1 to num_actors={c.num_actors} (each shard needs "
+           "an actor filling it)")
+    _check(not _is_int(c.replay_shards) or c.replay_shards < 1
+           or c.replay_capacity // c.replay_shards >= c.batch_size, "replay_shards",
+           c.replay_shards, f"at most replay_capacity // batch_size = "
+           f"{c.replay_capacity // c.batch_size} (a shard must hold a batch)")
     for name in ["priority_alpha", "priority_beta", "priority_beta_final", "epsilon_base"]:
         v = getattr(c, name)
         _check(_is_num(v) and 0.0 <= v <= 1.0, name, v, "a number in [0, 1]")
