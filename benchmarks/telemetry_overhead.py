@@ -4,7 +4,7 @@
 
 0. Direct cost: the instrument calls an actor makes per block and the learner per update,
    timed in this process against the work they describe (precise, no scheduling noise).
-1. Env-step throughput: CartPole-v1 for a fixed time with no target, off and on alternately;
+1. Env-step throughput: CartPole-v1 for a fixed time with no target, off and on in ABBA order;
    env steps/s over the run (the rate limiter ties actors to the learner, so any CPU that
    telemetry takes shows up here).
 2. Time to solve CartPole-v1 (greedy mean 475), off and on for each seed.
@@ -83,8 +83,12 @@ def main() -> None:
         modes = {"off": [], "on": ["--telemetry", "true", "--otlp-endpoint", collector.endpoint]}
         rates = {"off": [], "on": []}
         cpu_per_mstep = {"off": [], "on": []}
-        for _ in range(args.repeats):
-            for mode, flags in modes.items():
+        for repeat in range(args.repeats):
+            # ABBA order: off-on, on-off, ... so a drift of the machine over the run (warming
+            # up, other load) does not favour whichever mode always runs second.
+            order = ["off", "on"] if repeat % 2 == 0 else ["on", "off"]
+            for mode in order:
+                flags = modes[mode]
                 r = run_training(["--target-return", "none", "--max-seconds",
                            str(args.throughput_seconds), *flags])
                 rates[mode].append(r["env_steps_per_s"])
@@ -106,8 +110,10 @@ def main() -> None:
     print(f"CPU per million env steps: off {off_cpu:.1f}s, on {on_cpu:.1f}s, on/off = "
           f"{on_cpu / off_cpu:.3f} (target <= 1.03)")
     off, on = statistics.median(rates["off"]), statistics.median(rates["on"])
+    pairs = [b / a for a, b in zip(rates["off"], rates["on"])]
     print(f"env-step throughput: off {off:,.0f}/s, on {on:,.0f}/s, on/off = {on / off:.3f} "
-          f"(target >= 0.97)")
+          f"(target >= 0.97); per pair: {', '.join(f'{r:.3f}' for r in pairs)}, "
+          f"median {statistics.median(pairs):.3f}")
     if args.skip_time_to_solve:
         return
     off_t, on_t = statistics.median(solve["off"]), statistics.median(solve["on"])
