@@ -22,6 +22,8 @@ if argv[:2] == ["auth", "list"]:
     print(os.environ.get("FAKE_ACCOUNT", ""))
 elif argv[:2] == ["projects", "describe"]:
     print(os.environ.get("FAKE_PROJECT_STATE", "ACTIVE"))
+elif any(a.startswith("--output=jsonpath") for a in argv):
+    print("distrl-head-x7k2p")
 else:
     print("done:", line)
 """

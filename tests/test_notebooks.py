@@ -145,12 +145,14 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
     executed = run_notebook(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
-        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 60.0, "PREEMPT_AT_S": 25.0,
-         "REPLACEMENT_AFTER_S": 15.0, "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 200.0},
+        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 85.0, "PREEMPT_AT_S": 20.0,
+         "REPLACEMENT_AFTER_S": 10.0, "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 200.0},
         kernel=kernel, cell_timeout_s=600)
     text = _outputs(executed)
     first = json.loads((out_dir / "fetched" / "results.json").read_text())
     assert first["reached_target"] and first["resumed_from"].endswith(".npz")
-    assert "killed worker-2" in text and "is back" in text
+    assert "killed worker-2" in text
+    # Ray needs ~15-30 s to declare the node dead, then restarts the actor on the replacement.
+    assert "is back" in text, text[-3000:]
     assert text.count("Running entrypoint for job") == 2  # each log line printed once
     assert "processes left: 0" in text

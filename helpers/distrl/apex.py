@@ -11,6 +11,11 @@ The data flows (none of them through the driver):
 
 The driver only starts everything, polls small stats dicts, asks for greedy evaluations,
 decides when to stop, and writes results.json.
+
+Faults: a lost actor (its process or its node) is restarted by Ray and its loop re-issued; the
+run goes on with fewer actors meanwhile. SIGTERM anywhere makes the learner checkpoint at once.
+A lost learner or replay ends the run; `resume="auto"` continues from the newest checkpoint.
+With replay_shards > 1 several replay processes share the work (see ReplayShards).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ Output directories may be local paths or URIs (gs://bucket/path) read through fs
 from __future__ import annotations
 
 import shlex
+import subprocess
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -72,4 +73,24 @@ def fetch(output_dir: str, local_dir: str | Path) -> Path:
         (local / "checkpoints").mkdir(exist_ok=True)
         for path in fs.glob(f"{root}/checkpoints/checkpoint-*"):
             fs.get(path, str(local / "checkpoints" / Path(path).name))
+    return local
+
+
+def copy_from_head(remote_dir: str, local_dir: str | Path, namespace: str = "distrl",
+                   container: str = "ray-head") -> Path:
+    """GKE: copy a job's output directory from the Ray head pod (`kubectl cp`), e.g. the
+    results.json and TensorBoard logs a job wrote under the head's run volume."""
+    def kubectl(*args: str) -> str:
+        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"kubectl {shlex.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout.strip()
+
+    pod = kubectl("get", "pods", f"--namespace={namespace}", "--selector=ray.io/node-type=head",
+                  "--output=jsonpath={.items[0].metadata.name}")
+    if not pod:
+        raise RuntimeError(f"no Ray head pod in namespace {namespace!r}")
+    local = Path(local_dir)
+    local.mkdir(parents=True, exist_ok=True)
+    kubectl("cp", f"--container={container}", f"{namespace}/{pod}:{remote_dir}", str(local))
     return local
