@@ -169,3 +169,33 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
     assert main(["--resume", "auto"]) == 2
     assert "needs --output-dir or --checkpoint-dir" in capsys.readouterr().err
+
+
+def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path):
+    """The Spot notice on the driver's node: the run ends at once, cleanly, with a checkpoint
+    and results.json, well inside the ~30 s a Spot VM gets."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false",
+         "--env", "CartPole-v1", "--num-actors", "2", "--envs-per-actor", "8",
+         "--hidden-sizes", "32", "32", "--batch-size", "128", "--min-replay-size", "500",
+         "--target-return", "none", "--max-seconds", "300", "--checkpoint-interval-s", "1000"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: processes("ray::LearnerWorker") and
+                 (out / "tensorboard").exists(), 120, "training under way")
+        time.sleep(10)
+        assert latest_checkpoint(out / "checkpoints") is None  # none before the signal
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(60)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, proc.stdout.read()[-3000:]
+    assert took < 25, f"the driver needed {took:.1f}s after SIGTERM"
+    result = json.loads((out / "results.json").read_text())
+    assert result["stop_reason"] == "sigterm"
+    assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
+    assert read_checkpoint(result["checkpoint"])[0]["updates"] == result["learner_updates"] > 0

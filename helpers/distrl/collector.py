@@ -558,6 +558,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
     args = parser.parse_args(argv)
+    # Handlers first: whoever reads the "listening" line may send SIGTERM at once.
+    stopped = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopped.set())
     try:
         collector = CollectorServer(args.db, host=args.host, port=args.port).start()
     except (OSError, ValueError) as err:
@@ -565,9 +569,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"collector listening on {collector.endpoint}, storing into {Path(args.db).resolve()}",
           flush=True)
-    stopped = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stopped.set())
     stopped.wait()
     collector.stop()
     print("collector stopped", flush=True)
