@@ -71,7 +71,10 @@ def assert_counters_consistent(result):
     assert steps == sorted(steps), "env steps went backwards"
     assert result.env_steps >= steps[-1] > 0
     assert result.replay_check["ok"], result.replay_check["problems"]
-    assert 0 < result.transitions_inserted <= result.env_steps
+    # One transition per env step. The steps a lost actor made after its last report (the
+    # driver polls every 0.25 s) reached replay but not the driver's count.
+    unreported = sum(result.actor_restarts) * 20_000
+    assert 0 < result.transitions_inserted <= result.env_steps + unreported
 
 
 def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path):
