@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from distrl import manifests as m
+from distrl.cluster import forget_cluster
 from distrl.gke import GkeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -251,10 +252,7 @@ def test_wait_for_head_script_joins_a_real_head(tmp_path):
         _stop(worker)
         if head is not None:
             _stop(head)
-        # `ray start --head` records the cluster for later ray.init() calls to join; it is gone.
-        current = Path("/tmp/ray/ray_current_cluster")
-        if current.exists() and current.read_text().strip().endswith(f":{port}"):
-            current.unlink()
+        forget_cluster(port)  # later ray.init() calls must not try to join it
     log = worker.stdout.read()
     assert "waiting for the Ray head at" in log and "is up; joining" in log
 

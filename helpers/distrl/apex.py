@@ -317,9 +317,8 @@ class LearnerWorker:
         self.config = config
         self.replay = ReplayShards(replays, config.seed)
         self.learner = Learner(config, spec, weights)
-        self.resumed: dict | None = None
         if resume_path is not None:  # weights, target network, optimizer, update counter
-            self.resumed = self.learner.restore_checkpoint(resume_path)
+            self.learner.restore_checkpoint(resume_path)
             weights = self.learner.get_weights()
         self.output_dir = Path(output_dir)
         self.checkpoint_dir = checkpoint_dir
@@ -434,9 +433,12 @@ class LearnerWorker:
                                  self._publish_attrs)
 
     def save_checkpoint(self) -> str:
-        with self._update_lock:
-            extra = {"progress": dict(self.progress), "saved_at": time.time()}
-            self.checkpoint = self.learner.save_checkpoint(self.checkpoint_dir, extra=extra)
+        from distrl.learner import write_checkpoint
+
+        with self._update_lock:  # copy a whole state; write it while training goes on
+            snapshot = self.learner.snapshot({"progress": dict(self.progress),
+                                              "saved_at": time.time()})
+        self.checkpoint = write_checkpoint(self.checkpoint_dir, snapshot)
         return self.checkpoint
 
     def checkpoint_now(self, reason: str) -> str:
@@ -449,9 +451,6 @@ class LearnerWorker:
     def note_progress(self, progress: dict) -> None:
         """The driver's counters (env steps, ...) to store with the next checkpoint."""
         self.progress = progress
-
-    def resumed_meta(self) -> dict | None:
-        return self.resumed
 
     def get_weights(self, have_version: int = -1):
         """(version, weights), or None when the caller already has the newest version."""
@@ -494,6 +493,7 @@ class ActorWorker:
         version, weights = _get(learner.get_weights.remote(-1))
         self.actor = Actor(config, index, weights)
         self.actor.set_weights(weights, version)
+        self.node_id = _node_id()  # where this life of the actor runs (a restart may move it)
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._returns: list[float] = []
@@ -594,7 +594,7 @@ class ActorWorker:
         return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
                 "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
-                "node_id": _node_id()}
+                "node_id": self.node_id}
 
     def stop(self) -> None:
         self._stop.set()

@@ -124,8 +124,7 @@ class LocalCluster:
         logs = Path(self.log_dir or tempfile.mkdtemp(prefix="distrl-cluster-"))
         logs.mkdir(parents=True, exist_ok=True)
         self.log_dir = logs
-        with _token_auth():
-            pass
+        _use_token_auth()
         try:
             self._start_node("head", [
                 "ray", "start", "--head", "--block", f"--port={self.port}",
@@ -237,12 +236,7 @@ class LocalCluster:
                 p.kill()
         psutil.wait_procs(alive, timeout=5)
         self.nodes = []
-        # `ray start --head` records the cluster for later ray.init() calls; it is gone now.
-        try:
-            if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{self.port}"):
-                RAY_CURRENT_CLUSTER.unlink()
-        except OSError:
-            pass
+        forget_cluster(self.port)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -269,8 +263,8 @@ def node_table(dashboard_url: str) -> list[dict]:
     `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
     from ray.util.state import list_nodes
 
-    with _token_auth():
-        nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
+    _use_token_auth()
+    nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
     return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
              "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
             for n in nodes]
@@ -280,9 +274,9 @@ def actor_table(dashboard_url: str) -> list[dict]:
     """The live Ray actors of the cluster and the node each runs on (who runs where)."""
     from ray.util.state import list_actors
 
-    with _token_auth():
-        actors = list_actors(address=dashboard_url, detail=True, raise_on_missing_output=False,
-                             filters=[("state", "=", "ALIVE")])
+    _use_token_auth()
+    actors = list_actors(address=dashboard_url, detail=True, raise_on_missing_output=False,
+                         filters=[("state", "=", "ALIVE")])
     return [{"class": a.class_name, "node_id": a.node_id, "pid": a.pid} for a in actors]
 
 
@@ -290,8 +284,16 @@ def job_client(dashboard_url: str):
     """Ray's JobSubmissionClient with token authentication (local or through port-forward)."""
     from ray.job_submission import JobSubmissionClient
 
-    with _token_auth():
-        return JobSubmissionClient(dashboard_url)
+    _use_token_auth()
+    return JobSubmissionClient(dashboard_url)
+
+
+def forget_cluster(port: int) -> None:
+    """`ray start --head` records its cluster for later ray.init() calls to join; once that
+    head is gone, the record would make them fail. Removes it if it names this port."""
+    with contextlib.suppress(OSError):
+        if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{port}"):
+            RAY_CURRENT_CLUSTER.unlink()
 
 
 def _node_ports(index: int) -> list[str]:
@@ -312,8 +314,7 @@ def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
         process.wait(wait_s)
 
 
-@contextlib.contextmanager
-def _token_auth():
+def _use_token_auth() -> None:
     """Talk to the cluster with token authentication, also when `ray` was imported before
     (Ray caches the mode; re-reading its config is what Ray itself does when it turns token
     auth on). A cluster this process later starts with ray.init() has it on by default anyway."""
@@ -323,7 +324,6 @@ def _token_auth():
             from ray._raylet import Config
 
             Config.initialize("")
-    yield
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -366,11 +366,7 @@ def main(argv: list[str] | None = None) -> int:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
         time.sleep(wait_s if sig == signal.SIGTERM else 0)
-    try:
-        if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{state['port']}"):
-            RAY_CURRENT_CLUSTER.unlink()
-    except OSError:
-        pass
+    forget_cluster(state["port"])
     STATE_FILE.unlink()
     print("Ray cluster down")
     return 0

@@ -130,27 +130,19 @@ class Learner:
     def save_checkpoint(self, directory: str | os.PathLike, extra: dict | None = None,
                         keep: int = 3) -> str:
         """Write checkpoint-<updates>.npz (+ .json) under directory; returns its path or URI."""
-        fs, root = _filesystem(directory)
-        fs.makedirs(root, exist_ok=True)
-        name = f"{root}/checkpoint-{self.updates:09d}"
+        return write_checkpoint(directory, self.snapshot(extra), keep)
+
+    def snapshot(self, extra: dict | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+        """(metadata, arrays) of the current state, copied: cheap, and safe to write to disk
+        (or a bucket) while training goes on."""
         arrays = {f"online_{i}": w for i, w in enumerate(self.get_weights())}
         arrays |= {f"target_{i}": w for i, w in enumerate(get_keras_weights(self.target,
                                                                             self.spec))}
-        arrays |= {f"optimizer_{i}": np.asarray(v) for i, v in
+        arrays |= {f"optimizer_{i}": np.asarray(v).copy() for i, v in
                    enumerate(self.optimizer.variables)}
-        buffer = io.BytesIO()
-        np.savez(buffer, **arrays)
         meta = {"updates": self.updates, "config": self.config.to_dict(), **(extra or {})}
-        fs.pipe_file(f"{name}.json", json.dumps(meta, indent=2).encode())
-        # The .npz appears last and whole (a rename, or one object write on GCS): its presence
-        # marks a complete checkpoint.
-        fs.pipe_file(f"{name}.npz.tmp", buffer.getvalue())
-        fs.mv(f"{name}.npz.tmp", f"{name}.npz")
-        for old in _checkpoint_paths(fs, root)[:-keep]:
-            fs.rm(old)
-            if fs.exists(old[:-4] + ".json"):
-                fs.rm(old[:-4] + ".json")
-        return _uri(fs, f"{name}.npz")
+        return meta, arrays
+
 
     def restore_checkpoint(self, path: str | os.PathLike) -> dict:
         """Weights, target network, optimizer state and counters from a checkpoint; returns
@@ -163,6 +155,27 @@ class Learner:
             var.assign(arrays[f"optimizer_{i}"])
         self.updates = int(meta["updates"])
         return meta
+
+
+def write_checkpoint(directory: str | os.PathLike, snapshot: tuple[dict, dict[str, np.ndarray]],
+                     keep: int = 3) -> str:
+    """Write a Learner.snapshot() as checkpoint-<updates>.npz (+ .json); returns its path or URI."""
+    meta, arrays = snapshot
+    fs, root = _filesystem(directory)
+    fs.makedirs(root, exist_ok=True)
+    name = f"{root}/checkpoint-{meta['updates']:09d}"
+    buffer = io.BytesIO()
+    np.savez(buffer, **arrays)
+    fs.pipe_file(f"{name}.json", json.dumps(meta, indent=2).encode())
+    # The .npz appears last and whole (a rename, or one object write on GCS): its presence
+    # marks a complete checkpoint.
+    fs.pipe_file(f"{name}.npz.tmp", buffer.getvalue())
+    fs.mv(f"{name}.npz.tmp", f"{name}.npz")
+    for old in _checkpoint_paths(fs, root)[:-keep]:
+        fs.rm(old)
+        if fs.exists(old[:-4] + ".json"):
+            fs.rm(old[:-4] + ".json")
+    return _uri(fs, f"{name}.npz")
 
 
 def _filesystem(location: str | os.PathLike):
