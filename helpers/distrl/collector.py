@@ -11,6 +11,9 @@ call is acknowledged. Metrics are stored under the metric types Cloud Monitoring
 through GKE Managed OpenTelemetry: the OTel name keeps its dots and gets its kind appended
 (`/histogram`, `/counter` for monotonic sums, `/gauge` for gauges and non-monotonic sums).
 A point that is exported twice (an exporter retry) is stored once.
+
+The same port answers the part of Cloud Monitoring's MetricService API that distrl.monitoring
+documents, so google-cloud-monitoring's own client reads what was stored.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ import grpc
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
+from distrl import monitoring
+
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 
 SCHEMA = """
@@ -46,7 +51,7 @@ CREATE TABLE IF NOT EXISTS metric_descriptors (
     metric_type TEXT PRIMARY KEY,             -- prometheus.googleapis.com/<name>/<kind>
     name TEXT NOT NULL,                       -- the OTel instrument name
     kind TEXT NOT NULL,                       -- gauge | counter | histogram | summary
-    metric_kind TEXT NOT NULL,                -- Cloud Monitoring: GAUGE | CUMULATIVE
+    metric_kind TEXT NOT NULL,                -- Cloud Monitoring: GAUGE | CUMULATIVE | DELTA
     value_type TEXT NOT NULL,                 -- DOUBLE | INT64 | DISTRIBUTION
     unit TEXT,
     description TEXT
@@ -112,6 +117,11 @@ def attributes_json(key_values) -> str:
 
 def metric_type_of(name: str, kind: str) -> str:
     return f"{METRIC_TYPE_PREFIX}{name}/{kind}"
+
+
+def _metric_kind(temporality: int) -> str:
+    """Cloud Monitoring's metric kind of an OTLP sum or histogram stream."""
+    return "DELTA" if temporality == 1 else "CUMULATIVE"
 
 
 class InvalidPoint(ValueError):
@@ -277,11 +287,11 @@ class CollectorStore:
         rejected, error = 0, ""
         if data in ("gauge", "sum"):
             points = getattr(metric, data).data_points
+            temporality = metric.sum.aggregation_temporality if data == "sum" else 0
             if data == "sum" and metric.sum.is_monotonic:
-                kind, metric_kind = "counter", "CUMULATIVE"
+                kind, metric_kind = "counter", _metric_kind(temporality)
             else:
                 kind, metric_kind = "gauge", "GAUGE"
-            temporality = metric.sum.aggregation_temporality if data == "sum" else 0
             is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
             metric_type = metric_type_of(name, kind)
             self._descriptor(metric_type, name, kind, metric_kind,
@@ -298,8 +308,9 @@ class CollectorStore:
         if data in ("histogram", "exponential_histogram"):
             container = getattr(metric, data)
             metric_type = metric_type_of(name, "histogram")
-            self._descriptor(metric_type, name, "histogram", "CUMULATIVE", "DISTRIBUTION", unit,
-                             description)
+            self._descriptor(metric_type, name, "histogram",
+                             _metric_kind(container.aggregation_temporality), "DISTRIBUTION",
+                             unit, description)
             fields = _histogram_fields if data == "histogram" else _exponential_fields
             for p in container.data_points:
                 try:
@@ -456,6 +467,7 @@ class CollectorServer:
             _MetricsService(self.store), server)
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.store),
                                                                   server)
+        server.add_generic_rpc_handlers((monitoring.grpc_handler(self.store),))
         try:
             bound = server.add_insecure_port(f"{self.host}:{self.port}")
         except RuntimeError:

@@ -1,17 +1,34 @@
-"""Looking at what the collector stored: percentiles from histogram buckets, rates from
-counters, gauge series, and trace waterfalls.
+"""Looking at the metrics and traces of RL runs.
+
+Through Cloud Monitoring's API, from the local collector or from a project (the same code):
+
+    mon = Monitoring()                           # the local collector on 127.0.0.1:4317
+    mon = Monitoring(project_id="my-project")    # Cloud Monitoring (application default login)
+    mon.time_series("rl.train.loss", where={"rl.run.id": run_id})        # a DataFrame
+    plot_golden_signals(mon.golden_signals(where={"rl.algorithm": "apex-dqn"}))
+
+Straight from the local store (SQLite), for what Cloud Monitoring's API has no call for:
 
     store = CollectorStore("runs/otel.db")
     latency_percentiles(store, "rl.sample.duration")          # p50/p95/p99 per rl.loop
-    counter_rate(store, "rl.sample.samples")                   # pandas: time -> per-second rate
+    slowest_iterations(store)                                  # traces, slowest first
     plot_trace_waterfall(store.spans(trace_id))                # one loop iteration across processes
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+import re
+
 import numpy as np
 
+from distrl import dashboard as dash
+from distrl import telemetry as otel
+from distrl.gke import PROJECT_ID_RE
+
 PREFIX = "prometheus.googleapis.com/"
+LOCAL_PROJECT = "local"
 
 
 def _series_key(point: dict) -> tuple:
@@ -179,3 +196,255 @@ def plot_trace_waterfall(spans: list[dict], ax=None):
     handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in components]
     ax.legend(handles, components, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
     return ax
+
+
+def slowest_iterations(store, n: int = 5):
+    """The n slowest loop iterations (root rl.loop spans), slowest first."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected a positive integer")
+    table = traces(store)
+    if table.empty:
+        return table
+    return table.sort_values("duration_ms", ascending=False).head(n).reset_index(drop=True)
+
+
+# ---- Cloud Monitoring's API: the local collector or a project ----
+
+_KINDS = {**{name: "histogram" for name in otel.LATENCY_HISTOGRAMS},
+          **{name: "counter" for name in otel.COUNTERS},
+          **{name: "gauge" for name in otel.GAUGES}}
+
+
+def metric_type(name: str) -> str:
+    """The Cloud Monitoring metric type of an RL instrument (a full type passes through)."""
+    if name.startswith(PREFIX):
+        return name
+    if name not in _KINDS:
+        raise ValueError(f"metric {name!r} is unknown: expected one of {sorted(_KINDS)} or a "
+                         f"full metric type ({PREFIX}NAME/KIND)")
+    return f"{PREFIX}{name}/{_KINDS[name]}"
+
+
+class Monitoring:
+    """google-cloud-monitoring's MetricServiceClient, and DataFrames of what it returns.
+
+    Monitoring() talks to the local collector (`endpoint`, no credentials); Monitoring(
+    project_id="my-project") to Cloud Monitoring with application default credentials. Every
+    other call is the same. `client` and `project_name` are there for your own calls.
+    """
+
+    def __init__(self, project_id: str | None = None, *, endpoint: str = "127.0.0.1:4317",
+                 client=None):
+        from google.cloud import monitoring_v3
+
+        if client is not None:
+            self.client = client
+        elif project_id is None:
+            import grpc
+            from google.cloud.monitoring_v3.services.metric_service.transports import (
+                MetricServiceGrpcTransport,
+            )
+
+            target = re.sub(r"^https?://", "", endpoint)
+            if not re.fullmatch(r"[\w.\-\[\]:]+:\d+", target):
+                raise ValueError(f"endpoint={endpoint!r} is invalid: expected HOST:PORT of the "
+                                 "local collector, e.g. 127.0.0.1:4317")
+            channel = grpc.insecure_channel(target)
+            self.client = monitoring_v3.MetricServiceClient(
+                transport=MetricServiceGrpcTransport(channel=channel))
+        else:
+            self.client = monitoring_v3.MetricServiceClient()
+        if project_id is None:
+            project_id = LOCAL_PROJECT
+        elif not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
+            raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud "
+                             "project id (6-30 lowercase letters, digits, hyphens), or None for "
+                             "the local collector")
+        self.project_name = f"projects/{project_id}"
+
+    def metric_types(self):
+        """The metric types there are: type, kind, value type, unit and label keys."""
+        import pandas as pd
+        from google.api import metric_pb2
+
+        descriptor = metric_pb2.MetricDescriptor  # (the client returns these raw protobufs)
+        rows = [{"metric_type": d.type, "metric_kind": descriptor.MetricKind.Name(d.metric_kind),
+                 "value_type": descriptor.ValueType.Name(d.value_type), "unit": d.unit,
+                 "labels": ", ".join(label.key for label in d.labels)}
+                for d in self.client.list_metric_descriptors(request={
+                    "name": self.project_name,
+                    "filter": f'metric.type = starts_with("{PREFIX}rl.")'})]
+        return pd.DataFrame(rows)
+
+    def request(self, metric: str, *, where: dict | None = None, minutes: float = 30.0,
+                end: dt.datetime | None = None, aligner: str = "ALIGN_NONE",
+                reducer: str = "REDUCE_NONE", group_by: tuple[str, ...] = (),
+                alignment_s: int = 60) -> dict:
+        """The ListTimeSeries request for a metric, as a dict the client takes."""
+        if not minutes > 0:
+            raise ValueError(f"minutes={minutes!r} is invalid: expected a positive number")
+        end = end or dt.datetime.now(dt.UTC)
+        start = end - dt.timedelta(minutes=minutes)
+        chart = dash.Chart("", "", "", "", aligner, (reducer,), tuple(group_by), "")
+        request = {"name": self.project_name,
+                   "filter": " AND ".join([f'metric.type = "{metric_type(metric)}"'] + [
+                       f"{dash.label_field(k)} = {json.dumps(str(v))}" for k, v in (where or {}).items()]),
+                   "interval": {"start_time": start, "end_time": end}}
+        if aligner != "ALIGN_NONE":
+            agg = dash.chart_aggregation(chart, reducer, alignment_s)
+            request["aggregation"] = {"alignment_period": {"seconds": alignment_s},
+                                      "per_series_aligner": agg["perSeriesAligner"],
+                                      "cross_series_reducer": agg["crossSeriesReducer"],
+                                      "group_by_fields": agg["groupByFields"]}
+        return request
+
+    def time_series(self, metric: str, **query):
+        """A DataFrame with one row per point: time, value, metric and resource labels.
+
+        query: where, minutes, end, aligner, reducer, group_by, alignment_s (see request()).
+        Distribution points give their mean as value and their count.
+        """
+        return series_frame(self.client.list_time_series(request=self.request(metric, **query)))
+
+    def query(self, filter: str, aggregation: dict, minutes: float = 30.0,
+              end: dt.datetime | None = None):
+        """A DataFrame of a raw filter and aggregation (the dashboard's tiles use this)."""
+        end = end or dt.datetime.now(dt.UTC)
+        period = int(str(aggregation.get("alignmentPeriod", "60s")).rstrip("s"))
+        request = {"name": self.project_name, "filter": filter,
+                   "interval": {"start_time": end - dt.timedelta(minutes=minutes),
+                                "end_time": end},
+                   "aggregation": {"alignment_period": {"seconds": period},
+                                   "per_series_aligner": aggregation["perSeriesAligner"],
+                                   "cross_series_reducer": aggregation.get(
+                                       "crossSeriesReducer", "REDUCE_NONE"),
+                                   "group_by_fields": aggregation.get("groupByFields", [])}}
+        return series_frame(self.client.list_time_series(request=request))
+
+    def golden_signals(self, *, where: dict | None = None, group_by: str = otel.RL_RUN_ID,
+                       minutes: float = 30.0, alignment_s: int = 60,
+                       end: dt.datetime | None = None) -> dict:
+        """Every chart of dashboard.CHARTS as a DataFrame (by chart title), filtered by
+        `where` and grouped by `group_by` (and by rl.loop for the latency charts)."""
+        frames = {}
+        for chart in dash.CHARTS:
+            groups = tuple(dict.fromkeys((*[k for k in chart.group_by if k == otel.RL_LOOP],
+                                          group_by)))
+            parts = []
+            for reducer in chart.reducers:
+                df = self.time_series(chart.metric_type, where=where, minutes=minutes,
+                                      aligner=chart.aligner, reducer=reducer, group_by=groups,
+                                      alignment_s=alignment_s, end=end)
+                if not df.empty:
+                    df["statistic"] = _statistic(reducer)
+                    parts.append(df)
+            frames[chart.title] = (_concat(parts), chart, groups)
+        return frames
+
+
+def _statistic(reducer: str) -> str:
+    return f"p{reducer.rsplit('_', 1)[1]}" if "PERCENTILE" in reducer else reducer[7:].lower()
+
+
+def _concat(parts):
+    import pandas as pd
+
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def series_frame(time_series):
+    """TimeSeries (from list_time_series) as a DataFrame, one row per point, oldest first."""
+    import pandas as pd
+
+    rows = []
+    for ts in time_series:
+        labels = dict(ts.metric.labels)
+        resource = {f"resource.{k}": v for k, v in ts.resource.labels.items()}
+        for p in ts.points:
+            value, count = _point_value(p.value)
+            rows.append({"time": pd.Timestamp(p.interval.end_time), "value": value,
+                         "count": count, **labels, **resource})
+    if not rows:
+        return pd.DataFrame(columns=["time", "value"])
+    return pd.DataFrame(rows).sort_values("time", kind="stable").reset_index(drop=True)
+
+
+def _point_value(value) -> tuple[float, int | None]:
+    kind = type(value).pb(value).WhichOneof("value")
+    if kind == "distribution_value":
+        return value.distribution_value.mean, value.distribution_value.count
+    return float(getattr(value, kind)), None
+
+
+def plot_golden_signals(frames: dict, axes=None):
+    """One panel per chart of golden_signals(): a line per group (and per percentile)."""
+    import matplotlib.pyplot as plt
+
+    if axes is None:
+        columns = 4
+        rows = -(-len(frames) // columns)
+        _, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows),
+                               squeeze=False)
+        axes = axes.ravel()
+    styles = {"p50": ":", "p95": "-", "p99": "--"}
+    for ax, (title, (df, chart, groups)) in zip(axes, frames.items()):
+        ax.set_title(f"{chart.signal}: {title}", fontsize=9)
+        ax.set_ylabel(chart.unit, fontsize=8)
+        if df.empty:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            continue
+        keys = [k for k in groups if k in df.columns]
+        # Each group from its own first point, so runs made at different times line up.
+        starts = df.groupby(keys)["time"].transform("min") if keys else df["time"].min()
+        df = df.assign(elapsed_s=(df["time"] - starts).dt.total_seconds())
+        for (stat, *group), part in df.groupby(["statistic", *keys], sort=True):
+            ax.plot(part["elapsed_s"], part["value"], styles.get(stat, "-"),
+                    label=" ".join([*map(str, group), stat]))
+        ax.set_xlabel("s since the group's first point", fontsize=8)
+        ax.tick_params(labelsize=7)
+        if len(ax.lines) <= 8:
+            ax.legend(fontsize=6)
+    for ax in list(axes)[len(frames):]:
+        ax.axis("off")
+    plt.tight_layout()
+    return axes
+
+
+def preview_dashboard(monitoring: Monitoring, board: dict, *, where: dict | None = None,
+                      minutes: float = 30.0, alignment_s: int | None = None,
+                      end: dt.datetime | None = None):
+    """Run every tile of a dashboard (dashboard.dashboard() or its JSON) through `monitoring`
+    and draw it; `where` adds the dashboard filters' label values, `alignment_s` overrides
+    the tiles' period (short local runs). Returns {tile title: DataFrame}."""
+    import matplotlib.pyplot as plt
+
+    tiles: dict = {}
+    for title, filter_, aggregation in dash.tile_queries(board):
+        if where:
+            filter_ += "".join(f" AND {dash.label_field(k)} = {json.dumps(str(v))}"
+                               for k, v in where.items())
+        if alignment_s is not None:
+            aggregation = {**aggregation, "alignmentPeriod": f"{alignment_s}s"}
+        df = monitoring.query(filter_, aggregation, minutes=minutes, end=end)
+        df["statistic"] = _statistic(aggregation.get("crossSeriesReducer", "REDUCE_NONE"))
+        tiles.setdefault(title, []).append(df)
+    tiles = {title: _concat([p for p in parts if not p.empty]) for title, parts in tiles.items()}
+    columns = 3
+    rows = -(-len(tiles) // columns)
+    _, axes = plt.subplots(rows, columns, figsize=(5 * columns, 2.8 * rows), squeeze=False)
+    for ax, (title, df) in zip(axes.ravel(), tiles.items()):
+        ax.set_title(title, fontsize=9)
+        if df.empty:
+            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
+            continue
+        t0 = df["time"].min()
+        label_columns = [c for c in df.columns if c.startswith("rl.")]
+        for key, part in df.groupby(["statistic", *label_columns], sort=True):
+            ax.plot((part["time"] - t0).dt.total_seconds(), part["value"],
+                    label=" ".join(map(str, key)))
+        ax.tick_params(labelsize=7)
+        ax.legend(fontsize=6)
+    for ax in axes.ravel()[len(tiles):]:
+        ax.axis("off")
+    plt.tight_layout()
+    return tiles

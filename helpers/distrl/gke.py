@@ -43,7 +43,7 @@ MANAGED_OTEL_ENDPOINT = "http://opentelemetry-collector.gke-managed-otel.svc.clu
 
 # GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
 # cloud.google.com/compute/docs/regions-zones, GKE cluster names).
-_PROJECT_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+PROJECT_ID_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
 _REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+")
 _ZONE_RE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
 # The prefix names the cluster, pools, repository, service accounts and namespace; 20
@@ -79,7 +79,7 @@ class GkeSettings:
 
     def __post_init__(self):
         problems = []
-        if not isinstance(self.project_id, str) or not _PROJECT_RE.fullmatch(self.project_id):
+        if not isinstance(self.project_id, str) or not PROJECT_ID_RE.fullmatch(self.project_id):
             problems.append(f"project_id={self.project_id!r}: 6-30 characters, lowercase letters, "
                             "digits and hyphens, starting with a letter, not ending with a hyphen")
         elif "google" in self.project_id:

@@ -1,0 +1,240 @@
+"""The golden-signal charts, as a Cloud Monitoring dashboard and alert policies.
+
+    python -m distrl.dashboard k8s/monitoring     # (re)writes dashboard.json and alerts/*.json
+
+CHARTS is the one list of queries: `explore.golden_signals` draws them from the local
+collector or Cloud Monitoring, `dashboard()` turns them into the dashboard that
+`gcloud monitoring dashboards create --config-from-file` takes, and `deploy_plan()` lists the
+gcloud commands that create the dashboard and the alert policies in a project.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from distrl import telemetry as otel
+from distrl.gke import PROJECT_ID_RE, Step
+
+PREFIX = "prometheus.googleapis.com/"
+DASHBOARD_NAME = "RL golden signals (distrl)"
+FILTER_LABELS = (otel.RL_RUN_ID, otel.RL_ALGORITHM, otel.RL_ENVIRONMENT_NAME)
+ALIGNMENT_S = 60  # Cloud Monitoring's shortest alignment period
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart: a metric, how each series is aligned, and one line per reducer and group."""
+
+    signal: str                   # latency | traffic | errors | saturation
+    title: str
+    metric: str                   # the OTel instrument name
+    kind: str                     # histogram | counter | gauge
+    aligner: str
+    reducers: tuple[str, ...]
+    group_by: tuple[str, ...]
+    unit: str
+
+    @property
+    def metric_type(self) -> str:
+        return f"{PREFIX}{self.metric}/{self.kind}"
+
+
+def label_field(key: str) -> str:
+    """A metric label as Cloud Monitoring filters and group_by_fields name it."""
+    return f'metric.labels."{key}"'
+
+
+_PERCENTILES = ("REDUCE_PERCENTILE_50", "REDUCE_PERCENTILE_95", "REDUCE_PERCENTILE_99")
+CHARTS = (
+    *(Chart("latency", f"{name} p50/p95/p99", name, "histogram", "ALIGN_DELTA", _PERCENTILES,
+            (otel.RL_LOOP,), "ms")
+      for name in ("rl.loop.duration", "rl.sample.duration", "rl.reward.duration",
+                   "rl.train.duration", "rl.sync.duration", "rl.step.duration")),
+    Chart("traffic", "env steps/s (rl.sample.samples)", "rl.sample.samples", "counter",
+          "ALIGN_RATE", ("REDUCE_SUM",), (otel.RL_RUN_ID,), "1/s"),
+    Chart("traffic", "episodes/s (rl.sample.episodes)", "rl.sample.episodes", "counter",
+          "ALIGN_RATE", ("REDUCE_SUM",), (otel.RL_RUN_ID,), "1/s"),
+    Chart("traffic", "learner updates/s (rl.train.steps)", "rl.train.steps", "counter",
+          "ALIGN_RATE", ("REDUCE_SUM",), (otel.RL_RUN_ID,), "1/s"),
+    Chart("errors", "mean episode reward", "rl.environment.reward.mean", "gauge", "ALIGN_MEAN",
+          ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
+    Chart("errors", "mean episode length", "rl.environment.episode.length.mean", "gauge",
+          "ALIGN_MEAN", ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
+    Chart("errors", "TD loss (rl.train.loss)", "rl.train.loss", "gauge", "ALIGN_MEAN",
+          ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
+    Chart("saturation", "model FLOPs utilisation (rl.train.mfu)", "rl.train.mfu", "gauge",
+          "ALIGN_MEAN", ("REDUCE_MAX",), (otel.RL_RUN_ID,), "1"),
+)
+
+
+def chart_filter(chart: Chart, where: dict | None = None) -> str:
+    """The chart's Cloud Monitoring filter, with equality on metric labels from `where`."""
+    terms = [f'metric.type = "{chart.metric_type}"', 'resource.type = "prometheus_target"']
+    terms += [f"{label_field(k)} = {json.dumps(str(v))}" for k, v in (where or {}).items()]
+    return " AND ".join(terms)
+
+
+def chart_aggregation(chart: Chart, reducer: str, alignment_s: int = ALIGNMENT_S,
+                      group_by: tuple[str, ...] | None = None) -> dict:
+    return {"alignmentPeriod": f"{alignment_s}s", "perSeriesAligner": chart.aligner,
+            "crossSeriesReducer": reducer,
+            "groupByFields": [label_field(k) for k in (group_by or chart.group_by)]}
+
+
+def _legend(chart: Chart, reducer: str) -> str:
+    group = " ".join(f"${{metric.labels.{k}}}" for k in chart.group_by)
+    if reducer.startswith("REDUCE_PERCENTILE_"):
+        return f"p{reducer.rsplit('_', 1)[1]} {group}"
+    return group
+
+
+def dashboard() -> dict:
+    """The dashboard, in the JSON form the Cloud Monitoring API and gcloud take."""
+    tiles = []
+    for i, chart in enumerate(CHARTS):
+        data_sets = [{"timeSeriesQuery": {"timeSeriesFilter": {
+                          "filter": chart_filter(chart),
+                          "aggregation": chart_aggregation(chart, reducer)}},
+                      "plotType": "LINE", "legendTemplate": _legend(chart, reducer),
+                      "targetAxis": "Y1"}
+                     for reducer in chart.reducers]
+        tiles.append({"xPos": (i % 3) * 16, "yPos": (i // 3) * 16, "width": 16, "height": 16,
+                      "widget": {"title": f"{chart.signal}: {chart.title}", "xyChart": {
+                          "dataSets": data_sets,
+                          "yAxis": {"label": chart.unit, "scale": "LINEAR"},
+                          "chartOptions": {"mode": "COLOR"}}}})
+    return {"displayName": DASHBOARD_NAME,
+            "dashboardFilters": [{"labelKey": key, "filterType": "METRIC_LABEL",
+                                  "templateVariable": key.replace(".", "_")}
+                                 for key in FILTER_LABELS],
+            "mosaicLayout": {"columns": 48, "tiles": tiles}}
+
+
+def tile_queries(board: dict) -> list[tuple[str, str, dict]]:
+    """(tile title, filter, aggregation) of every data set of a dashboard's xyChart tiles."""
+    out = []
+    for tile in board["mosaicLayout"]["tiles"]:
+        widget = tile["widget"]
+        for data_set in widget.get("xyChart", {}).get("dataSets", []):
+            query = data_set["timeSeriesQuery"]["timeSeriesFilter"]
+            out.append((widget["title"], query["filter"], query["aggregation"]))
+    return out
+
+
+def _threshold(name: str, chart: Chart, reducer: str, comparison: str, value: float,
+               duration_s: int, doc: str) -> dict:
+    return {"displayName": f"distrl: {name}", "combiner": "OR", "enabled": True,
+            "documentation": {"content": doc, "mimeType": "text/markdown"},
+            "conditions": [{"displayName": name, "conditionThreshold": {
+                "filter": chart_filter(chart),
+                "aggregations": [chart_aggregation(chart, reducer, 300)],
+                "comparison": comparison, "thresholdValue": value,
+                "duration": f"{duration_s}s", "trigger": {"count": 1}}}]}
+
+
+def _chart(metric: str) -> Chart:
+    return next(c for c in CHARTS if c.metric == metric)
+
+
+# The reward of a run dropping from its best: no threshold fits every environment (CartPole
+# rewards are positive, Acrobot's negative), and ALIGN_PERCENT_CHANGE ignores values < 0, so
+# this one is PromQL: 5-minute mean more than 30% of |best| below the best of the last hour.
+REWARD_DROP_PROMQL = (
+    'max_over_time((avg by ("rl.run.id") (avg_over_time({"rl.environment.reward.mean"}[5m])))'
+    '[1h:1m]) - avg by ("rl.run.id") (avg_over_time({"rl.environment.reward.mean"}[5m])) > '
+    '0.3 * abs(max_over_time((avg by ("rl.run.id") (avg_over_time('
+    '{"rl.environment.reward.mean"}[5m])))[1h:1m]))')
+
+
+def alert_policies() -> dict[str, dict]:
+    """Alert policies by file name, in the JSON form `gcloud alpha monitoring policies
+    create --policy-from-file` takes. Thresholds suit CartPole-sized runs; tune them."""
+    return {
+        "reward-drop": {
+            "displayName": "distrl: mean reward drop", "combiner": "OR", "enabled": True,
+            "documentation": {"content": "A run's 5-minute mean episode reward fell more than "
+                              "30% (of its magnitude) below its best of the last hour.",
+                              "mimeType": "text/markdown"},
+            "conditions": [{"displayName": "mean reward drop",
+                            "conditionPrometheusQueryLanguage": {
+                                "query": REWARD_DROP_PROMQL, "duration": "300s",
+                                "evaluationInterval": "60s"}}]},
+        "loss-spike": _threshold(
+            "loss spike", _chart("rl.train.loss"), "REDUCE_MAX", "COMPARISON_GT", 100.0, 120,
+            "The TD loss of a run stayed above 100 for 2 minutes: Q-values diverging (learning "
+            "rate, target update period, reward scale)."),
+        "loop-latency-p95": _threshold(
+            "loop latency p95", _chart("rl.loop.duration"), "REDUCE_PERCENTILE_95",
+            "COMPARISON_GT", 1000.0, 300,
+            "The 95th percentile of rl.loop.duration stayed above 1 s for 5 minutes: a slow "
+            "phase (see the trace waterfall of the slowest iterations)."),
+        "sample-rate-drop": _threshold(
+            "sample rate drop", _chart("rl.sample.samples"), "REDUCE_SUM", "COMPARISON_LT",
+            100.0, 300,
+            "A run collected fewer than 100 env steps/s for 5 minutes: actors lost (Spot "
+            "preemption) or blocked on replay."),
+    }
+
+
+def write(directory: str | Path) -> list[Path]:
+    """dashboard.json and alerts/<name>.json under directory."""
+    directory = Path(directory)
+    (directory / "alerts").mkdir(parents=True, exist_ok=True)
+    paths = [directory / "dashboard.json"]
+    paths[0].write_text(json.dumps(dashboard(), indent=2) + "\n")
+    for name, policy in alert_policies().items():
+        path = directory / "alerts" / f"{name}.json"
+        path.write_text(json.dumps(policy, indent=2) + "\n")
+        paths.append(path)
+    return paths
+
+
+def validate(directory: str | Path) -> None:
+    """Parse dashboard.json and alerts/*.json with the Cloud Monitoring API's own message
+    types, rejecting unknown fields (what gcloud sends is this JSON)."""
+    from google.cloud import monitoring_dashboard_v1, monitoring_v3
+
+    directory = Path(directory)
+    monitoring_dashboard_v1.Dashboard.from_json((directory / "dashboard.json").read_text())
+    for path in sorted((directory / "alerts").glob("*.json")):
+        try:
+            monitoring_v3.AlertPolicy.from_json(path.read_text())
+        except Exception as err:
+            raise ValueError(f"{path}: not an AlertPolicy: {err}") from err
+
+
+def deploy_plan(project_id: str, directory: str | Path) -> list[Step]:
+    """The gcloud commands that create the dashboard and the alert policies in a project."""
+    if not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
+        raise ValueError(f"project_id={project_id!r} is invalid: expected 6-30 lowercase "
+                         "letters, digits or hyphens, starting with a letter")
+    directory = Path(directory)
+    steps = [Step("Create the golden-signals dashboard",
+                  ("gcloud", "monitoring", "dashboards", "create", f"--project={project_id}",
+                   f"--config-from-file={directory / 'dashboard.json'}"),
+                  "charts of every golden signal, with filters on run, algorithm, environment")]
+    for path in sorted((directory / "alerts").glob("*.json")):
+        steps.append(Step(f"Create the alert policy {path.stem}",
+                          ("gcloud", "alpha", "monitoring", "policies", "create",
+                           f"--project={project_id}", f"--policy-from-file={path}"),
+                          json.loads(path.read_text())["documentation"]["content"]))
+    return steps
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m distrl.dashboard",
+                                     description="Write the dashboard and alert policy JSON.")
+    parser.add_argument("directory", help="where to write (k8s/monitoring in the repo)")
+    args = parser.parse_args(argv)
+    for path in write(args.directory):
+        print(path)
+    validate(args.directory)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
