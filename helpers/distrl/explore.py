@@ -231,15 +231,20 @@ class Monitoring:
     Monitoring() talks to the local collector (`endpoint`, no credentials); Monitoring(
     project_id="my-project") to Cloud Monitoring with application default credentials. Every
     other call is the same. `client` and `project_name` are there for your own calls.
+    The id is checked before anything is sent.
     """
 
     def __init__(self, project_id: str | None = None, *, endpoint: str = "127.0.0.1:4317",
-                 client=None):
+                 credentials=None, client_options=None):
         from google.cloud import monitoring_v3
 
-        if client is not None:
-            self.client = client
-        elif project_id is None:
+        if project_id is not None and (not isinstance(project_id, str)
+                                       or not PROJECT_ID_RE.fullmatch(project_id)):
+            raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud "
+                             "project id (6-30 lowercase letters, digits, hyphens), or None for "
+                             "the local collector")
+        self.project_name = f"projects/{project_id or LOCAL_PROJECT}"
+        if project_id is None:
             import grpc
             from google.cloud.monitoring_v3.services.metric_service.transports import (
                 MetricServiceGrpcTransport,
@@ -253,14 +258,10 @@ class Monitoring:
             self.client = monitoring_v3.MetricServiceClient(
                 transport=MetricServiceGrpcTransport(channel=channel))
         else:
-            self.client = monitoring_v3.MetricServiceClient()
-        if project_id is None:
-            project_id = LOCAL_PROJECT
-        elif not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
-            raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud "
-                             "project id (6-30 lowercase letters, digits, hyphens), or None for "
-                             "the local collector")
-        self.project_name = f"projects/{project_id}"
+            # credentials / client_options: as MetricServiceClient takes them (None: the
+            # application default login and monitoring.googleapis.com).
+            self.client = monitoring_v3.MetricServiceClient(credentials=credentials,
+                                                            client_options=client_options)
 
     def metric_types(self):
         """The metric types there are: type, kind, value type, unit and label keys."""

@@ -26,9 +26,10 @@ view, paging, aggregation). The semantics are Cloud Monitoring's documented ones
   MEAN, SUM, MIN, MAX, COUNT, PERCENTILE_99/95/50/05 across the series of each group_by group.
   A latency percentile of a cumulative histogram is therefore ALIGN_DELTA followed by
   REDUCE_PERCENTILE_99, as in Cloud Monitoring.
-- A counter's delta over a period is its value at the period's end minus its value at the
-  period's start (the newest point at or before each); across a restart of the series (a new
-  start time) it is the new value.
+- A counter's delta over a period is the sum of its increments from the newest point at or
+  before the period's start to the newest point in it; across a restart of the series (a new
+  start time) the new value counts from zero, so the deltas of all periods add up to all
+  that was counted.
 
 Two deliberate differences: alignment periods may be as short as 1 s (Cloud Monitoring
 requires 60 s; local runs are short), and anything not listed above is refused with
@@ -134,7 +135,7 @@ def _selector(text: str) -> tuple[str, str | None]:
             and len(parts) >= 3:
         key = ".".join(_unquote(p) for p in parts[2:])
         return head.rstrip("s"), key
-    if parts[0] in ("metadata", "project", "group", "metric", "resource"):
+    if parts[0] in ("metadata", "project", "group"):  # real selectors, not answered here
         raise _unimplemented(f"filter selector {text!r} is not supported; use metric.type, "
                              "resource.type, metric.labels.KEY or resource.labels.KEY")
     raise _invalid(f"filter selector {text!r} is not a Cloud Monitoring selector (expected "
@@ -408,11 +409,15 @@ def _period_value(s: Series, op, lo: int, hi: int):
     if not inside:
         return None
     values = [p[2] for p in inside]
-    if s.kind == Kind.CUMULATIVE:  # delta / rate: value at hi minus value at lo
+    if s.kind == Kind.CUMULATIVE:  # delta / rate: the increments from lo to hi
         before = [p for p in s.points if p[1] <= lo]
-        end = inside[-1]
-        start = before[-1] if before else None
-        delta = end[2] - start[2] if start is not None and start[0] == end[0] else end[2]
+        previous = before[-1] if before else None
+        delta = None
+        for point in inside:
+            # Across a restart (a new start time) the new value counts from zero.
+            step = point[2] - previous[2] if previous and previous[0] == point[0] else point[2]
+            delta = step if delta is None else delta + step
+            previous = point
         return delta if op == "delta" else delta / ((hi - lo) / 1e9)
     if op == "delta" or op == "sum":
         total = values[0]

@@ -1,0 +1,385 @@
+"""The collector's Cloud Monitoring MetricService, asked by google-cloud-monitoring's own client
+over real gRPC, checked against values computed from the raw points in the store."""
+
+import datetime as dt
+
+import grpc
+import numpy as np
+import pytest
+from google.api import metric_pb2
+from google.api_core import exceptions
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from distrl import explore
+from distrl.collector import LocalCollector
+
+T0 = 1_700_000_000 * 10**9
+S = 10**9
+PREFIX = "prometheus.googleapis.com/"
+BOUNDS = [1.0, 2.0, 5.0, 10.0]
+Kind = metric_pb2.MetricDescriptor.MetricKind
+
+
+def _attrs(**kv):
+    return [common_pb2.KeyValue(key=k.replace("_", "."), value=common_pb2.AnyValue(
+        string_value=v)) for k, v in kv.items()]
+
+
+def _series_attrs(run, env, loop="actor"):
+    return _attrs(rl_run_id=run, rl_environment_name=env, rl_loop=loop)
+
+
+def _request(instance, metrics):
+    rm = metrics_pb2.ResourceMetrics()
+    rm.resource.attributes.extend(_attrs(service_name="rl-training-service",
+                                         service_namespace="distrl",
+                                         service_instance_id=instance))
+    rm.scope_metrics.add().metrics.extend(metrics)
+    return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[rm])
+
+
+def _counter(points):
+    m = metrics_pb2.Metric(name="rl.sample.samples", unit="1")
+    m.sum.is_monotonic = True
+    m.sum.aggregation_temporality = 2
+    for attrs, start, t, value in points:
+        m.sum.data_points.add(attributes=attrs, start_time_unix_nano=start, time_unix_nano=t,
+                              as_double=value)
+    return m
+
+
+def _gauge(points):
+    m = metrics_pb2.Metric(name="rl.train.loss", unit="1")
+    for attrs, t, value in points:
+        m.gauge.data_points.add(attributes=attrs, time_unix_nano=t, as_double=value)
+    return m
+
+
+def _histogram(name, temporality, points):
+    m = metrics_pb2.Metric(name=name, unit="ms")
+    m.histogram.aggregation_temporality = temporality
+    for attrs, start, t, counts, total in points:
+        m.histogram.data_points.add(attributes=attrs, start_time_unix_nano=start,
+                                    time_unix_nano=t, count=sum(counts), sum=total,
+                                    explicit_bounds=BOUNDS, bucket_counts=counts)
+    return m
+
+
+LOSS = np.random.default_rng(0).uniform(0, 4, size=(3, 24)).round(3)
+GAUGE_SERIES = [("r1", "CartPole-v1"), ("r2", "Acrobot-v1"), ("r3", "CartPole-v1")]
+
+
+def _requests():
+    r1, r2 = _series_attrs("r1", "CartPole-v1"), _series_attrs("r2", "Acrobot-v1")
+    counter = [(r1, T0, T0 + 10 * k * S, 100.0 * k) for k in range(1, 13)]
+    counter += [(r2, T0, T0 + 10 * k * S, 50.0 * k) for k in range(1, 6)]
+    # r2 restarts at 55 s: a new start time, counting from zero again.
+    counter += [(r2, T0 + 55 * S, T0 + 10 * k * S, 7.0 * (k - 5)) for k in range(6, 13)]
+    gauge = [(_series_attrs(run, env), T0 + 5 * k * S, float(LOSS[i, k - 1]))
+             for i, (run, env) in enumerate(GAUGE_SERIES) for k in range(1, 25)]
+    loop = [(r1, T0, T0 + 10 * k * S, [0, 10 * k, 0, 0, 0], 15.0 * k) for k in range(1, 11)]
+    loop += [(r2, T0, T0 + 10 * k * S, [0, 0, 10 * k, 0, 0], 30.0 * k) for k in range(1, 11)]
+    step = [(r1, T0 + 10 * (k - 1) * S, T0 + 10 * k * S, [0, 0, 0, 10, 0], 75.0)
+            for k in range(1, 11)]
+    return [_request("i1", [_counter(counter[:12]), _gauge(gauge),
+                            _histogram("rl.loop.duration", 2, loop),
+                            _histogram("rl.step.duration", 1, step)]),
+            _request("i2", [_counter(counter[12:])])]
+
+
+@pytest.fixture(scope="module")
+def collector(tmp_path_factory):
+    with LocalCollector(tmp_path_factory.mktemp("mon") / "otel.db", port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        for request in _requests():
+            stub.Export(request, timeout=10)
+        yield c
+
+
+@pytest.fixture(scope="module")
+def mon(collector):
+    return explore.Monitoring(endpoint=collector.endpoint)
+
+
+def _time(ns):
+    return dt.datetime.fromtimestamp(ns / S, dt.UTC)
+
+
+def _list(mon, metric, start_s=0, end_s=130, aggregation=None, **extra):
+    request = {"name": mon.project_name, "filter": f'metric.type = "{PREFIX}{metric}"'
+               + "".join(f" AND {f}" for f in extra.pop("filters", [])),
+               "interval": {"start_time": _time(T0 + start_s * S), "end_time": _time(T0 + end_s * S)},
+               **extra}
+    if aggregation:
+        request["aggregation"] = aggregation
+    return list(mon.client.list_time_series(request=request))
+
+
+def _agg(period_s, aligner, reducer="REDUCE_NONE", group_by=()):
+    return {"alignment_period": {"seconds": period_s}, "per_series_aligner": aligner,
+            "cross_series_reducer": reducer, "group_by_fields": list(group_by)}
+
+
+def _pts(ts):
+    """(end second since T0, value) of a series' points, oldest first."""
+    out = []
+    for p in ts.points:
+        kind = type(p.value).pb(p.value).WhichOneof("value")
+        value = getattr(p.value, kind)
+        out.append(((p.interval.end_time.timestamp() * S - T0) / S,
+                    value if kind != "distribution_value" else value))
+    return sorted(out, key=lambda x: x[0])
+
+
+def _by(series, key="rl.run.id"):
+    return {ts.metric.labels[key]: ts for ts in series}
+
+
+def test_raw_points_newest_first_in_the_half_open_interval(mon, collector):
+    stored = collector.store().points(PREFIX + "rl.train.loss/gauge", {"rl.run.id": "r1"})
+    series = _by(_list(mon, "rl.train.loss/gauge", start_s=20, end_s=60))
+    ts = series["r1"]
+    ends = [p.interval.end_time.timestamp() for p in ts.points]
+    assert ends == sorted(ends, reverse=True)  # newest first
+    expected = [(p["time_ns"], p["value"]) for p in stored if T0 + 20 * S < p["time_ns"] <= T0 + 60 * S]
+    assert len(expected) == 8  # 25, 30, ..., 60: start excluded, end included
+    got = sorted((round(p.interval.end_time.timestamp() * S), p.value.double_value)
+                 for p in ts.points)
+    assert got == expected
+    assert ts.metric_kind == Kind.GAUGE
+    assert dict(ts.resource.labels) == {"project_id": "local", "location": "local",
+                                        "cluster": "local", "namespace": "distrl",
+                                        "job": "rl-training-service", "instance": "i1"}
+    assert ts.resource.type == "prometheus_target"
+    assert dict(ts.metric.labels) == {"rl.run.id": "r1", "rl.environment.name": "CartPole-v1",
+                                      "rl.loop": "actor"}
+
+
+def test_filters_on_dotted_labels_functions_and_resource_labels(mon):
+    def runs(*filters, metric="rl.train.loss/gauge"):
+        return sorted(ts.metric.labels["rl.run.id"] for ts in _list(mon, metric,
+                                                                    filters=list(filters)))
+    assert runs('metric.labels."rl.environment.name" = "CartPole-v1"') == ["r1", "r3"]
+    assert runs('metric.label."rl.run.id" != "r1"') == ["r2", "r3"]
+    assert runs('metric.labels."rl.run.id" = one_of("r1", "r2")') == ["r1", "r2"]
+    assert runs('metric.labels."rl.environment.name" = starts_with("Acro")') == ["r2"]
+    assert runs('metric.labels."rl.run.id" = monitoring.regex.full_match("r[23]")') == ["r2", "r3"]
+    assert runs('metric.labels."rl.run.id" = "r1"',
+                'metric.labels."rl.environment.name" = "Acrobot-v1"') == []
+    assert runs('resource.labels.instance = "i2"', metric="rl.sample.samples/counter") == ["r2"]
+    assert runs('resource.type = "prometheus_target"', 'resource.label.job = ends_with("service")',
+                metric="rl.sample.samples/counter") == ["r1", "r2"]
+    assert _list(mon, "no.such.metric/gauge") == []
+
+
+def test_counter_delta_and_rate_add_up_across_a_restart(mon, collector):
+    series = _by(_list(mon, "rl.sample.samples/counter", aggregation=_agg(30, "ALIGN_DELTA"),
+                       end_s=120))
+    r1, r2 = _pts(series["r1"]), _pts(series["r2"])
+    assert r1 == [(30, 300), (60, 300), (90, 300), (120, 300)]
+    # 150 by 30 s; 250 - 150 then 7 after the restart; 28 - 7; 49 - 28.
+    assert r2 == [(30, 150), (60, 107), (90, 21), (120, 21)]
+    stored = collector.store().points(PREFIX + "rl.sample.samples/counter", {"rl.run.id": "r2"})
+    lives = {}
+    for p in stored:
+        lives[p["start_ns"]] = p["value"]  # the last value of each life
+    assert sum(v for _, v in r2) == sum(lives.values())  # nothing lost, nothing twice
+    assert series["r2"].points[0].interval.start_time.timestamp() * S - T0 == 90 * S  # DELTA
+    rates = _by(_list(mon, "rl.sample.samples/counter", aggregation=_agg(30, "ALIGN_RATE"),
+                      end_s=120))
+    assert _pts(rates["r1"]) == [(t, 10.0) for t in (30, 60, 90, 120)]
+    assert rates["r1"].unit == "1/s"
+
+
+def test_gauge_aligners_match_numpy_on_the_stored_points(mon, collector):
+    stored = collector.store().points(PREFIX + "rl.train.loss/gauge", {"rl.run.id": "r3"})
+    times = np.array([(p["time_ns"] - T0) / S for p in stored])
+    values = np.array([p["value"] for p in stored])
+    for aligner, fn in [("ALIGN_MEAN", np.mean), ("ALIGN_MIN", np.min), ("ALIGN_MAX", np.max),
+                        ("ALIGN_SUM", np.sum), ("ALIGN_COUNT", len)]:
+        got = _pts(_by(_list(mon, "rl.train.loss/gauge", aggregation=_agg(20, aligner),
+                             end_s=120))["r3"])
+        expected = [(end, fn(values[(times > end - 20) & (times <= end)]))
+                    for end in range(20, 121, 20)]
+        assert [t for t, _ in got] == [t for t, _ in expected], aligner
+        np.testing.assert_allclose([v for _, v in got], [v for _, v in expected], err_msg=aligner)
+
+
+def test_cross_series_reducers_grouped_by_environment(mon):
+    for reducer, fn in [("REDUCE_MEAN", np.mean), ("REDUCE_SUM", np.sum), ("REDUCE_MIN", np.min),
+                        ("REDUCE_MAX", np.max), ("REDUCE_COUNT", len),
+                        ("REDUCE_PERCENTILE_50", np.median)]:
+        series = _list(mon, "rl.train.loss/gauge", end_s=120,
+                       aggregation=_agg(40, "ALIGN_MEAN", reducer,
+                                        ['metric.labels."rl.environment.name"']))
+        assert sorted(dict(ts.metric.labels) == {"rl.environment.name": e} for ts, e in
+                      zip(series, [ts.metric.labels["rl.environment.name"] for ts in series]))
+        by_env = {ts.metric.labels["rl.environment.name"]: _pts(ts) for ts in series}
+        assert set(by_env) == {"CartPole-v1", "Acrobot-v1"}
+        for env, members in [("CartPole-v1", [0, 2]), ("Acrobot-v1", [1])]:
+            for end, value in by_env[env]:
+                window = slice(int((end - 40) / 5), int(end / 5))  # points every 5 s
+                means = [LOSS[i, window].mean() for i in members]
+                assert value == pytest.approx(fn(means)), (reducer, env, end)
+    # Grouping by a resource label: the counter's two series are on two instances.
+    series = _list(mon, "rl.sample.samples/counter", end_s=120,
+                   aggregation=_agg(120, "ALIGN_DELTA", "REDUCE_SUM", ["resource.labels.instance"]))
+    assert {ts.resource.labels["instance"]: _pts(ts) for ts in series} == {
+        "i1": [(120, 1200.0)], "i2": [(120, 299.0)]}
+    assert all(dict(ts.metric.labels) == {} for ts in series)
+
+
+def test_latency_percentiles_of_cumulative_histograms(mon):
+    # r1 observed 100 values in (1, 2], r2 100 in (2, 5]; merged, p50 ends the (1, 2] bucket.
+    for reducer, expected in [("REDUCE_PERCENTILE_50", 2.0), ("REDUCE_PERCENTILE_95", 4.7),
+                              ("REDUCE_PERCENTILE_99", 4.94), ("REDUCE_MEAN", 2.25)]:
+        series = _list(mon, "rl.loop.duration/histogram", end_s=100,
+                       aggregation=_agg(100, "ALIGN_DELTA", reducer, ['metric.labels."rl.loop"']))
+        assert len(series) == 1 and dict(series[0].metric.labels) == {"rl.loop": "actor"}
+        assert _pts(series[0]) == [(100, pytest.approx(expected))], reducer
+    # Per series, per period: r1's p95 of the last 50 s is inside (1, 2].
+    series = _by(_list(mon, "rl.loop.duration/histogram", end_s=100,
+                       aggregation=_agg(50, "ALIGN_DELTA", "REDUCE_PERCENTILE_95",
+                                        ['metric.labels."rl.run.id"'])))
+    assert _pts(series["r1"]) == [(50, pytest.approx(1.95)), (100, pytest.approx(1.95))]
+    delta = _by(_list(mon, "rl.loop.duration/histogram", end_s=100,
+                      aggregation=_agg(50, "ALIGN_DELTA")))["r2"]
+    d = delta.points[0].value.distribution_value
+    assert (d.count, list(d.bucket_counts), d.mean) == (50, [0, 0, 50, 0, 0], 3.0)
+    assert list(d.bucket_options.explicit_buckets.bounds) == BOUNDS
+
+
+def test_percentile_aligners_on_a_delta_histogram(mon):
+    raw = _list(mon, "rl.step.duration/histogram", end_s=100)[0]
+    assert raw.metric_kind == Kind.DELTA  # it was exported with delta temporality
+    for aligner, expected in [("ALIGN_PERCENTILE_50", 7.5), ("ALIGN_PERCENTILE_05", 5.25)]:
+        ts = _list(mon, "rl.step.duration/histogram", end_s=90,
+                   aggregation=_agg(30, aligner))[0]
+        assert _pts(ts) == [(t, pytest.approx(expected)) for t in (30, 60, 90)], aligner
+    summed = _list(mon, "rl.step.duration/histogram", end_s=90, aggregation=_agg(30, "ALIGN_SUM"))
+    assert [p.value.distribution_value.count for p in summed[0].points] == [30, 30, 30]
+
+
+def test_paging_and_headers(mon):
+    full = _list(mon, "rl.train.loss/gauge", end_s=120)
+    pager = mon.client.list_time_series(request={
+        "name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+        "interval": {"start_time": _time(T0), "end_time": _time(T0 + 120 * S)},
+        "page_size": 7})
+    pages = list(pager.pages)
+    assert len(pages) == -(-72 // 7)
+    assert all(sum(len(ts.points) for ts in page.time_series) <= 7 for page in pages)
+    joined = {}
+    for page in pages:
+        for ts in page.time_series:
+            joined.setdefault(ts.metric.labels["rl.run.id"], []).extend(_pts(ts))
+    assert {k: sorted(v) for k, v in joined.items()} == {
+        ts.metric.labels["rl.run.id"]: _pts(ts) for ts in full}
+    headers = list(mon.client.list_time_series(request={
+        "name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+        "interval": {"start_time": _time(T0), "end_time": _time(T0 + 120 * S)},
+        "view": "HEADERS", "page_size": 2}).pages)
+    assert [len(p.time_series) for p in headers] == [2, 1]
+    assert all(len(ts.points) == 0 for p in headers for ts in p.time_series)
+
+
+def test_metric_descriptors(mon):
+    descriptors = list(mon.client.list_metric_descriptors(request={
+        "name": "projects/local", "filter": f'metric.type = starts_with("{PREFIX}rl.")'}))
+    assert [d.type for d in descriptors] == sorted(PREFIX + t for t in (
+        "rl.loop.duration/histogram", "rl.sample.samples/counter", "rl.step.duration/histogram",
+        "rl.train.loss/gauge"))
+    loss = next(d for d in descriptors if d.type.endswith("loss/gauge"))
+    assert [label.key for label in loss.labels] == ["rl.environment.name", "rl.loop", "rl.run.id"]
+    assert loss.name == f"projects/local/metricDescriptors/{PREFIX}rl.train.loss/gauge"
+    pages = list(mon.client.list_metric_descriptors(request={"name": "projects/local",
+                                                             "page_size": 3}).pages)
+    assert [len(p.metric_descriptors) for p in pages] == [3, 1]
+    got = mon.client.get_metric_descriptor(name=loss.name)
+    assert got.type == loss.type
+    with pytest.raises(exceptions.NotFound, match="no metric descriptor"):
+        mon.client.get_metric_descriptor(name="projects/local/metricDescriptors/x/gauge")
+    table = mon.metric_types()
+    assert list(table["metric_kind"]) == ["CUMULATIVE", "CUMULATIVE", "DELTA", "GAUGE"]
+
+
+REFUSALS = [
+    ({"filter": 'metric.type = "a" OR metric.type = "b"'}, exceptions.MethodNotImplemented, "OR"),
+    ({"filter": 'NOT metric.type = "a"'}, exceptions.MethodNotImplemented, "NOT"),
+    ({"filter": 'metric.type = "a" AND metric.labels.x > "1"'}, exceptions.MethodNotImplemented,
+     "'>'"),
+    ({"filter": 'metric.type = has_nothing("a")'}, exceptions.MethodNotImplemented,
+     "has_nothing"),
+    ({"filter": 'metric.labels.x = "1"'}, exceptions.InvalidArgument, "exactly one metric type"),
+    ({"filter": 'metric.type = "a" AND metric.type = "b"'}, exceptions.InvalidArgument,
+     "exactly one"),
+    ({"filter": 'metric.type = "a" AND'}, exceptions.InvalidArgument, "ends early"),
+    ({"filter": 'metric.typo = "a"'}, exceptions.InvalidArgument, "metric.typo"),
+    ({"filter": 'metadata.user_labels.x = "a"'}, exceptions.MethodNotImplemented, "metadata"),
+    ({"interval": {"start_time": _time(T0 + 10 * S), "end_time": _time(T0)}},
+     exceptions.InvalidArgument, "after end_time"),
+    ({"interval": {"start_time": _time(T0)}}, exceptions.InvalidArgument, "end_time is required"),
+    ({"aggregation": {"per_series_aligner": "ALIGN_MEAN"}}, exceptions.InvalidArgument,
+     "needs an alignment_period"),
+    ({"aggregation": {"alignment_period": {"nanos": 5000}, "per_series_aligner": "ALIGN_MEAN"}},
+     exceptions.InvalidArgument, "at least 1 s"),
+    ({"aggregation": {"cross_series_reducer": "REDUCE_SUM"}}, exceptions.InvalidArgument,
+     "needs a per_series_aligner"),
+    ({"aggregation": _agg(60, "ALIGN_RATE")}, exceptions.InvalidArgument,
+     "ALIGN_RATE is not valid for the GAUGE"),
+    ({"aggregation": _agg(60, "ALIGN_STDDEV")}, exceptions.MethodNotImplemented, "ALIGN_STDDEV"),
+    ({"aggregation": _agg(60, "ALIGN_MEAN", "REDUCE_STDDEV")}, exceptions.MethodNotImplemented,
+     "REDUCE_STDDEV"),
+    ({"aggregation": _agg(60, "ALIGN_MEAN", "REDUCE_SUM", ["metric.labels"])},
+     exceptions.InvalidArgument, "metric.labels"),
+    ({"secondary_aggregation": _agg(60, "ALIGN_MEAN")}, exceptions.MethodNotImplemented,
+     "secondary_aggregation"),
+    ({"order_by": "value"}, exceptions.MethodNotImplemented, "order_by"),
+    ({"page_token": "bm9wZQ=="}, exceptions.InvalidArgument, "page_token"),
+    ({"name": "organizations/1"}, exceptions.InvalidArgument, "projects/PROJECT_ID"),
+]
+
+
+@pytest.mark.parametrize("change,error,words", REFUSALS,
+                         ids=[str(i) for i in range(len(REFUSALS))])
+def test_unsupported_requests_are_refused_by_name(mon, change, error, words):
+    request = {"name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+               "interval": {"start_time": _time(T0), "end_time": _time(T0 + 60 * S)}, **change}
+    with pytest.raises(error, match=words.replace("(", r"\(")):
+        list(mon.client.list_time_series(request=request))
+
+
+def test_refusals_of_kind_rules_and_other_methods(mon):
+    hist = f'metric.type = "{PREFIX}rl.loop.duration/histogram"'
+    interval = {"start_time": _time(T0), "end_time": _time(T0 + 60 * S)}
+    with pytest.raises(exceptions.InvalidArgument, match="use ALIGN_DELTA with REDUCE_PERCENTILE_99"):
+        list(mon.client.list_time_series(request={"name": mon.project_name, "filter": hist,
+                                                  "interval": interval,
+                                                  "aggregation": _agg(60, "ALIGN_PERCENTILE_99")}))
+    with pytest.raises(exceptions.InvalidArgument, match="REDUCE_MIN is not valid for distribution"):
+        list(mon.client.list_time_series(request={
+            "name": mon.project_name, "filter": hist, "interval": interval,
+            "aggregation": _agg(60, "ALIGN_DELTA", "REDUCE_MIN")}))
+    with pytest.raises(exceptions.MethodNotImplemented, match="CreateTimeSeries"):
+        mon.client.create_time_series(name=mon.project_name, time_series=[])
+    with pytest.raises(exceptions.MethodNotImplemented, match="ListMetricDescriptors filter on "
+                                                              "metric.label"):
+        list(mon.client.list_metric_descriptors(request={"name": mon.project_name,
+                                                         "filter": 'metric.labels.x = "1"'}))
+    # Still serving after every refusal.
+    assert len(_list(mon, "rl.train.loss/gauge")) == 3
+
+
+def test_monitoring_and_explore_reject_bad_arguments():
+    with pytest.raises(ValueError, match="project_id='Bad_Project'"):
+        explore.Monitoring(project_id="Bad_Project")
+    with pytest.raises(ValueError, match="endpoint='localhost'"):
+        explore.Monitoring(endpoint="localhost")
+    with pytest.raises(ValueError, match="metric 'rl.nope' is unknown"):
+        explore.metric_type("rl.nope")
+    assert explore.metric_type("rl.train.loss") == PREFIX + "rl.train.loss/gauge"
+    with pytest.raises(ValueError, match="minutes=0"):
+        explore.Monitoring().request("rl.train.loss", minutes=0)
