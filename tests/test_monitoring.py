@@ -383,3 +383,106 @@ def test_monitoring_and_explore_reject_bad_arguments():
     assert explore.metric_type("rl.train.loss") == PREFIX + "rl.train.loss/gauge"
     with pytest.raises(ValueError, match="minutes=0"):
         explore.Monitoring().request("rl.train.loss", minutes=0)
+
+
+# ---- the cloud path: the same requests, sent to a project over TLS ----
+
+def _self_signed(tmp_path):
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = dt.datetime.now(dt.UTC)
+    cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+            .public_key(key.public_key()).serial_number(x509.random_serial_number())
+            .not_valid_before(now - dt.timedelta(days=1))
+            .not_valid_after(now + dt.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), False)
+            .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+            .sign(key, hashes.SHA256()))
+    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                serialization.NoEncryption())
+    (tmp_path / "cert.pem").write_bytes(cert_pem)
+    return cert_pem, key_pem
+
+
+class Recorder:
+    """A MetricService that records each request (method, bytes, metadata), answers empty."""
+
+    def __init__(self, credentials=None):
+        from concurrent import futures
+
+        from google.cloud import monitoring_v3
+
+        self.calls = []
+        responses = {"ListTimeSeries": monitoring_v3.ListTimeSeriesResponse.pb()(),
+                     "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsResponse.pb()()}
+
+        def handler(method):
+            def handle(request, context):
+                self.calls.append((method, request, dict(context.invocation_metadata())))
+                return responses[method]
+            return grpc.unary_unary_rpc_method_handler(
+                handle, request_deserializer=lambda b: b,
+                response_serializer=lambda m: m.SerializeToString())
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(4))
+        self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+            "google.monitoring.v3.MetricService", {m: handler(m) for m in responses}),))
+        address = "localhost:0" if credentials else "127.0.0.1:0"
+        self.port = (self.server.add_secure_port(address, credentials) if credentials
+                     else self.server.add_insecure_port(address))
+        self.server.start()
+
+
+CLIENT_SCRIPT = """
+import datetime as dt, json, sys
+from google.auth.credentials import AnonymousCredentials
+from distrl import dashboard, explore
+end = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+if sys.argv[1] == "cloud":
+    mon = explore.Monitoring(project_id="my-project", credentials=AnonymousCredentials(),
+                             client_options={"api_endpoint": sys.argv[2]})
+else:
+    mon = explore.Monitoring(endpoint=sys.argv[2])
+mon.metric_types()
+mon.golden_signals(where={"rl.run.id": "r1"}, group_by="rl.environment.name", end=end)
+explore.preview_dashboard(mon, dashboard.dashboard(), where={"rl.algorithm": "apex-dqn"}, end=end)
+print(mon.project_name)
+"""
+
+
+def test_cloud_path_sends_the_local_requests_to_the_project(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from google.cloud import monitoring_v3
+
+    cert, key = _self_signed(tmp_path)
+    cloud = Recorder(grpc.ssl_server_credentials([(key, cert)]))
+    local = Recorder()
+    env = {**os.environ, "GRPC_DEFAULT_SSL_ROOTS_FILE_PATH": str(tmp_path / "cert.pem"),
+           "MPLBACKEND": "Agg"}
+    for mode, target in [("cloud", f"localhost:{cloud.port}"), ("local", f"127.0.0.1:{local.port}")]:
+        done = subprocess.run([sys.executable, "-c", CLIENT_SCRIPT, mode, target], env=env,
+                              capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-3000:]
+    assert len(cloud.calls) == len(local.calls) > 40
+    types = {"ListTimeSeries": monitoring_v3.ListTimeSeriesRequest,
+             "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsRequest}
+    for (method, sent, metadata), (local_method, local_sent, _) in zip(cloud.calls, local.calls):
+        assert method == local_method
+        request = types[method].pb().FromString(sent)
+        local_request = types[method].pb().FromString(local_sent)
+        assert request.name == "projects/my-project" and local_request.name == "projects/local"
+        local_request.name = request.name
+        assert request == local_request  # the same filter, interval and aggregation
+        assert "my-project" in metadata["x-goog-request-params"]
+    filters = [types[m].pb().FromString(b).filter for m, b, _ in cloud.calls]
+    assert any('metric.labels."rl.run.id" = "r1"' in f for f in filters)
+    assert any('metric.labels."rl.algorithm" = "apex-dqn"' in f for f in filters)

@@ -1,0 +1,92 @@
+"""The dashboard and alert policies: valid Cloud Monitoring JSON, in sync with CHARTS, every
+tile with data after a real instrumented training, and the deploy commands."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from distrl import dashboard, explore
+from distrl import telemetry as otel
+from distrl.collector import LocalCollector
+from distrl.gke import REPO_ROOT, dry_run, run_plan
+
+SHIPPED = REPO_ROOT / "k8s" / "monitoring"
+
+
+def test_shipped_json_is_the_rendering_of_charts(tmp_path):
+    written = dashboard.write(tmp_path)
+    for path in written:
+        shipped = SHIPPED / path.relative_to(tmp_path)
+        assert shipped.read_text() == path.read_text(), (
+            f"{shipped} is stale: run `python -m distrl.dashboard k8s/monitoring`")
+    assert sorted(p.name for p in (SHIPPED / "alerts").glob("*.json")) == sorted(
+        f"{name}.json" for name in dashboard.alert_policies())
+    dashboard.validate(SHIPPED)
+
+
+def test_validation_rejects_what_the_api_would(tmp_path):
+    dashboard.write(tmp_path)
+    board = json.loads((tmp_path / "dashboard.json").read_text())
+    board["mosaicLayout"]["tiles"][0]["widget"]["xyChart"]["dataSet"] = []  # a typo
+    (tmp_path / "dashboard.json").write_text(json.dumps(board))
+    with pytest.raises(Exception, match="dataSet"):
+        dashboard.validate(tmp_path)
+    dashboard.write(tmp_path)
+    policy = json.loads((tmp_path / "alerts" / "loss-spike.json").read_text())
+    policy["conditions"][0]["conditionThreshold"]["comparison"] = "COMPARISON_BIGGER"
+    (tmp_path / "alerts" / "loss-spike.json").write_text(json.dumps(policy))
+    with pytest.raises(ValueError, match="loss-spike.json: not an AlertPolicy"):
+        dashboard.validate(tmp_path)
+
+
+def test_charts_cover_the_golden_signals_with_real_instruments():
+    assert {c.signal for c in dashboard.CHARTS} == {"latency", "traffic", "errors", "saturation"}
+    instruments = {**otel.LATENCY_HISTOGRAMS, **otel.COUNTERS, **otel.GAUGES}
+    for chart in dashboard.CHARTS:
+        assert chart.metric in instruments, chart
+        assert explore.metric_type(chart.metric) == chart.metric_type
+    queries = dashboard.tile_queries(dashboard.dashboard())
+    assert len(queries) == sum(len(c.reducers) for c in dashboard.CHARTS)
+    labels = {f["labelKey"] for f in dashboard.dashboard()["dashboardFilters"]}
+    assert labels == {"rl.run.id", "rl.algorithm", "rl.environment.name"}
+
+
+def test_deploy_plan_commands_and_bad_project(stand_ins, capsys):
+    plan = dashboard.deploy_plan("my-project", SHIPPED)
+    assert [s.argv for s in plan] == [
+        ("gcloud", "monitoring", "dashboards", "create", "--project=my-project",
+         f"--config-from-file={SHIPPED / 'dashboard.json'}"),
+        *[("gcloud", "alpha", "monitoring", "policies", "create", "--project=my-project",
+           f"--policy-from-file={SHIPPED / 'alerts' / name}.json")
+          for name in sorted(dashboard.alert_policies())]]
+    dry_run(plan)
+    assert "gcloud monitoring dashboards create --project=my-project" in capsys.readouterr().out
+    run_plan(plan, out=lambda line: None)
+    assert [tuple(argv) for argv in stand_ins()] == [s.argv for s in plan]
+    with pytest.raises(ValueError, match="project_id='My_Project'"):
+        dashboard.deploy_plan("My_Project", SHIPPED)
+
+
+def test_every_tile_has_data_after_a_short_instrumented_run(tmp_path):
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        done = subprocess.run(
+            [sys.executable, "-m", "distrl.train", "--target-return", "none",
+             "--max-seconds", "15", "--telemetry", "true", "--otlp-endpoint", collector.endpoint,
+             "--metric-export-interval-s", "2", "--run-id", "tiles",
+             "--output-dir", str(tmp_path / "run")],
+            capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        board = json.loads((SHIPPED / "dashboard.json").read_text())
+        tiles = explore.preview_dashboard(mon, board, where={"rl.run.id": "tiles"}, minutes=10,
+                                          alignment_s=5)
+    titles = [tile["widget"]["title"] for tile in board["mosaicLayout"]["tiles"]]
+    assert list(tiles) == titles
+    empty = [title for title, df in tiles.items() if df.empty]
+    assert not empty, f"tiles without data: {empty}"
+    steps = tiles["traffic: env steps/s (rl.sample.samples)"]
+    assert (steps["value"] > 0).all() and set(steps["rl.run.id"]) == {"tiles"}
+    latency = tiles["latency: rl.loop.duration p50/p95/p99"]
+    assert set(latency["statistic"]) == {"p50", "p95", "p99"}
