@@ -156,3 +156,15 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert "is back" in text, text[-3000:]
     assert text.count("Running entrypoint for job") == 2  # each log line printed once
     assert "processes left: 0" in text
+
+
+def test_05_explore_metrics(kernel, tmp_path: Path):
+    out_dir = tmp_path / "run"
+    run_notebook(NOTEBOOKS_DIR / "05-explore-metrics.ipynb", tmp_path,
+                 {"OUTPUT_DIR": str(out_dir), "DB_PATH": str(tmp_path / "otel.db"),
+                  "COLLECTOR_PORT": 0, "TRAIN_SECONDS": 20.0}, kernel=kernel, cell_timeout_s=600)
+    summary = json.loads((out_dir / "summary.json").read_text())
+    assert summary["environments"] == ["Acrobot-v1", "CartPole-v1"]  # trained both itself
+    assert summary["run_id"].startswith("cartpole-")
+    assert len(summary["tiles_with_data"]) == summary["tiles"]
+    assert len(summary["golden_signal_charts_with_data"]) == 13

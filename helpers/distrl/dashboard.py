@@ -125,6 +125,28 @@ def tile_queries(board: dict) -> list[tuple[str, str, dict]]:
     return out
 
 
+def promql(chart: Chart, where: dict | None = None, window: str = "1m") -> list[str]:
+    """The chart's queries in PromQL, for Cloud Monitoring's Prometheus API (Managed Service
+    for Prometheus): UTF-8 names quoted inside the braces, one query per reducer."""
+    selector = ", ".join([json.dumps(chart.metric + ("_bucket" if chart.kind == "histogram"
+                                                     else ""))]
+                         + [f"{json.dumps(k)}={json.dumps(str(v))}"
+                            for k, v in (where or {}).items()])
+    by = ", ".join(json.dumps(k) for k in chart.group_by)
+    out = []
+    for reducer in chart.reducers:
+        if chart.kind == "histogram":
+            q = int(reducer.rsplit("_", 1)[1]) / 100
+            out.append(f'histogram_quantile({q}, sum by ("le", {by}) '
+                       f"(rate({{{selector}}}[{window}])))")
+        elif chart.kind == "counter":
+            out.append(f"sum by ({by}) (rate({{{selector}}}[{window}]))")
+        else:
+            op = {"REDUCE_MEAN": "avg", "REDUCE_MAX": "max", "REDUCE_SUM": "sum"}[reducer]
+            out.append(f"{op} by ({by}) (avg_over_time({{{selector}}}[{window}]))")
+    return out
+
+
 def _threshold(name: str, chart: Chart, reducer: str, comparison: str, value: float,
                duration_s: int, doc: str) -> dict:
     return {"displayName": f"distrl: {name}", "combiner": "OR", "enabled": True,
