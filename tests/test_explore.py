@@ -83,3 +83,41 @@ def test_waterfall_draws_one_bar_per_span():
     assert table.iloc[0]["components"] == "actor,driver,learner"
     with pytest.raises(ValueError, match="no spans"):
         explore.plot_trace_waterfall([])
+
+
+def test_slowest_iterations_come_first_and_bad_n_is_refused():
+    spans = []
+    for trace, (iteration, ms) in enumerate([(1, 5.0), (2, 50.0), (3, 20.0)]):
+        root = {"trace_id": f"t{trace}", "span_id": "r", "parent_span_id": None, "name": "rl.loop",
+                "start_ns": trace * 10**9, "end_ns": trace * 10**9 + int(ms * 1e6),
+                "attributes": {"rl.loop.iteration": iteration},
+                "resource": {"service.component": "driver"}}
+        child = {**root, "span_id": "c", "parent_span_id": "r", "name": "rl.train",
+                 "resource": {"service.component": "learner"}}
+        spans += [root, child]
+    slowest = explore.slowest_iterations(FakeStore(spans=spans), n=2)
+    assert slowest["iteration"].tolist() == [2, 3]
+    assert slowest["duration_ms"].tolist() == pytest.approx([50.0, 20.0])
+    assert explore.slowest_iterations(FakeStore(spans=[])).empty
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(ValueError, match=f"n={bad!r}"):
+            explore.slowest_iterations(FakeStore(spans=spans), n=bad)
+
+
+def test_monitoring_requests_reject_bad_query_values():
+    mon = explore.Monitoring(endpoint="127.0.0.1:1")  # nothing is sent: the request is built
+    request = mon.request("rl.sample.samples", where={"rl.run.id": 'a"b'}, aligner="ALIGN_RATE",
+                          reducer="REDUCE_SUM", group_by=("rl.run.id",), alignment_s=30)
+    assert request["filter"] == ('metric.type = "prometheus.googleapis.com/rl.sample.samples/'
+                                 'counter" AND metric.labels."rl.run.id" = "a\\"b"')
+    assert request["aggregation"]["group_by_fields"] == ['metric.labels."rl.run.id"']
+    for kwargs, words in [({"aligner": "ALIGN_FAST"}, "aligner='ALIGN_FAST'"),
+                          ({"reducer": "SUM"}, "reducer='SUM'"),
+                          ({"alignment_s": 0}, "alignment_s=0"),
+                          ({"alignment_s": 1.5}, "alignment_s=1.5"),
+                          ({"group_by": "rl.run.id"}, "group_by='rl.run.id'"),
+                          ({"minutes": -1}, "minutes=-1")]:
+        with pytest.raises(ValueError, match=words.replace("(", r"\(")):
+            mon.request("rl.sample.samples", **kwargs)
+    with pytest.raises(ValueError, match="board is invalid"):
+        explore.preview_dashboard(mon, {"tiles": []})

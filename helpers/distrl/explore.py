@@ -282,8 +282,23 @@ class Monitoring:
                 reducer: str = "REDUCE_NONE", group_by: tuple[str, ...] = (),
                 alignment_s: int = 60) -> dict:
         """The ListTimeSeries request for a metric, as a dict the client takes."""
-        if not minutes > 0:
+        from google.cloud import monitoring_v3
+
+        if not isinstance(minutes, (int, float)) or not minutes > 0:
             raise ValueError(f"minutes={minutes!r} is invalid: expected a positive number")
+        names = monitoring_v3.Aggregation
+        if aligner not in names.Aligner.__members__:
+            raise ValueError(f"aligner={aligner!r} is invalid: expected one of "
+                             f"{list(names.Aligner.__members__)}")
+        if reducer not in names.Reducer.__members__:
+            raise ValueError(f"reducer={reducer!r} is invalid: expected one of "
+                             f"{list(names.Reducer.__members__)}")
+        if not isinstance(alignment_s, int) or isinstance(alignment_s, bool) or alignment_s < 1:
+            raise ValueError(f"alignment_s={alignment_s!r} is invalid: expected a whole number "
+                             "of seconds >= 1 (Cloud Monitoring: >= 60)")
+        if isinstance(group_by, str) or not all(isinstance(k, str) for k in group_by):
+            raise ValueError(f"group_by={group_by!r} is invalid: expected a tuple of label "
+                             "keys, e.g. ('rl.run.id',)")
         end = end or dt.datetime.now(dt.UTC)
         start = end - dt.timedelta(minutes=minutes)
         chart = dash.Chart("", "", "", "", aligner, (reducer,), tuple(group_by), "")
@@ -419,6 +434,9 @@ def preview_dashboard(monitoring: Monitoring, board: dict, *, where: dict | None
     the tiles' period (short local runs). Returns {tile title: DataFrame}."""
     import matplotlib.pyplot as plt
 
+    if not isinstance(board, dict) or "mosaicLayout" not in board:
+        raise ValueError("board is invalid: expected a dashboard dict with mosaicLayout "
+                         "(dashboard.dashboard(), or k8s/monitoring/dashboard.json loaded)")
     tiles: dict = {}
     for title, filter_, aggregation in dash.tile_queries(board):
         if where:

@@ -39,6 +39,8 @@ UNIMPLEMENTED (or INVALID_ARGUMENT where Cloud Monitoring also refuses it), nami
 from __future__ import annotations
 
 import base64
+import bisect
+import functools
 import hashlib
 import json
 import math
@@ -253,6 +255,13 @@ class Series:
     kind: int                  # Kind.GAUGE | Kind.CUMULATIVE | Kind.DELTA
     value_type: int
     points: list = field(default_factory=list)   # (start_ns, end_ns, value), oldest first
+    temporalities: list = field(default_factory=list)  # OTLP temporality of each point read
+
+
+    @functools.cached_property
+    def ends(self) -> list[int]:
+        """The points' end times (sorted: points are oldest first)."""
+        return [p[1] for p in self.points]
 
 
 def _label(value) -> str:
@@ -295,38 +304,37 @@ def _kind_of(descriptor: dict) -> int:
     return Kind.Value(descriptor["metric_kind"])
 
 
-def read_series(store, descriptor: dict, project: str, terms: list[Term],
-                end_ns: int) -> list[Series]:
-    """The descriptor's series that match the filter terms, with every point up to end_ns,
-    in the descriptor's kind (delta points of a cumulative metric are summed up, cumulative
-    points of a delta metric differenced)."""
+def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns: int,
+                since_ns: int | None = None) -> list[Series]:
+    """The descriptor's series that match the filter terms, with their points up to end_ns
+    (for a gauge, only those after since_ns), in the descriptor's kind (delta points of a
+    cumulative metric are summed up, cumulative points of a delta metric differenced)."""
     kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
-    rows = store.query(
-        "SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
-        "r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ? ORDER BY time_ns, p.id",
-        (descriptor["metric_type"], end_ns))
+    sql = ("SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
+           "r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
+    params: tuple = (descriptor["metric_type"], end_ns)
+    if kind == Kind.GAUGE and since_ns is not None:  # counters need the points before, too
+        sql += " AND time_ns > ?"
+        params += (since_ns,)
     series: dict = {}
-    for row in rows:
+    for row in store.query(sql + " ORDER BY time_ns, p.id", params):
         key = (row["resource_id"], row["attributes"])
-        s = series.get(key)
-        if s is None:
+        if key not in series:  # a new series: decide once whether the filter keeps it
             attributes = json.loads(row["attributes"])
-            s = series[key] = Series({k: _label(v) for k, v in attributes.items()},
-                                     resource_labels(json.loads(row["resource"]), project),
-                                     kind, value_type)
-            s.temporalities = []
+            s = Series({k: _label(v) for k, v in attributes.items()},
+                       resource_labels(json.loads(row["resource"]), project), kind, value_type)
+            series[key] = s if _matches(terms, s) else None
+        s = series[key]
+        if s is None:
+            continue
         for name in ("bounds", "bucket_counts", "exponential"):
             if row[name] is not None:
                 row[name] = json.loads(row[name])
         s.points.append((row["start_ns"], row["time_ns"], _value_of(row, value_type)))
         s.temporalities.append(row["temporality"])
-    out = []
-    for s in series.values():
-        if not _matches(terms, s):
-            continue
+    out = [s for s in series.values() if s is not None]
+    for s in out:
         s.points = _as_kind(s.points, s.temporalities, kind)
-        del s.temporalities
-        out.append(s)
     return out
 
 
@@ -405,13 +413,14 @@ def _check_aligner(aligner: int, kind: int, value_type: int, metric_type: str) -
 
 def _period_value(s: Series, op, lo: int, hi: int):
     """The aligned value of series s for the period (lo, hi], or None without data there."""
-    inside = [p for p in s.points if lo < p[1] <= hi]
-    if not inside:
+    ends = s.ends
+    first, last = bisect.bisect_right(ends, lo), bisect.bisect_right(ends, hi)
+    if first == last:
         return None
+    inside = s.points[first:last]
     values = [p[2] for p in inside]
     if s.kind == Kind.CUMULATIVE:  # delta / rate: the increments from lo to hi
-        before = [p for p in s.points if p[1] <= lo]
-        previous = before[-1] if before else None
+        previous = s.points[first - 1] if first else None
         delta = None
         for point in inside:
             # Across a restart (a new start time) the new value counts from zero.
@@ -732,7 +741,12 @@ class MetricService:
         response = _pb["ListTimeSeriesResponse"]()
         if descriptor is None:
             return response
-        series = read_series(self.store, descriptor, project, terms, end_ns)
+        period = request.aggregation.alignment_period
+        period_ns = period.seconds * 10**9 + period.nanos
+        aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
+        # Nothing older than the first period (or the interval) can matter to a gauge.
+        since_ns = start_ns - max(period_ns, 0) if aligned else min(start_ns, end_ns - 1)
+        series = read_series(self.store, descriptor, project, terms, end_ns, since_ns)
         series = aggregate(series, request.aggregation, start_ns, end_ns, metric_type)
         series = [s for s in series if s.points]
         unit = descriptor["unit"] or ""
