@@ -1,0 +1,100 @@
+"""Cloud Monitoring queries against the local collector: how long the golden-signal charts and
+the dashboard preview take over a realistic store.
+
+    python benchmarks/monitoring_query.py [--processes 6] [--hours 1] [--export-interval-s 10]
+
+Fills a collector over OTLP/gRPC with what a run of that many processes exports in that time
+(every RL instrument from every process, cumulative counters and histograms as the SDK sends
+them), then times `Monitoring.golden_signals()` (one ListTimeSeries per chart and percentile,
+through google-cloud-monitoring's client) at 60-s alignment over the whole window.
+"""
+
+import argparse
+import datetime as dt
+import tempfile
+import time
+from pathlib import Path
+
+import grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+from opentelemetry.proto.common.v1 import common_pb2
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+
+from distrl import dashboard, explore
+from distrl import telemetry as otel
+from distrl.collector import LocalCollector
+
+S = 10**9
+
+
+def kv(key, value):
+    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
+
+
+def export(process: int, k: int, t0: int, interval_s: float):
+    """The k-th export of one process: every instrument, cumulative since t0."""
+    t = t0 + int(k * interval_s * S)
+    attrs = [kv("rl.run.id", "bench"), kv("rl.algorithm", "apex-dqn"),
+             kv("rl.environment.name", "CartPole-v1"), kv("rl.loop", f"p{process}")]
+    metrics = []
+    bounds = list(otel.LATENCY_BUCKETS_MS)
+    for name in otel.LATENCY_HISTOGRAMS:
+        counts = [0] * (len(bounds) + 1)
+        counts[8] = 100 * k
+        m = metrics_pb2.Metric(name=name, unit="ms")
+        m.histogram.aggregation_temporality = 2
+        m.histogram.data_points.add(attributes=attrs, start_time_unix_nano=t0, time_unix_nano=t,
+                                    count=100 * k, sum=300.0 * k, explicit_bounds=bounds,
+                                    bucket_counts=counts)
+        metrics.append(m)
+    for name in otel.COUNTERS:
+        m = metrics_pb2.Metric(name=name)
+        m.sum.is_monotonic, m.sum.aggregation_temporality = True, 2
+        m.sum.data_points.add(attributes=attrs, start_time_unix_nano=t0, time_unix_nano=t,
+                              as_double=1000.0 * k)
+        metrics.append(m)
+    for name in otel.GAUGES:
+        m = metrics_pb2.Metric(name=name)
+        m.gauge.data_points.add(attributes=attrs, time_unix_nano=t, as_double=float(k % 7))
+        metrics.append(m)
+    rm = metrics_pb2.ResourceMetrics()
+    rm.resource.attributes.extend([kv("service.name", "rl-training-service"),
+                                   kv("service.instance.id", f"p{process}")])
+    rm.scope_metrics.add().metrics.extend(metrics)
+    return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[rm])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--processes", type=int, default=6)
+    parser.add_argument("--hours", type=float, default=1.0)
+    parser.add_argument("--export-interval-s", type=float, default=10.0)
+    args = parser.parse_args()
+    exports = int(args.hours * 3600 / args.export_interval_s)
+    end = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    t0 = int(end.timestamp()) * S - int(args.hours * 3600 * S)
+    with tempfile.TemporaryDirectory() as tmp, \
+            LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+        for k in range(1, exports + 1):
+            for process in range(args.processes):
+                stub.Export(export(process, k, t0, args.export_interval_s), timeout=30)
+        points = collector.store().query("SELECT COUNT(*) AS n FROM points")[0]["n"]
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        minutes = args.hours * 60
+        calls = sum(len(c.reducers) for c in dashboard.CHARTS)
+        for label, group_by in [("per run", otel.RL_RUN_ID), ("per process", otel.RL_LOOP)]:
+            start = time.perf_counter()
+            frames = mon.golden_signals(minutes=minutes, alignment_s=60, end=end,
+                                        group_by=group_by)
+            elapsed = time.perf_counter() - start
+            rows = sum(len(df) for df, _, _ in frames.values())
+            print(f"golden_signals {label}: {calls} ListTimeSeries calls over {points:,} stored "
+                  f"points ({args.processes} processes, {args.hours:g} h at "
+                  f"{args.export_interval_s:g} s): {elapsed:.2f} s, {elapsed / calls * 1e3:.0f} "
+                  f"ms per call, {rows:,} aligned points returned", flush=True)
+
+
+if __name__ == "__main__":
+    main()
