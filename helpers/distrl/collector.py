@@ -565,7 +565,8 @@ def _read_line(stream, timeout_s: float) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distrl collector",
-                                     description="Receive OTLP/gRPC metrics and traces into SQLite.")
+                                     description="Receive OTLP/gRPC metrics and traces into SQLite; "
+                                     "answer Cloud Monitoring MetricService queries on the same port.")
     parser.add_argument("--db", default="otel.db", help="SQLite file (created if missing)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
