@@ -339,6 +339,14 @@ REFUSALS = [
      "secondary_aggregation"),
     ({"order_by": "value"}, exceptions.MethodNotImplemented, "order_by"),
     ({"page_token": "bm9wZQ=="}, exceptions.InvalidArgument, "page_token"),
+    # Refused whether or not any series matches: an unknown metric type, a filter with no match.
+    ({"filter": 'metric.type = "nothing/gauge"', "aggregation": _agg(60, "ALIGN_STDDEV")},
+     exceptions.MethodNotImplemented, "ALIGN_STDDEV"),
+    ({"filter": f'metric.type = "{PREFIX}rl.train.loss/gauge" AND metric.labels.x = "none"',
+      "aggregation": _agg(60, "ALIGN_RATE")}, exceptions.InvalidArgument, "ALIGN_RATE"),
+    ({"aggregation": _agg(1, "ALIGN_MEAN"), "interval": {"start_time": _time(0),
+                                                         "end_time": _time(T0)}},
+     exceptions.InvalidArgument, "more than 100000 alignment periods"),
     ({"name": "organizations/1"}, exceptions.InvalidArgument, "projects/PROJECT_ID"),
 ]
 

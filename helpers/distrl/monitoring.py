@@ -390,8 +390,6 @@ _KIND_NAMES = {Kind.GAUGE: "GAUGE", Kind.CUMULATIVE: "CUMULATIVE", Kind.DELTA: "
 
 def _check_aligner(aligner: int, kind: int, value_type: int, metric_type: str) -> None:
     name = Aligner.Name(aligner)
-    if aligner not in _ALIGNERS:
-        raise _unimplemented(f"per_series_aligner {name} is not supported")
     op = _ALIGNERS[aligner]
     dist = value_type == ValueType.DISTRIBUTION
     what = f"{_KIND_NAMES[kind]} {ValueType.Name(value_type)} metric {metric_type}"
@@ -495,19 +493,20 @@ def _group_field(text: str) -> tuple[str, str]:
     return scope, key
 
 
-def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
-              metric_type: str) -> list[Series]:
-    """Cloud Monitoring's Aggregation applied to the series (see the module docstring)."""
+def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
+                      kind: int | None, value_type: int | None) -> None:
+    """Refuse what aggregate() does not answer, whether or not there is data (kind None: the
+    metric type is unknown, so only the kind-independent rules apply)."""
     aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
+    if reducer != Reducer.REDUCE_NONE and reducer not in _REDUCERS:
+        raise _unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
     if aligner == Aligner.ALIGN_NONE:
         if reducer != Reducer.REDUCE_NONE:
             raise _invalid(f"cross_series_reducer {Reducer.Name(reducer)} needs a "
                            "per_series_aligner other than ALIGN_NONE and an alignment_period")
-        for s in series:
-            s.points = [p for p in s.points if _in_interval(p[1], start_ns, end_ns)]
-        return series
-    if reducer != Reducer.REDUCE_NONE and reducer not in _REDUCERS:
-        raise _unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
+        return
+    if aligner not in _ALIGNERS:
+        raise _unimplemented(f"per_series_aligner {Aligner.Name(aligner)} is not supported")
     period = aggregation.alignment_period
     period_ns = period.seconds * 10**9 + period.nanos
     if not aggregation.HasField("alignment_period") or period_ns <= 0:
@@ -515,19 +514,34 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
     if period_ns < 10**9:
         raise _invalid(f"alignment_period {period_ns / 1e9}s is too short: expected at least "
                        "1 s (Cloud Monitoring: at least 60 s)")
+    if (end_ns - start_ns) // period_ns > MAX_PERIODS:
+        raise _invalid(f"the interval holds more than {MAX_PERIODS} alignment periods; "
+                       "use a longer alignment_period or a shorter interval")
+    if reducer != Reducer.REDUCE_NONE:
+        for field_name in aggregation.group_by_fields:
+            _group_field(field_name)
+    if kind is not None:
+        _check_aligner(aligner, kind, value_type, metric_type)
+
+
+def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int) -> list[Series]:
+    """Cloud Monitoring's Aggregation, checked by check_aggregation(), applied to the series
+    (see the module docstring)."""
+    aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
+    if aligner == Aligner.ALIGN_NONE:
+        for s in series:
+            s.points = [p for p in s.points if _in_interval(p[1], start_ns, end_ns)]
+        return series
     if not series:
         return []
+    period_ns = aggregation.alignment_period.seconds * 10**9 + aggregation.alignment_period.nanos
     kind, value_type = series[0].kind, series[0].value_type
-    _check_aligner(aligner, kind, value_type, metric_type)
     op = _ALIGNERS[aligner]
     out_kind, out_type = _aligned_types(op, kind, value_type)
     ends = []
     hi = end_ns
     while hi > start_ns or (hi == end_ns == start_ns):
         ends.append(hi)
-        if len(ends) > MAX_PERIODS:
-            raise _invalid(f"the interval holds more than {MAX_PERIODS} alignment periods; "
-                           "use a longer alignment_period or a shorter interval")
         hi -= period_ns
         if start_ns == end_ns:
             break
@@ -738,6 +752,9 @@ class MetricService:
         offset = _page_offset(request)
         descriptor = next((d for d in self._descriptors() if d["metric_type"] == metric_type),
                           None)
+        check_aggregation(request.aggregation, start_ns, end_ns, metric_type,
+                          _kind_of(descriptor) if descriptor else None,
+                          ValueType.Value(descriptor["value_type"]) if descriptor else None)
         response = _pb["ListTimeSeriesResponse"]()
         if descriptor is None:
             return response
@@ -747,7 +764,7 @@ class MetricService:
         # Nothing older than the first period (or the interval) can matter to a gauge.
         since_ns = start_ns - max(period_ns, 0) if aligned else min(start_ns, end_ns - 1)
         series = read_series(self.store, descriptor, project, terms, end_ns, since_ns)
-        series = aggregate(series, request.aggregation, start_ns, end_ns, metric_type)
+        series = aggregate(series, request.aggregation, start_ns, end_ns)
         series = [s for s in series if s.points]
         unit = descriptor["unit"] or ""
         if request.aggregation.per_series_aligner == Aligner.ALIGN_RATE:
