@@ -522,6 +522,11 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
             _group_field(field_name)
     if kind is not None:
         _check_aligner(aligner, kind, value_type, metric_type)
+        _, aligned_type = _aligned_types(_ALIGNERS[aligner], kind, value_type)
+        if aligned_type == ValueType.DISTRIBUTION and reducer in (Reducer.REDUCE_MIN,
+                                                                   Reducer.REDUCE_MAX):
+            raise _invalid(f"cross_series_reducer {Reducer.Name(reducer)} is not valid for "
+                           "distribution values")
 
 
 def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int) -> list[Series]:
