@@ -16,8 +16,8 @@ import time
 from pathlib import Path
 
 import grpc
+from collector_ingest import kv  # benchmarks/ is on sys.path
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from distrl import dashboard, explore
@@ -25,10 +25,6 @@ from distrl import telemetry as otel
 from distrl.collector import LocalCollector
 
 S = 10**9
-
-
-def kv(key, value):
-    return common_pb2.KeyValue(key=key, value=common_pb2.AnyValue(string_value=value))
 
 
 def export(process: int, k: int, t0: int, interval_s: float):

@@ -38,7 +38,7 @@ from distrl import telemetry as otel
 from distrl.actor import Actor, env_spec, evaluate_greedy, slot_epsilons
 from distrl.config import ApexConfig
 from distrl.network import NetworkSpec, init_weights
-from distrl.replay import ReplayService
+from distrl.replay import ReplayService, SampledBatch
 
 POLL_INTERVAL_S = 0.25
 
@@ -276,8 +276,6 @@ class ReplayShards:
 
     def collect(self, pending: list[tuple[int, object]]) -> list | None:
         """The batches that arrived (a shard held back by its rate limiter sends none)."""
-        from distrl.replay import SampledBatch
-
         n, batches = len(self.shards), []
         for s, ref in pending:
             got, total = _get(ref)

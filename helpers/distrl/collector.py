@@ -363,12 +363,16 @@ class CollectorStore:
         out = self.query("SELECT d.*, (SELECT COUNT(*) FROM points p WHERE p.metric_type = "
                          "d.metric_type) AS points FROM metric_descriptors d ORDER BY metric_type")
         for row in out:
-            keys = set()
-            for r in self.query("SELECT DISTINCT attributes FROM points WHERE metric_type = ?",
-                                (row["metric_type"],)):
-                keys |= set(json.loads(r["attributes"]))
-            row["label_keys"] = sorted(keys)
+            row["label_keys"] = self.label_keys(row["metric_type"])
         return out
+
+    def label_keys(self, metric_type: str) -> list[str]:
+        """Every attribute key the points of a metric type carry, sorted."""
+        keys: set = set()
+        for r in self.query("SELECT DISTINCT attributes FROM points WHERE metric_type = ?",
+                            (metric_type,)):
+            keys |= set(json.loads(r["attributes"]))
+        return sorted(keys)
 
     def points(self, metric_type: str, where: dict | None = None) -> list[dict]:
         """Points of one metric type (attributes and resource decoded), oldest first, filtered

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distrl import telemetry as otel
-from distrl.gke import PROJECT_ID_RE, Step
+from distrl.gke import Step, check_project_id
 
 PREFIX = "prometheus.googleapis.com/"
 DASHBOARD_NAME = "RL golden signals (distrl)"
@@ -71,18 +71,26 @@ CHARTS = (
 )
 
 
+def label_terms(where: dict | None) -> list[str]:
+    """Filter terms for equality on metric labels, e.g. {"rl.run.id": "r1"}."""
+    return [f"{label_field(k)} = {json.dumps(str(v))}" for k, v in (where or {}).items()]
+
+
 def chart_filter(chart: Chart, where: dict | None = None) -> str:
     """The chart's Cloud Monitoring filter, with equality on metric labels from `where`."""
-    terms = [f'metric.type = "{chart.metric_type}"', 'resource.type = "prometheus_target"']
-    terms += [f"{label_field(k)} = {json.dumps(str(v))}" for k, v in (where or {}).items()]
-    return " AND ".join(terms)
+    return " AND ".join([f'metric.type = "{chart.metric_type}"',
+                         'resource.type = "prometheus_target"', *label_terms(where)])
 
 
-def chart_aggregation(chart: Chart, reducer: str, alignment_s: int = ALIGNMENT_S,
-                      group_by: tuple[str, ...] | None = None) -> dict:
-    return {"alignmentPeriod": f"{alignment_s}s", "perSeriesAligner": chart.aligner,
-            "crossSeriesReducer": reducer,
-            "groupByFields": [label_field(k) for k in (group_by or chart.group_by)]}
+def aggregation_json(aligner: str, reducer: str, alignment_s: int,
+                     group_by: tuple[str, ...]) -> dict:
+    """An Aggregation in the JSON form of dashboards and alert policies."""
+    return {"alignmentPeriod": f"{alignment_s}s", "perSeriesAligner": aligner,
+            "crossSeriesReducer": reducer, "groupByFields": [label_field(k) for k in group_by]}
+
+
+def chart_aggregation(chart: Chart, reducer: str, alignment_s: int = ALIGNMENT_S) -> dict:
+    return aggregation_json(chart.aligner, reducer, alignment_s, chart.group_by)
 
 
 def _legend(chart: Chart, reducer: str) -> str:
@@ -231,9 +239,7 @@ def validate(directory: str | Path) -> None:
 
 def deploy_plan(project_id: str, directory: str | Path) -> list[Step]:
     """The gcloud commands that create the dashboard and the alert policies in a project."""
-    if not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
-        raise ValueError(f"project_id={project_id!r} is invalid: expected 6-30 lowercase "
-                         "letters, digits or hyphens, starting with a letter")
+    check_project_id(project_id)
     directory = Path(directory)
     steps = [Step("Create the golden-signals dashboard",
                   ("gcloud", "monitoring", "dashboards", "create", f"--project={project_id}",

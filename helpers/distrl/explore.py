@@ -18,16 +18,15 @@ Straight from the local store (SQLite), for what Cloud Monitoring's API has no c
 from __future__ import annotations
 
 import datetime as dt
-import json
 import re
 
 import numpy as np
 
 from distrl import dashboard as dash
 from distrl import telemetry as otel
-from distrl.gke import PROJECT_ID_RE
+from distrl.dashboard import PREFIX
+from distrl.gke import check_project_id
 
-PREFIX = "prometheus.googleapis.com/"
 LOCAL_PROJECT = "local"
 
 
@@ -238,11 +237,8 @@ class Monitoring:
                  credentials=None, client_options=None):
         from google.cloud import monitoring_v3
 
-        if project_id is not None and (not isinstance(project_id, str)
-                                       or not PROJECT_ID_RE.fullmatch(project_id)):
-            raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud "
-                             "project id (6-30 lowercase letters, digits, hyphens), or None for "
-                             "the local collector")
+        if project_id is not None:
+            check_project_id(project_id)  # (None: the local collector)
         self.project_name = f"projects/{project_id or LOCAL_PROJECT}"
         if project_id is None:
             import grpc
@@ -284,8 +280,6 @@ class Monitoring:
         """The ListTimeSeries request for a metric, as a dict the client takes."""
         from google.cloud import monitoring_v3
 
-        if not isinstance(minutes, (int, float)) or not minutes > 0:
-            raise ValueError(f"minutes={minutes!r} is invalid: expected a positive number")
         names = monitoring_v3.Aggregation
         if aligner not in names.Aligner.__members__:
             raise ValueError(f"aligner={aligner!r} is invalid: expected one of "
@@ -299,19 +293,28 @@ class Monitoring:
         if isinstance(group_by, str) or not all(isinstance(k, str) for k in group_by):
             raise ValueError(f"group_by={group_by!r} is invalid: expected a tuple of label "
                              "keys, e.g. ('rl.run.id',)")
+        filter_ = " AND ".join([f'metric.type = "{metric_type(metric)}"',
+                                *dash.label_terms(where)])
+        aggregation = (None if aligner == "ALIGN_NONE" else
+                       dash.aggregation_json(aligner, reducer, alignment_s, tuple(group_by)))
+        return self._request(filter_, aggregation, minutes, end)
+
+    def _request(self, filter_: str, aggregation: dict | None, minutes: float,
+                 end: dt.datetime | None) -> dict:
+        """A ListTimeSeries request from a filter and an aggregation in dashboard JSON form."""
+        if not isinstance(minutes, (int, float)) or not minutes > 0:
+            raise ValueError(f"minutes={minutes!r} is invalid: expected a positive number")
         end = end or dt.datetime.now(dt.UTC)
-        start = end - dt.timedelta(minutes=minutes)
-        chart = dash.Chart("", "", "", "", aligner, (reducer,), tuple(group_by), "")
-        request = {"name": self.project_name,
-                   "filter": " AND ".join([f'metric.type = "{metric_type(metric)}"'] + [
-                       f"{dash.label_field(k)} = {json.dumps(str(v))}" for k, v in (where or {}).items()]),
-                   "interval": {"start_time": start, "end_time": end}}
-        if aligner != "ALIGN_NONE":
-            agg = dash.chart_aggregation(chart, reducer, alignment_s)
-            request["aggregation"] = {"alignment_period": {"seconds": alignment_s},
-                                      "per_series_aligner": agg["perSeriesAligner"],
-                                      "cross_series_reducer": agg["crossSeriesReducer"],
-                                      "group_by_fields": agg["groupByFields"]}
+        request = {"name": self.project_name, "filter": filter_,
+                   "interval": {"start_time": end - dt.timedelta(minutes=minutes),
+                                "end_time": end}}
+        if aggregation is not None:
+            period = int(str(aggregation.get("alignmentPeriod", "60s")).rstrip("s"))
+            request["aggregation"] = {
+                "alignment_period": {"seconds": period},
+                "per_series_aligner": aggregation["perSeriesAligner"],
+                "cross_series_reducer": aggregation.get("crossSeriesReducer", "REDUCE_NONE"),
+                "group_by_fields": aggregation.get("groupByFields", [])}
         return request
 
     def time_series(self, metric: str, **query):
@@ -324,17 +327,9 @@ class Monitoring:
 
     def query(self, filter: str, aggregation: dict, minutes: float = 30.0,
               end: dt.datetime | None = None):
-        """A DataFrame of a raw filter and aggregation (the dashboard's tiles use this)."""
-        end = end or dt.datetime.now(dt.UTC)
-        period = int(str(aggregation.get("alignmentPeriod", "60s")).rstrip("s"))
-        request = {"name": self.project_name, "filter": filter,
-                   "interval": {"start_time": end - dt.timedelta(minutes=minutes),
-                                "end_time": end},
-                   "aggregation": {"alignment_period": {"seconds": period},
-                                   "per_series_aligner": aggregation["perSeriesAligner"],
-                                   "cross_series_reducer": aggregation.get(
-                                       "crossSeriesReducer", "REDUCE_NONE"),
-                                   "group_by_fields": aggregation.get("groupByFields", [])}}
+        """A DataFrame of a raw filter and an aggregation in dashboard JSON form (what the
+        dashboard's tiles and the alert policies hold)."""
+        request = self._request(filter, aggregation, minutes, end)
         return series_frame(self.client.list_time_series(request=request))
 
     def golden_signals(self, *, where: dict | None = None, group_by: str = otel.RL_RUN_ID,
@@ -344,8 +339,9 @@ class Monitoring:
         `where` and grouped by `group_by` (and by rl.loop for the latency charts)."""
         frames = {}
         for chart in dash.CHARTS:
-            groups = tuple(dict.fromkeys((*[k for k in chart.group_by if k == otel.RL_LOOP],
-                                          group_by)))
+            # Latency charts keep their per-phase lines (rl.loop); group_by may be rl.loop too.
+            phases = (otel.RL_LOOP,) if otel.RL_LOOP in chart.group_by else ()
+            groups = tuple(dict.fromkeys((*phases, group_by)))
             parts = []
             for reducer in chart.reducers:
                 df = self.time_series(chart.metric_type, where=where, minutes=minutes,
@@ -394,23 +390,29 @@ def _point_value(value) -> tuple[float, int | None]:
 
 def plot_golden_signals(frames: dict, axes=None):
     """One panel per chart of golden_signals(): a line per group (and per percentile)."""
+    panels = [(f"{chart.signal}: {title}", chart.unit, df, list(groups))
+              for title, (df, chart, groups) in frames.items()]
+    return _plot_panels(panels, columns=4, size=(4.2, 3.0), axes=axes)
+
+
+def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=None):
+    """Draw (title, y label, DataFrame, group keys) panels: a line per statistic and group,
+    each group from its own first point, so runs made at different times line up."""
     import matplotlib.pyplot as plt
 
     if axes is None:
-        columns = 4
-        rows = -(-len(frames) // columns)
-        _, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.0 * rows),
+        rows = -(-len(panels) // columns)
+        _, grid = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows),
                                squeeze=False)
-        axes = axes.ravel()
+        axes = grid.ravel()
     styles = {"p50": ":", "p95": "-", "p99": "--"}
-    for ax, (title, (df, chart, groups)) in zip(axes, frames.items()):
-        ax.set_title(f"{chart.signal}: {title}", fontsize=9)
-        ax.set_ylabel(chart.unit, fontsize=8)
+    for ax, (title, ylabel, df, keys) in zip(axes, panels):
+        ax.set_title(title, fontsize=9)
+        ax.set_ylabel(ylabel, fontsize=8)
         if df.empty:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
             continue
-        keys = [k for k in groups if k in df.columns]
-        # Each group from its own first point, so runs made at different times line up.
+        keys = [k for k in keys if k in df.columns]
         starts = df.groupby(keys)["time"].transform("min") if keys else df["time"].min()
         df = df.assign(elapsed_s=(df["time"] - starts).dt.total_seconds())
         for (stat, *group), part in df.groupby(["statistic", *keys], sort=True):
@@ -420,7 +422,7 @@ def plot_golden_signals(frames: dict, axes=None):
         ax.tick_params(labelsize=7)
         if len(ax.lines) <= 8:
             ax.legend(fontsize=6)
-    for ax in list(axes)[len(frames):]:
+    for ax in list(axes)[len(panels):]:
         ax.axis("off")
     plt.tight_layout()
     return axes
@@ -432,38 +434,19 @@ def preview_dashboard(monitoring: Monitoring, board: dict, *, where: dict | None
     """Run every tile of a dashboard (dashboard.dashboard() or its JSON) through `monitoring`
     and draw it; `where` adds the dashboard filters' label values, `alignment_s` overrides
     the tiles' period (short local runs). Returns {tile title: DataFrame}."""
-    import matplotlib.pyplot as plt
-
     if not isinstance(board, dict) or "mosaicLayout" not in board:
         raise ValueError("board is invalid: expected a dashboard dict with mosaicLayout "
                          "(dashboard.dashboard(), or k8s/monitoring/dashboard.json loaded)")
     tiles: dict = {}
     for title, filter_, aggregation in dash.tile_queries(board):
         if where:
-            filter_ += "".join(f" AND {dash.label_field(k)} = {json.dumps(str(v))}"
-                               for k, v in where.items())
+            filter_ = " AND ".join([filter_, *dash.label_terms(where)])
         if alignment_s is not None:
             aggregation = {**aggregation, "alignmentPeriod": f"{alignment_s}s"}
         df = monitoring.query(filter_, aggregation, minutes=minutes, end=end)
         df["statistic"] = _statistic(aggregation.get("crossSeriesReducer", "REDUCE_NONE"))
         tiles.setdefault(title, []).append(df)
     tiles = {title: _concat([p for p in parts if not p.empty]) for title, parts in tiles.items()}
-    columns = 3
-    rows = -(-len(tiles) // columns)
-    _, axes = plt.subplots(rows, columns, figsize=(5 * columns, 2.8 * rows), squeeze=False)
-    for ax, (title, df) in zip(axes.ravel(), tiles.items()):
-        ax.set_title(title, fontsize=9)
-        if df.empty:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-            continue
-        t0 = df["time"].min()
-        label_columns = [c for c in df.columns if c.startswith("rl.")]
-        for key, part in df.groupby(["statistic", *label_columns], sort=True):
-            ax.plot((part["time"] - t0).dt.total_seconds(), part["value"],
-                    label=" ".join(map(str, key)))
-        ax.tick_params(labelsize=7)
-        ax.legend(fontsize=6)
-    for ax in axes.ravel()[len(tiles):]:
-        ax.axis("off")
-    plt.tight_layout()
+    _plot_panels([(title, "", df, [c for c in df.columns if c.startswith("rl.")])
+                  for title, df in tiles.items()], columns=3, size=(5.0, 2.8))
     return tiles

@@ -52,6 +52,14 @@ _PREFIX_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,18}[a-z0-9])?")
 _MACHINE_RE = re.compile(r"[a-z][a-z0-9]*-[a-z]+(?:-[0-9]+)?")
 
 
+def check_project_id(project_id) -> str:
+    """The project id if it follows GCP's rules, else ValueError naming it."""
+    if not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
+        raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud project "
+                         "id (6-30 lowercase letters, digits or hyphens, starting with a letter)")
+    return project_id
+
+
 @dataclass(frozen=True)
 class MachineType:
     vcpus: int

@@ -143,7 +143,6 @@ class Learner:
         meta = {"updates": self.updates, "config": self.config.to_dict(), **(extra or {})}
         return meta, arrays
 
-
     def restore_checkpoint(self, path: str | os.PathLike) -> dict:
         """Weights, target network, optimizer state and counters from a checkpoint; returns
         its metadata (updates, config and whatever extra the writer added)."""

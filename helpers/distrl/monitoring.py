@@ -44,6 +44,7 @@ import functools
 import hashlib
 import json
 import math
+import operator
 import re
 from dataclasses import dataclass, field
 
@@ -59,8 +60,7 @@ MAX_PERIODS = 100_000
 
 _pb = {name: getattr(monitoring_v3, name).pb() for name in (
     "ListTimeSeriesRequest", "ListTimeSeriesResponse", "ListMetricDescriptorsRequest",
-    "ListMetricDescriptorsResponse", "GetMetricDescriptorRequest", "TimeSeries", "Point",
-    "TypedValue", "TimeInterval", "Aggregation")}
+    "ListMetricDescriptorsResponse", "GetMetricDescriptorRequest", "TimeSeries", "Aggregation")}
 Aligner = _pb["Aggregation"].Aligner
 Reducer = _pb["Aggregation"].Reducer
 Kind = metric_pb2.MetricDescriptor.MetricKind
@@ -257,7 +257,6 @@ class Series:
     points: list = field(default_factory=list)   # (start_ns, end_ns, value), oldest first
     temporalities: list = field(default_factory=list)  # OTLP temporality of each point read
 
-
     @functools.cached_property
     def ends(self) -> list[int]:
         """The points' end times (sorted: points are oldest first)."""
@@ -385,14 +384,13 @@ _REDUCERS = {
     Reducer.REDUCE_MAX: "max", Reducer.REDUCE_COUNT: "count",
     Reducer.REDUCE_PERCENTILE_99: 0.99, Reducer.REDUCE_PERCENTILE_95: 0.95,
     Reducer.REDUCE_PERCENTILE_50: 0.50, Reducer.REDUCE_PERCENTILE_05: 0.05}
-_KIND_NAMES = {Kind.GAUGE: "GAUGE", Kind.CUMULATIVE: "CUMULATIVE", Kind.DELTA: "DELTA"}
 
 
 def _check_aligner(aligner: int, kind: int, value_type: int, metric_type: str) -> None:
     name = Aligner.Name(aligner)
     op = _ALIGNERS[aligner]
     dist = value_type == ValueType.DISTRIBUTION
-    what = f"{_KIND_NAMES[kind]} {ValueType.Name(value_type)} metric {metric_type}"
+    what = f"{Kind.Name(kind)} {ValueType.Name(value_type)} metric {metric_type}"
     if op in ("delta", "rate"):
         ok = kind in (Kind.CUMULATIVE, Kind.DELTA) and (op == "delta" or not dist)
     elif isinstance(op, float):
@@ -427,18 +425,13 @@ def _period_value(s: Series, op, lo: int, hi: int):
             previous = point
         return delta if op == "delta" else delta / ((hi - lo) / 1e9)
     if op == "delta" or op == "sum":
-        total = values[0]
-        for v in values[1:]:
-            total = total + v
-        return total
+        return _total(values)
     if op == "rate":
         return sum(values) / ((hi - lo) / 1e9)
     if op == "count":
         return len(values)
     if isinstance(op, float):
-        merged = values[0]
-        for v in values[1:]:
-            merged = merged + v
+        merged = _total(values)
         return merged.percentile(op) if merged.count else None
     return {"mean": lambda: float(np.mean(values)), "min": lambda: min(values),
             "max": lambda: max(values)}[op]()
@@ -456,17 +449,16 @@ def _aligned_types(op, kind: int, value_type: int) -> tuple[int, int]:
     return Kind.GAUGE, ValueType.DOUBLE  # rate, mean, percentiles
 
 
+def _total(values: list):
+    """The sum of numbers or the merge of distributions (Dist has no zero to start from)."""
+    return functools.reduce(operator.add, values)
+
+
 def _reduce(op, values: list):
     if op == "count":
         return len(values)
-    dist = isinstance(values[0], Dist)
-    if dist and op in ("min", "max"):
-        raise _invalid(f"cross_series_reducer REDUCE_{op.upper()} is not valid for "
-                       "distribution values")
-    if dist:
-        merged = values[0]
-        for v in values[1:]:
-            merged = merged + v
+    if isinstance(values[0], Dist):  # MIN and MAX were refused by check_aggregation
+        merged = _total(values)
         if op == "sum":
             return merged
         if op == "mean":
@@ -507,8 +499,7 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
         return
     if aligner not in _ALIGNERS:
         raise _unimplemented(f"per_series_aligner {Aligner.Name(aligner)} is not supported")
-    period = aggregation.alignment_period
-    period_ns = period.seconds * 10**9 + period.nanos
+    period_ns = _ns(aggregation.alignment_period)
     if not aggregation.HasField("alignment_period") or period_ns <= 0:
         raise _invalid(f"per_series_aligner {Aligner.Name(aligner)} needs an alignment_period")
     if period_ns < 10**9:
@@ -539,7 +530,7 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int) -> 
         return series
     if not series:
         return []
-    period_ns = aggregation.alignment_period.seconds * 10**9 + aggregation.alignment_period.nanos
+    period_ns = _ns(aggregation.alignment_period)
     kind, value_type = series[0].kind, series[0].value_type
     op = _ALIGNERS[aligner]
     out_kind, out_type = _aligned_types(op, kind, value_type)
@@ -605,8 +596,9 @@ def _project(name: str, what: str) -> str:
     return match.group(1)
 
 
-def _ns(timestamp) -> int:
-    return timestamp.seconds * 10**9 + timestamp.nanos
+def _ns(message) -> int:
+    """A protobuf Timestamp or Duration in nanoseconds."""
+    return message.seconds * 10**9 + message.nanos
 
 
 def _timestamp(message, ns: int) -> None:
@@ -685,18 +677,20 @@ class MetricService:
     def _descriptors(self) -> list[dict]:
         return self.store.query("SELECT * FROM metric_descriptors ORDER BY metric_type")
 
+    def _descriptor(self, metric_type: str) -> dict | None:
+        rows = self.store.query("SELECT * FROM metric_descriptors WHERE metric_type = ?",
+                                (metric_type,))
+        return rows[0] if rows else None
+
     def _descriptor_pb(self, d: dict, project: str):
-        keys = set()
-        for r in self.store.query("SELECT DISTINCT attributes FROM points WHERE "
-                                  "metric_type = ?", (d["metric_type"],)):
-            keys |= set(json.loads(r["attributes"]))
         out = metric_pb2.MetricDescriptor(
             name=f"projects/{project}/metricDescriptors/{d['metric_type']}",
             type=d["metric_type"], metric_kind=Kind.Value(d["metric_kind"]),
             value_type=ValueType.Value(d["value_type"]), unit=d["unit"] or "",
             description=d["description"] or "", display_name=d["name"],
             monitored_resource_types=[RESOURCE_TYPE])
-        out.labels.extend(label_pb2.LabelDescriptor(key=k) for k in sorted(keys))
+        out.labels.extend(label_pb2.LabelDescriptor(key=k)
+                          for k in self.store.label_keys(d["metric_type"]))
         return out
 
     def list_metric_descriptors(self, request):
@@ -723,9 +717,9 @@ class MetricService:
         if not match:
             raise _invalid(f"name {request.name!r} is invalid: expected "
                            "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
-        for d in self._descriptors():
-            if d["metric_type"] == match.group(2):
-                return self._descriptor_pb(d, match.group(1))
+        descriptor = self._descriptor(match.group(2))
+        if descriptor is not None:
+            return self._descriptor_pb(descriptor, match.group(1))
         raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {match.group(2)!r}")
 
     def list_time_series(self, request):
@@ -755,19 +749,17 @@ class MetricService:
         headers_only = request.view == HEADERS
         size = _page_size(request.page_size, MAX_PAGE_SIZE)
         offset = _page_offset(request)
-        descriptor = next((d for d in self._descriptors() if d["metric_type"] == metric_type),
-                          None)
+        descriptor = self._descriptor(metric_type)
         check_aggregation(request.aggregation, start_ns, end_ns, metric_type,
                           _kind_of(descriptor) if descriptor else None,
                           ValueType.Value(descriptor["value_type"]) if descriptor else None)
         response = _pb["ListTimeSeriesResponse"]()
         if descriptor is None:
             return response
-        period = request.aggregation.alignment_period
-        period_ns = period.seconds * 10**9 + period.nanos
         aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
         # Nothing older than the first period (or the interval) can matter to a gauge.
-        since_ns = start_ns - max(period_ns, 0) if aligned else min(start_ns, end_ns - 1)
+        since_ns = (start_ns - _ns(request.aggregation.alignment_period) if aligned
+                    else min(start_ns, end_ns - 1))
         series = read_series(self.store, descriptor, project, terms, end_ns, since_ns)
         series = aggregate(series, request.aggregation, start_ns, end_ns)
         series = [s for s in series if s.points]
