@@ -29,9 +29,9 @@ def direct_cost() -> None:
 
     from distrl import telemetry as otel
     from distrl.actor import Actor
-    from distrl.apex import TRAFFIC_FLUSH_BLOCKS, _TrafficTally
     from distrl.config import ApexConfig
     from distrl.network import NetworkSpec, init_weights
+    from distrl.process_telemetry import TRAFFIC_FLUSH_BLOCKS, TrafficTally
 
     config = ApexConfig()
     actor = Actor(config, 0, init_weights(NetworkSpec(4, 2, config.hidden_sizes), 0))
@@ -41,7 +41,7 @@ def direct_cost() -> None:
         rl = otel.RLInstruments(tel.meter, otel.common_attributes(
             run_id="bench", algorithm="apex-dqn", environment="CartPole-v1", model="m"))
         attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
-        tally = _TrafficTally()
+        tally = TrafficTally()
         block_s, record_s, blocks = 0.0, 0.0, 0
         while block_s < 5.0:
             t0 = time.perf_counter()

@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="warning")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
     yield
     ray.shutdown()
 
@@ -173,8 +173,8 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
     priority mass, transitions in proportion to p_i over both, and updates reach their shard."""
     from scipy import stats
 
-    from distrl.apex import ReplayShards, ReplayWorker
     from distrl.replay import Transitions
+    from distrl.workers import ReplayShards, ReplayWorker
 
     config = ApexConfig(replay_capacity=64, min_replay_size=8, samples_per_insert=0.0,
                         priority_alpha=1.0, priority_eps=1e-6, batch_size=8)

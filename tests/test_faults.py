@@ -27,7 +27,7 @@ SMALL = dict(env_id="CartPole-v1", num_actors=2, envs_per_actor=8, hidden_sizes=
 def ray_local():
     import ray
 
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="error")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="error")
     yield ray
     ray.shutdown()
 

@@ -136,7 +136,11 @@ class ApexConfig:
     max_actor_restarts: int = -1
     """times Ray restarts a lost actor process, e.g. on a preempted node (-1: always; 0: never)"""
     resource_timeout_s: float = 10.0
-    """seconds to wait for the cluster to offer the CPUs/GPUs asked for before failing"""
+    """seconds to wait for a node offering what none has yet (a GPU; fixed cluster: CPUs)"""
+    autoscaling: bool | None = None
+    """nodes join on demand (an autoscaler): actors wait for CPUs, not refused (None: ask Ray's record)"""
+    actor_wait_s: float = 300.0
+    """seconds with no actor running (all waiting for a node) before the run ends as 'no_actors'"""
     progress: bool = True
     """show a progress bar"""
 
@@ -223,6 +227,10 @@ def _validate(c: ApexConfig) -> None:
            c.actor_cpus, "None or a number > 0")
     _check(_is_num(c.resource_timeout_s) and c.resource_timeout_s >= 0, "resource_timeout_s",
            c.resource_timeout_s, "a number >= 0")
+    _check(_is_num(c.actor_wait_s) and c.actor_wait_s > 0, "actor_wait_s", c.actor_wait_s,
+           "a number of seconds > 0")
+    _check(c.autoscaling is None or isinstance(c.autoscaling, bool), "autoscaling",
+           c.autoscaling, "None (detect), True or False")
     _check(len(c.hidden_sizes) >= 1 and all(_is_int(h) and h >= 1 for h in c.hidden_sizes),
            "hidden_sizes", c.hidden_sizes, "one or more integers >= 1, e.g. (128, 128)")
     _check(c.target_return is None or _is_num(c.target_return), "target_return",

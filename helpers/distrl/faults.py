@@ -1,0 +1,261 @@
+"""Fault handling of an Ape-X run: SIGTERM (the Spot notice), deadlines, and the driver's view
+of actors that come, go, and wait for a node.
+
+Nothing here waits without a deadline. A lost node shows up as an actor that stops reporting,
+its run() failing with RayActorError while Ray restarts it (as soon as some node has a free
+CPU), or ActorDiedError once Ray has given up on it; the run goes on with the others.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+
+# An actor that has not answered a stats request for this long is no longer counted as running.
+STALE_S = 5.0
+# Seconds before a lost actor's run() is issued again (Ray queues it until the actor is back).
+RERUN_DELAY_S = 1.0
+
+
+class Deadline:
+    """A point in monotonic time; `left()` is what remains of it (never below 0)."""
+
+    def __init__(self, seconds: float | None):
+        self.at = None if seconds is None else time.monotonic() + seconds
+
+    def left(self, cap: float | None = None) -> float | None:
+        if self.at is None:
+            return cap
+        left = max(0.0, self.at - time.monotonic())
+        return left if cap is None else min(left, cap)
+
+    def passed(self) -> bool:
+        return self.at is not None and time.monotonic() >= self.at
+
+
+def get_within(ref, seconds: float | None, default=None, errors: list | None = None):
+    """ray.get with a deadline: the value, or `default` when it does not come in time or its
+    process is gone (the reason is appended to `errors` when given)."""
+    import ray
+    from ray.exceptions import GetTimeoutError, RayError
+
+    try:
+        return ray.get(ref, timeout=seconds)
+    except (GetTimeoutError, RayError) as e:
+        if errors is not None:
+            errors.append(cause(e))
+        return default
+
+
+def cause(error: BaseException) -> str:
+    """The first line of an error, short enough for one log line."""
+    text = str(error).strip().splitlines()
+    return (text[0] if text else type(error).__name__)[:160]
+
+
+# --------------------------------------------------------------------------- SIGTERM
+
+
+def on_sigterm(action) -> None:
+    """Run action() on SIGTERM (a Spot notice, a pod deletion), then end the process as SIGTERM
+    would. Ray's own handler cannot be chained to here: raised from a signal handler while the
+    worker's main thread waits in Ray's C++ loop, its SystemExit never ends the process.
+    Call from the process's main thread (a Ray actor's __init__ runs there)."""
+
+    def handler(signum, frame):
+        try:
+            action()
+        finally:
+            os._exit(128 + signal.SIGTERM)
+
+    with contextlib.suppress(ValueError):  # not the main thread: no handler, nothing breaks
+        signal.signal(signal.SIGTERM, handler)
+
+
+def ask_learner_to_checkpoint(get_learner, role: str):
+    def action():
+        learner = get_learner()
+        if learner is not None:
+            import ray
+
+            ray.get(learner.checkpoint_now.remote(f"SIGTERM to the {role}"), timeout=20)
+    return action
+
+
+def catch_sigterm(flag: threading.Event):
+    """SIGTERM to the driver sets `flag` (the run then ends with a final checkpoint). Returns
+    the previous handler, or None when this is not the main thread (nothing installed)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    previous = signal.getsignal(signal.SIGTERM)
+    signal.signal(signal.SIGTERM, lambda signum, frame: flag.set())
+    return previous
+
+
+def restore_sigterm(previous) -> None:
+    if previous is not None and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, previous)
+
+
+# --------------------------------------------------------------------------- the actor fleet
+
+
+class ActorFleet:
+    """The driver's view of its actors: who runs, who waits for a node (and since when), and
+    counters that survive restarts. The driver hands it every reply of an actor's run() or
+    stats(); it answers with the changes worth a log line."""
+
+    def __init__(self, actors: list, now: float):
+        n = len(actors)
+        self.actors = actors
+        self.restarts = [0] * n          # new processes seen per actor (a pid that changed)
+        self.pids: list[int | None] = [None] * n
+        self.nodes: list[str | None] = [None] * n
+        self.last = [{"env_steps": 0, "transitions_sent": 0} for _ in range(n)]
+        self.base = [0] * n              # env steps of earlier lives of each actor
+        self.seen: list[float | None] = [None] * n
+        self.waiting_since: list[float | None] = [now] * n   # None while it runs
+        self.retired: dict[int, str] = {}                    # actor -> why, for good
+        self.run_refs: dict = {}         # run() ref -> actor
+        self.stats_refs: dict = {}       # stats() ref -> actor
+        self.rerun_at: dict[int, float] = {}
+        self.none_running_since: float | None = now
+
+    # --- requests ---
+    def start(self) -> None:
+        for i, actor in enumerate(self.actors):
+            self.run_refs[actor.run.remote()] = i
+
+    def ask(self, carrier: dict | None) -> None:
+        """Ask every actor without an open request for its stats."""
+        asked = set(self.stats_refs.values())
+        for i, actor in enumerate(self.actors):
+            if i not in asked and i not in self.retired:
+                self.stats_refs[actor.stats.remote(carrier)] = i
+
+    def outstanding(self) -> list:
+        return [*self.run_refs, *self.stats_refs]
+
+    # --- replies ---
+    def handle(self, ref, now: float) -> list[tuple[str, str]] | None:
+        """Take one ready reply; returns (kind, detail) events, or None if it is not ours."""
+        import ray
+        from ray.exceptions import ActorDiedError, RayActorError
+
+        if ref in self.stats_refs:
+            i = self.stats_refs.pop(ref)
+            try:
+                stats = ray.get(ref, timeout=0)
+            except RayActorError:
+                return []  # its run() reply says what happened
+            return self._reported(i, stats, now)
+        if ref not in self.run_refs:
+            return None
+        i = self.run_refs.pop(ref)
+        try:
+            ray.get(ref, timeout=0)
+            return []  # returned: stop() was called
+        except ActorDiedError as e:  # for good: Ray has no restarts left for it
+            return self._retire(i, f"lost for good ({cause(e)})", now)
+        except RayActorError as e:  # its process is gone; Ray restarts it
+            self.rerun_at[i] = now + RERUN_DELAY_S
+            events = [("actor_lost", f"actor {i} lost ({cause(e)}); Ray restarts it as soon "
+                       "as a node has a free CPU")]
+            return events + self._stopped(i, now)
+        except Exception as e:  # noqa: BLE001 - run() raised: this actor cannot go on
+            return self._retire(i, f"failed ({cause(e)})", now)
+
+    def tick(self, now: float) -> list[tuple[str, str]]:
+        """Re-issue run() to actors being restarted; notice actors that went quiet."""
+        for i, at in list(self.rerun_at.items()):
+            if now >= at and i not in self.retired:
+                del self.rerun_at[i]
+                self.run_refs[self.actors[i].run.remote()] = i
+        events = []
+        for i in range(len(self.actors)):
+            if (self.waiting_since[i] is None and i not in self.retired
+                    and now - self.seen[i] >= STALE_S):
+                events += [("actor_silent", f"actor {i} stopped reporting")]
+                events += self._stopped(i, self.seen[i])
+        return events
+
+    def _reported(self, i: int, stats: dict, now: float) -> list[tuple[str, str]]:
+        if self.pids[i] is not None and stats["pid"] != self.pids[i]:  # a new life of actor i
+            self.restarts[i] += 1
+            self.base[i] += self.last[i]["env_steps"]
+        elif stats["env_steps"] < self.last[i]["env_steps"]:
+            self.base[i] += self.last[i]["env_steps"]
+        first = self.pids[i] is None
+        self.pids[i], self.last[i], self.seen[i] = stats["pid"], stats, now
+        self.nodes[i] = stats.get("node_id")
+        if self.waiting_since[i] is None or i in self.retired:
+            return []
+        self.waiting_since[i] = None
+        self.none_running_since = None
+        node = (self.nodes[i] or "?")[:8]
+        kind, verb = ("actor_running", "running") if first else ("actor_back", "is back")
+        return [(kind, f"actor {i} {verb} on node {node}: {self.running()} of "
+                 f"{self.expected} actors running")]
+
+    def _stopped(self, i: int, since: float) -> list[tuple[str, str]]:
+        if self.waiting_since[i] is None:
+            self.waiting_since[i] = since
+        if self.running() == 0 and self.none_running_since is None:
+            self.none_running_since = since
+        return []
+
+    def _retire(self, i: int, why: str, now: float) -> list[tuple[str, str]]:
+        self.retired[i] = why
+        self.rerun_at.pop(i, None)
+        self._stopped(i, now)
+        return [("actor_lost", f"actor {i} {why}: going on with {self.expected} of "
+                 f"{len(self.actors)} actors")]
+
+    # --- what the driver reads ---
+    @property
+    def expected(self) -> int:
+        return len(self.actors) - len(self.retired)
+
+    def running(self) -> int:
+        return sum(1 for i, w in enumerate(self.waiting_since)
+                   if w is None and i not in self.retired)
+
+    def waiting(self, now: float) -> list[tuple[int, float]]:
+        """(actor, seconds it has waited) for every actor that should run but does not."""
+        return [(i, now - w) for i, w in enumerate(self.waiting_since)
+                if w is not None and i not in self.retired]
+
+    def waiting_line(self, now: float) -> str:
+        """E.g. '1 of 2 actors running; actor 0 waiting for a CPU since 40 s'."""
+        waits = "; ".join(f"actor {i} waiting for a CPU since {s:.0f} s"
+                          for i, s in self.waiting(now))
+        return f"{self.running()} of {self.expected} actors running" + (
+            f"; {waits}" if waits else "")
+
+    def env_steps(self) -> int:
+        return sum(b + s["env_steps"] for b, s in zip(self.base, self.last))
+
+    # --- the end ---
+    def stop(self) -> None:
+        for i, actor in enumerate(self.actors):
+            if i not in self.retired:
+                actor.stop.remote()
+
+    def finish(self, seconds: float) -> dict[int, dict]:
+        """The final stats of every actor whose run() returns within `seconds`."""
+        import ray
+
+        refs = list(self.run_refs)
+        ready, _ = (ray.wait(refs, num_returns=len(refs), timeout=seconds) if refs
+                    else ([], []))
+        finals = {}
+        for ref in ready:
+            i = self.run_refs.pop(ref)
+            stats = get_within(ref, 0)
+            if stats is not None:
+                self._reported(i, stats, time.monotonic())
+                finals[i] = stats
+        return finals

@@ -1,0 +1,508 @@
+"""The Ape-X processes as Ray actors: replay, learner, actors and the greedy evaluator.
+
+Plain classes (ReplayService, Learner, Actor) do the work; these wrappers add what a process
+needs: pulling from and pushing to the others, telemetry, a checkpoint on SIGTERM, and a
+deadline on every wait (a lost peer raises PeerTimeout instead of hanging the process).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+import numpy as np
+
+from distrl import telemetry as otel
+from distrl.actor import Actor, evaluate_greedy
+from distrl.config import ApexConfig
+from distrl.faults import ask_learner_to_checkpoint, on_sigterm
+from distrl.network import NetworkSpec
+from distrl.process_telemetry import TRAFFIC_FLUSH_BLOCKS, ProcessTelemetry, TrafficTally, carrier_of
+from distrl.replay import ReplayService, SampledBatch
+
+# How long a worker waits for a peer's answer before it gives up on it (a lost node).
+PEER_TIMEOUT_S = 60.0
+
+
+class PeerTimeout(RuntimeError):
+    """A peer process did not answer within PEER_TIMEOUT_S (its node is probably gone)."""
+
+
+class ReplayWorker(ReplayService):
+    """The replay process: ReplayService plus telemetry of what it serves."""
+
+    def __init__(self, config: ApexConfig, obs_shape, error_buffer: float):
+        super().__init__(config.replay_capacity, obs_shape, alpha=config.priority_alpha,
+                         eps=config.priority_eps, samples_per_insert=config.samples_per_insert,
+                         min_size=config.min_replay_size, error_buffer=error_buffer,
+                         seed=config.seed)
+        self.tel = ProcessTelemetry(config, "replay")
+        self.learner = None
+        on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "replay"))
+        if self.tel.enabled:
+            rl = self.tel.rl
+            self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
+            self._sync_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SYNC_SOURCE: "learner",
+                                         otel.RL_SYNC_DESTINATION: "replay"})
+
+    def add(self, block, timeout: float | None = 1.0, trace_carrier: dict | None = None) -> bool:
+        with self.tel.span("replay.insert", trace_carrier, {otel.RL_SAMPLE_BATCH_SIZE: len(block)}):
+            return super().add(block, timeout)
+
+    def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
+               num_batches: int = 1, trace_carrier: dict | None = None):
+        start = time.perf_counter()
+        with self.tel.span("replay.sample", trace_carrier,
+                           {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
+            batches = super().sample(batch_size, beta, timeout, num_batches)
+        if self.tel.enabled and batches is not None:
+            self.tel.rl.duration("rl.sample.duration", (time.perf_counter() - start) * 1e3,
+                                 self._sample_attrs)
+        return batches
+
+    def update_priorities(self, keys, td_abs, trace_carrier: dict | None = None) -> int:
+        start = time.perf_counter()
+        size = int(np.asarray(keys).nbytes + np.asarray(td_abs).nbytes)
+        with self.tel.span(otel.SPAN_SYNC, trace_carrier, {
+                otel.RL_SYNC_BYTES: size, otel.RL_SYNC_SOURCE: "learner",
+                otel.RL_SYNC_DESTINATION: "replay"}):
+            live = super().update_priorities(keys, td_abs)
+        if self.tel.enabled:
+            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                                 self._sync_attrs)
+        return live
+
+    def set_learner(self, learner) -> None:
+        """The learner to ask for a checkpoint when this process gets SIGTERM."""
+        self.learner = learner
+
+    def sample_with_total(self, batch_size: int, beta: float, timeout: float | None = 1.0,
+                          num_batches: int = 1, trace_carrier: dict | None = None):
+        """sample() plus this shard's priority mass, which decides the learner's next draws."""
+        batches = self.sample(batch_size, beta, timeout, num_batches, trace_carrier)
+        with self._lock:
+            return batches, self.replay.tree.total
+
+    def stats(self) -> dict:
+        return {**super().stats(), "cpu_s": time.process_time()}
+
+    def close(self) -> None:
+        super().close()
+        self.tel.shutdown()
+
+
+class ReplayShards:
+    """The learner's view of one or more replay processes.
+
+    Each batch comes whole from one shard, drawn with probability proportional to the shard's
+    priority mass, then proportionally within it: every transition is sampled with probability
+    p_i / (sum over all shards), as from one replay. Importance weights, normalised by the
+    batch's largest (Ape-X), need no global counts: (N p_i / T) ** -beta / max_j (...) depends
+    on the p's of the batch only. Keys carry their shard (key * shards + shard), so priorities
+    go back where their transitions live.
+    """
+
+    def __init__(self, shards: list, seed: int = 0):
+        self.shards = list(shards)
+        self.totals = np.ones(len(self.shards))
+        self.rng = np.random.default_rng(seed)
+
+    def request(self, batch_size: int, beta: float, num_batches: int,
+                trace_carrier: dict | None = None) -> list[tuple[int, object]]:
+        n = len(self.shards)
+        mass = self.totals.sum()
+        p = self.totals / mass if mass > 0 else np.full(n, 1.0 / n)
+        counts = self.rng.multinomial(num_batches, p) if n > 1 else [num_batches]
+        return [(s, self.shards[s].sample_with_total.remote(
+                    batch_size, beta, num_batches=int(k), trace_carrier=trace_carrier))
+                for s, k in enumerate(counts) if k]
+
+    def collect(self, pending: list[tuple[int, object]]) -> list | None:
+        """The batches that arrived (a shard held back by its rate limiter sends none)."""
+        n, batches = len(self.shards), []
+        for s, ref in pending:
+            got, total = _get(ref)
+            self.totals[s] = total
+            for b in got or []:
+                batches.append(b if n == 1 else SampledBatch(
+                    b.transitions, b.keys * n + s, b.weights, b.probabilities))
+        return batches or None
+
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray,
+                          trace_carrier: dict | None = None) -> list:
+        n = len(self.shards)
+        if n == 1:
+            return [self.shards[0].update_priorities.remote(keys, td_abs,
+                                                            trace_carrier=trace_carrier)]
+        shard, local = keys % n, keys // n
+        return [self.shards[s].update_priorities.remote(local[mine], td_abs[mine],
+                                                        trace_carrier=trace_carrier)
+                for s in range(n) if (mine := shard == s).any()]
+
+
+class LearnerWorker:
+    """The learner's process: pulls batches from replay itself and trains in a loop thread."""
+
+    def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
+                 output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
+        from distrl.learner import Learner, configure_tensorflow
+
+        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
+        if config.num_gpus > 0 and not self.gpus:
+            raise RuntimeError(
+                f"num_gpus={config.num_gpus}: Ray gave the learner a GPU "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}) but TensorFlow "
+                "sees none; install a CUDA build of TensorFlow on that node or use num_gpus=0")
+        import tensorflow as tf
+
+        self.config = config
+        self.replay = ReplayShards(replays, config.seed)
+        self.learner = Learner(config, spec, weights)
+        if resume_path is not None:  # weights, target network, optimizer, update counter
+            self.learner.restore_checkpoint(resume_path)
+            weights = self.learner.get_weights()
+        self.output_dir = Path(output_dir)
+        self.checkpoint_dir = checkpoint_dir
+        self.progress: dict = {}  # the driver's counters, saved with each checkpoint
+        self.events: list[dict] = []
+        self._update_lock = threading.Lock()  # a checkpoint never sees half an update
+        self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
+        self._lock = threading.Lock()
+        self._published = (self.learner.updates, weights)
+        self._stop = threading.Event()
+        self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
+                       "wait_s": 0.0, "train_s": 0.0}
+        self.checkpoint: str | None = None
+        on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
+        self.tel = ProcessTelemetry(config, "learner")
+        if self.tel.enabled:
+            self._publish_attrs = self.tel.rl.attrs({
+                otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
+            # One update: three forward passes (online and target on s', online on s) and a
+            # backward pass (about two forward passes) over the batch.
+            self.flops_per_update = 5 * spec.forward_flops(config.batch_size)
+            self.peak_flops = config.peak_flops or otel.peak_flops_for(self._gpu_names(),
+                                                                  config.learner_cpus)
+
+    def _gpu_names(self) -> list[str]:
+        import tensorflow as tf
+
+        names = []
+        for gpu in tf.config.list_physical_devices("GPU"):
+            details = tf.config.experimental.get_device_details(gpu)
+            names.append(details.get("device_name", gpu.name))
+        return names
+
+    def run(self) -> dict:
+        """Train until stop() or max_learner_updates; returns the final stats."""
+        import tensorflow as tf
+
+        c, tel = self.config, self.tel
+        learner = self.learner
+        fetch = c.batches_per_fetch
+        next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
+        priority_refs: deque = deque()
+        last_checkpoint = time.monotonic()
+        while not self._stop.is_set():
+            t0 = time.monotonic()
+            batches = self.replay.collect(next_batches)
+            carrier = tel.take_carrier() if batches is not None else None
+            t1 = time.monotonic()
+            if batches is None:  # rate limiter or replay warm-up: ask again
+                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
+                with self._lock:
+                    self._stats["wait_s"] += t1 - t0
+                continue
+            with tel.span(otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: len(batches),
+                                                otel.RL_TRAIN_BATCH_SIZE: c.batch_size}) as train_span:
+                child = carrier_of(train_span)
+                # Prefetch: replay prepares the next batches while these train.
+                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch,
+                                                   trace_carrier=child)
+                keys, priorities = [], []
+                for batch in batches:
+                    u0 = time.perf_counter()
+                    with self._update_lock:
+                        loss, td_abs, diag = learner.update(batch)
+                    if tel.enabled:
+                        tel.rl.duration("rl.train.duration", (time.perf_counter() - u0) * 1e3,
+                                        tel.attrs)
+                    keys.append(batch.keys)
+                    priorities.append(td_abs)
+                    if learner.updates % c.weight_publish_period == 0:
+                        self._publish()
+                    if learner.updates % 100 == 0:
+                        with self.writer.as_default(step=learner.updates):
+                            tf.summary.scalar("learner/loss", loss)
+                            tf.summary.scalar("learner/mean_q", diag["mean_q"])
+                            tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
+                            tf.summary.scalar("learner/beta", learner.beta())
+                priority_refs.extend(self.replay.update_priorities(
+                    np.concatenate(keys), np.concatenate(priorities), trace_carrier=child))
+            while len(priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
+                _get(priority_refs.popleft())
+            t2 = time.monotonic()
+            with self._lock:
+                s = self._stats
+                s.update(updates=learner.updates, loss=loss, mean_q=diag["mean_q"])
+                s["wait_s"] += t1 - t0
+                s["train_s"] += t2 - t1
+            if tel.enabled:
+                tel.rl.duration("rl.loop.duration", (t2 - t0) * 1e3, tel.attrs)
+                tel.rl.add("rl.train.steps", len(batches), tel.attrs)
+                tel.rl.set("rl.train.loss", loss, tel.attrs)
+                tel.rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, len(batches)
+                                               / max(t2 - t0, 1e-9), self.peak_flops), tel.attrs)
+            if time.monotonic() - last_checkpoint >= c.checkpoint_interval_s:
+                self.save_checkpoint()
+                last_checkpoint = time.monotonic()
+            if c.max_learner_updates and learner.updates >= c.max_learner_updates:
+                break
+        for ref in priority_refs:
+            _get(ref)
+        self._publish()
+        return self.stats()
+
+    def _publish(self) -> None:
+        """Make the current weights the version actors and the evaluator pull."""
+        start = time.perf_counter()
+        weights = self.learner.get_weights()
+        with self._lock:
+            self._published = (self.learner.updates, weights)
+        if self.tel.enabled:
+            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                                 self._publish_attrs)
+
+    def save_checkpoint(self) -> str:
+        from distrl.learner import write_checkpoint
+
+        with self._update_lock:  # copy a whole state; write it while training goes on
+            snapshot = self.learner.snapshot({"progress": dict(self.progress),
+                                              "saved_at": time.time()})
+        self.checkpoint = write_checkpoint(self.checkpoint_dir, snapshot)
+        return self.checkpoint
+
+    def checkpoint_now(self, reason: str) -> str:
+        """A checkpoint at once (SIGTERM anywhere in the run: the Spot notice)."""
+        path = self.save_checkpoint()
+        self.events.append({"time": time.time(), "kind": "checkpoint", "detail": reason,
+                            "checkpoint": path})
+        return path
+
+    def note_progress(self, progress: dict) -> None:
+        """The driver's counters (env steps, ...) to store with the next checkpoint."""
+        self.progress = progress
+
+    def get_weights(self, have_version: int = -1):
+        """(version, weights), or None when the caller already has the newest version."""
+        with self._lock:
+            version, weights = self._published
+        return None if version == have_version else (version, weights)
+
+    def stats(self, trace_carrier: dict | None = None) -> dict:
+        self.tel.set_carrier(trace_carrier)
+        with self._lock:
+            return dict(self._stats, checkpoint=self.checkpoint, cpu_s=time.process_time(),
+                        pid=os.getpid(), events=list(self.events))
+
+    def log_scalars(self, scalars: dict, step: int) -> None:
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for name, value in scalars.items():
+                tf.summary.scalar(name, value)
+        self.writer.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def close(self) -> str:
+        """Write the final checkpoint, flush TensorBoard and telemetry."""
+        path = self.save_checkpoint()
+        self.writer.flush()
+        self.tel.shutdown()
+        return path
+
+
+class ActorWorker:
+    """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
+
+    def __init__(self, config: ApexConfig, index: int, replay, learner):
+        self.config, self.replay, self.learner = config, replay, learner
+        # The learner's newest weights: a restarted actor (a lost node, a killed process) picks
+        # up where training is, and nothing large sits in the object store for restarts.
+        version, weights = _get(learner.get_weights.remote(-1))
+        self.actor = Actor(config, index, weights)
+        self.actor.set_weights(weights, version)
+        self.node_id = _node_id()  # where this life of the actor runs (a restart may move it)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+        self.blocks_sent = 0
+        self.transitions_sent = 0
+        self.tel = ProcessTelemetry(config, "actor", index)
+        on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, f"actor {index}"))
+        if self.tel.enabled:
+            rl = self.tel.rl
+            self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
+            self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
+                                         otel.RL_SYNC_DESTINATION: "actor"})
+
+    def ready(self) -> dict:
+        """Answered once this life of the actor is constructed: where it runs, as what."""
+        return {"pid": os.getpid(), "node_id": self.node_id,
+                "epsilons": self.actor.epsilons.tolist()}
+
+    def run(self) -> dict:
+        c, actor, tel = self.config, self.actor, self.tel
+        steps = c.actor_block_steps
+        in_flight = None          # (block ref, add ref): one block travels while the next is made
+        weights_request = None    # (ref, start time, trace carrier)
+        steps_since_sync = 0
+        sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
+        traffic = TrafficTally()
+        while not self._stop.is_set():
+            carrier = tel.take_carrier()
+            t0 = time.perf_counter()
+            with tel.span(otel.SPAN_SAMPLE, carrier, {otel.RL_SAMPLE_STEPS: steps,
+                                                 otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as sample_span:
+                actor.step(steps)
+                if sample_span is not None:
+                    sample_span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
+            t1 = time.perf_counter()
+            with tel.span(otel.SPAN_REWARD, carrier) as reward_span:
+                block = actor.fold()
+                if reward_span is not None:
+                    reward_span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
+            t2 = time.perf_counter()
+            steps_since_sync += steps
+            if in_flight is not None:
+                self._deliver(*in_flight)
+            block_ref = _put(block)
+            in_flight = (block_ref, self.replay.add.remote(
+                block_ref, trace_carrier=carrier_of(reward_span)), len(block))
+            if weights_request is None and steps_since_sync >= c.weight_sync_period:
+                weights_request = (self.learner.get_weights.remote(actor.weights_version),
+                                   time.perf_counter(), carrier, time.time_ns())
+                steps_since_sync = 0
+            if weights_request is not None and _ready(weights_request[0]):
+                ref, started, sync_carrier, started_ns = weights_request
+                weights_request = None
+                update = _get(ref)
+                if update is not None:
+                    actor.set_weights(update[1], update[0])
+                if tel.enabled:
+                    size = sum(w.nbytes for w in update[1]) if update is not None else 0
+                    elapsed_ms = (time.perf_counter() - started) * 1e3
+                    # From the request to the new weights in use (the pull is asynchronous).
+                    with tel.span(otel.SPAN_SYNC, sync_carrier,
+                                  {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
+                        pass
+                    tel.rl.duration("rl.sync.duration", elapsed_ms, self._sync_attrs)
+            returns, lengths = actor.pop_episode_stats()
+            with self._lock:
+                self._returns += returns
+                self._lengths += lengths
+            if tel.enabled:
+                rl, attrs = tel.rl, self._sample_attrs
+                rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
+                rl.duration("rl.step.duration", (t1 - t0) * 1e3 / steps, attrs)
+                rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
+                rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
+                traffic.add(steps * c.envs_per_actor, returns, lengths)
+                if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
+                    traffic.flush(rl, attrs)
+        if in_flight is not None:
+            self._deliver(*in_flight)
+        if tel.enabled:
+            traffic.flush(tel.rl, self._sample_attrs)
+        tel.shutdown()
+        return self.stats()
+
+    def _deliver(self, block_ref, add_ref, size: int) -> None:
+        """Wait until replay accepted the block, resending it if the rate limiter timed out."""
+        while not _get(add_ref):
+            if self._stop.is_set():
+                return  # replay is closing: the run is over
+            add_ref = self.replay.add.remote(block_ref)
+        self.blocks_sent += 1
+        self.transitions_sent += size
+
+    def stats(self, trace_carrier: dict | None = None) -> dict:
+        self.tel.set_carrier(trace_carrier)
+        with self._lock:
+            returns, lengths = self._returns, self._lengths
+            self._returns, self._lengths = [], []
+        return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
+                "transitions_sent": self.transitions_sent, "episode_returns": returns,
+                "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
+                "node_id": self.node_id}
+
+    def stop(self) -> None:
+        self._stop.set()
+
+
+class EvaluatorWorker:
+    """Greedy (epsilon = 0) evaluation; its returns, not the actors', are the score."""
+
+    def __init__(self, config: ApexConfig):
+        self.config = config
+        self.count = 0
+        self.learner = None
+        on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "evaluator"))
+        self.tel = ProcessTelemetry(config, "evaluator")
+
+    def set_learner(self, learner) -> None:
+        """The learner to ask for a checkpoint when this process gets SIGTERM."""
+        self.learner = learner
+
+    def evaluate(self, versioned_weights) -> dict:
+        version, weights = versioned_weights
+        seed = self.config.seed + 10_000 * (self.count + 1)
+        self.count += 1
+        returns, lengths = evaluate_greedy(self.config.env_id, weights,
+                                           self.config.eval_episodes, seed, self.config.dueling)
+        if self.tel.enabled:
+            self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
+            self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
+                            self.tel.attrs)
+        return {"weights_version": version, "returns": returns.tolist(),
+                "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
+
+    def close(self) -> float:
+        """Flush telemetry; returns the CPU seconds this process used."""
+        self.tel.shutdown()
+        return time.process_time()
+
+
+def _get(ref, timeout_s: float = PEER_TIMEOUT_S):
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    try:
+        return ray.get(ref, timeout=timeout_s)
+    except GetTimeoutError as e:
+        raise PeerTimeout(f"no answer from a peer process within {timeout_s:g}s") from e
+
+
+def _put(value):
+    import ray
+
+    return ray.put(value)
+
+
+def _node_id() -> str:
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def _ready(ref) -> bool:
+    import ray
+
+    done, _ = ray.wait([ref], timeout=0)
+    return bool(done)
