@@ -6,6 +6,12 @@ way the pods of k8s/plain start them (`ray start --head`, then the wait-for-head
         ...
     # every process the cluster started is gone here, also after a failed start
 
+    # GKE's autoscaled Spot pool, rehearsed: 0 worker nodes, more as Ray asks (distrl.autoscale)
+    cluster = LocalCluster.from_ray_cluster(manifests.ray_cluster(settings), cpus_per_worker=1)
+
+Nothing outlives the process that started the cluster: stop() runs at exit, and a small reaper
+process stops the nodes if that process dies without running it (a kernel killed by papermill).
+
     distrl cluster up --workers 2 --cpus-per-worker 1     # from a shell; `distrl cluster down`
 
 The dashboard (and its Jobs API) listens on 127.0.0.1 only. Ray's token authentication stays on:
@@ -14,6 +20,7 @@ the nodes and the job client use ~/.ray/auth_token (made if missing).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
@@ -23,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -63,6 +71,8 @@ class Node:
     process: subprocess.Popen
     log: Path
     cpus: float
+    group: str | None = None      # the autoscaled group it belongs to (None: a fixed node)
+    node_id: str | None = None    # Ray's node id (hex), once known
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -85,6 +95,10 @@ class LocalCluster:
     dashboard_port: int = 0
     log_dir: str | Path | None = None
     start_timeout_s: float = 120.0
+    autoscale: object = None
+    """a distrl.autoscale.NodeGroup: worker nodes added and removed with Ray's demand"""
+    on_event: Callable[[str], None] | None = None
+    """called with one line per autoscaler event (e.g. print)"""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self):
@@ -103,6 +117,25 @@ class LocalCluster:
                 raise ValueError(f"{name}={value!r}: expected a port from 0 (any free) to 65535")
         if not self.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s={self.start_timeout_s!r}: expected > 0")
+        from distrl.autoscale import NodeGroup
+
+        if self.autoscale is not None and not isinstance(self.autoscale, NodeGroup):
+            raise ValueError(f"autoscale={self.autoscale!r}: expected None or a "
+                             "distrl.autoscale.NodeGroup")
+        self.autoscaler = None
+        self._reaper: subprocess.Popen | None = None
+
+    @classmethod
+    def from_ray_cluster(cls, ray_cluster: dict, head_cpus: float = 1, cpus_per_worker: float = 1,
+                         max_workers: int | None = None, **kwargs) -> LocalCluster:
+        """A head plus the manifest's `actors` group, autoscaled from its minReplicas to its
+        maxReplicas, with CPUs scaled down to this machine."""
+        from distrl.autoscale import NodeGroup
+
+        group = NodeGroup.from_ray_cluster(ray_cluster, cpus=cpus_per_worker,
+                                           max_nodes=max_workers)
+        return cls(num_workers=0, cpus_per_worker=cpus_per_worker, head_cpus=head_cpus,
+                   autoscale=group, **kwargs)
 
     # --- addresses ---
     @property
@@ -125,6 +158,8 @@ class LocalCluster:
         logs.mkdir(parents=True, exist_ok=True)
         self.log_dir = logs
         _use_token_auth()
+        atexit.register(self.stop)  # a normal exit, also of a kernel after a failed cell
+        self._reaper = _start_reaper(self._state_file())
         try:
             self._start_node("head", [
                 "ray", "start", "--head", "--block", f"--port={self.port}",
@@ -139,12 +174,18 @@ class LocalCluster:
                 self.add_worker(name=f"worker-{i + 1}")
                 self.wait_for_nodes(2 + i)
             self._wait_for_jobs_api()
+            if self.autoscale is not None:
+                from distrl.autoscale import LocalAutoscaler
+
+                self.autoscaler = LocalAutoscaler(self, self.autoscale,
+                                                  on_event=self.on_event).start()
         except BaseException:
             self.stop()
             raise
         return self
 
-    def add_worker(self, cpus: float | None = None, name: str | None = None) -> Node:
+    def add_worker(self, cpus: float | None = None, name: str | None = None,
+                   group: str | None = None) -> Node:
         """Start one more worker node (e.g. a replacement after a simulated preemption)."""
         cpus = self.cpus_per_worker if cpus is None else cpus
         name = name or f"worker-{len(self.nodes)}"
@@ -153,17 +194,41 @@ class LocalCluster:
                "WAIT_FOR_HEAD_INTERVAL_S": "0.5"}
         return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
                                        *_node_ports(len(self.nodes)), "--disable-usage-stats"],
-                                cpus, env)
+                                cpus, env, group)
 
-    def _start_node(self, name: str, argv: list[str], cpus: float, env: dict) -> Node:
+    def _start_node(self, name: str, argv: list[str], cpus: float, env: dict,
+                    group: str | None = None) -> Node:
         log = Path(self.log_dir) / f"{name}.log"
         with open(log, "w") as out:
             # Its own session: stop() ends the node and everything it spawned as one group.
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                        env=node_env(env), start_new_session=True)
-        node = Node(name, process, log, cpus)
+        node = Node(name, process, log, cpus, group)
         self.nodes.append(node)
+        self._save_state()
         return node
+
+    def remove_node(self, node: Node) -> None:
+        """Stop one node (SIGTERM, then SIGKILL) and forget it."""
+        _kill_group(node.process, signal.SIGTERM, 10.0)
+        _kill_group(node.process, signal.SIGKILL, 5.0)
+        self.forget_node(node)
+
+    def forget_node(self, node: Node) -> None:
+        if node in self.nodes:
+            self.nodes.remove(node)
+            self._save_state()
+
+    def _state_file(self) -> Path:
+        return Path(self.log_dir) / "cluster-state.json"
+
+    def _save_state(self) -> None:
+        """What the reaper stops if this process dies: every node's process group."""
+        path = self._state_file()
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"port": self.port,
+                                   "groups": [n.process.pid for n in self.nodes]}))
+        tmp.replace(path)
 
     def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> list[dict]:
         """Block until `count` nodes are alive in the cluster; returns them (ray.util.state)."""
@@ -214,7 +279,7 @@ class LocalCluster:
         if node is None or name == "head":
             raise ValueError(f"name={name!r}: expected one of the worker nodes "
                              f"{[n.name for n in self.nodes if n.name != 'head']}")
-        _kill_group(node.process, signal.SIGKILL, 0)
+        _kill_group(node.process, signal.SIGKILL, 5.0)
         return node
 
     def stop(self) -> None:
@@ -222,6 +287,8 @@ class LocalCluster:
         forget the cluster. Safe to call twice."""
         import psutil
 
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -237,6 +304,10 @@ class LocalCluster:
         psutil.wait_procs(alive, timeout=5)
         self.nodes = []
         forget_cluster(self.port)
+        if self._reaper is not None:  # nothing left for it to do
+            _kill_group(self._reaper, signal.SIGKILL, 5.0)
+            self._reaper = None
+        atexit.unregister(self.stop)
 
     def __enter__(self) -> LocalCluster:
         return self.start()
@@ -305,6 +376,41 @@ def _node_ports(index: int) -> list[str]:
             f"--dashboard-agent-grpc-port={_free_port()}",
             f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
             f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
+
+
+def _start_reaper(state_file: Path) -> subprocess.Popen:
+    """A process that stops the cluster's nodes once this process is gone, however it ended."""
+    code = f"from distrl.cluster import reap; reap({os.getpid()}, {str(state_file)!r})"
+    return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+
+
+def reap(parent_pid: int, state_file: str, poll_s: float = 0.5) -> None:
+    """Wait until `parent_pid` has exited (this process is then re-parented), then stop every
+    node group listed in `state_file` and forget the cluster."""
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+    try:
+        state = json.loads(Path(state_file).read_text())
+    except (OSError, ValueError):
+        return
+    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
+        for pgid in reversed(state.get("groups", [])):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline and any(_group_alive(g) for g in state["groups"]):
+            time.sleep(0.2)
+    forget_cluster(state.get("port", 0))
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:

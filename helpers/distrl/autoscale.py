@@ -1,0 +1,203 @@
+"""Nodes on demand on one machine: a rehearsal of GKE's autoscaled Spot actor pool.
+
+On GKE, KubeRay's autoscaler watches the work Ray cannot place, adds pods to the `actors`
+worker group (up to maxReplicas) and removes pods that stay idle; the Spot node pool follows
+the pods. LocalAutoscaler does the same with `ray start` worker nodes of a LocalCluster, and it
+reads the same demand: the pending resource requests that Ray's GCS keeps for autoscalers
+(Ray's autoscaler v2 API). It also publishes its node group to Ray, as KubeRay's autoscaler v2
+does, so a driver can tell that nodes will come (distrl.apex.node_groups).
+
+    group = NodeGroup.from_ray_cluster(manifests.ray_cluster(settings), cpus=1)
+    with LocalCluster(num_workers=0, autoscale=group) as cluster:   # 0 actor nodes at first
+        ...                                # pending actors bring nodes; idle nodes go away
+
+Why not Ray's own fake multi-node provider (ray.cluster_utils.AutoscalingCluster): as installed
+from the wheel it cannot start (its base config, autoscaler/_private/fake_multi_node/example.yaml,
+is not shipped), and its start() runs `ray stop --force`, which ends every Ray process of the
+machine, the reader's own included.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass
+
+# Ray's NodeState.status values (src/ray/protobuf/autoscaler.proto).
+NODE_DEAD = 2
+
+
+@dataclass(frozen=True)
+class NodeGroup:
+    """A worker group that grows and shrinks with demand (KubeRay's workerGroupSpecs entry)."""
+
+    name: str = "actors"
+    min_nodes: int = 0
+    max_nodes: int = 2
+    cpus: float = 1.0
+    idle_timeout_s: float = 30.0
+    """a node with nothing on it for this long is removed (KubeRay's idleTimeoutSeconds: 60)"""
+
+    def __post_init__(self):
+        for name in ("min_nodes", "max_nodes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"NodeGroup.{name}={value!r}: expected an integer >= 0")
+        if self.max_nodes < self.min_nodes:
+            raise ValueError(f"NodeGroup.max_nodes={self.max_nodes} is below min_nodes="
+                             f"{self.min_nodes}: expected max_nodes >= min_nodes")
+        for name in ("cpus", "idle_timeout_s"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ValueError(f"NodeGroup.{name}={value!r}: expected a number > 0")
+
+    @classmethod
+    def from_ray_cluster(cls, ray_cluster: dict, group: str = "actors",
+                         cpus: float | None = None, max_nodes: int | None = None,
+                         idle_timeout_s: float = 30.0) -> NodeGroup:
+        """The group of a RayCluster manifest: min/max replicas and CPUs per node, the last two
+        scaled down to this machine when given (a 7-CPU Spot node is one CPU here)."""
+        groups = ray_cluster.get("spec", {}).get("workerGroupSpecs", [])
+        spec = next((g for g in groups if g.get("groupName") == group), None)
+        if spec is None:
+            raise ValueError(f"group={group!r}: the RayCluster has the worker groups "
+                             f"{[g.get('groupName') for g in groups]}")
+        node_cpus = float(spec.get("rayStartParams", {}).get("num-cpus", 1))
+        return cls(name=group, min_nodes=int(spec.get("minReplicas", 0)),
+                   max_nodes=int(spec["maxReplicas"] if max_nodes is None else max_nodes),
+                   cpus=node_cpus if cpus is None else cpus, idle_timeout_s=idle_timeout_s)
+
+
+class LocalAutoscaler:
+    """Adds worker nodes to a LocalCluster while Ray has work it cannot place, up to the group's
+    max, and removes nodes idle for idle_timeout_s, down to its min. A lost node (its process
+    gone) is forgotten, and the demand it leaves brings a new one. One node starts at a time,
+    each with a deadline; a node that does not come up in time is stopped and retried later.
+    Every decision is an event: `events` (a list of dicts) and `on_event(line)`."""
+
+    def __init__(self, cluster, group: NodeGroup, interval_s: float = 1.0,
+                 node_start_timeout_s: float | None = None, on_event=None):
+        self.cluster, self.group, self.interval_s = cluster, group, interval_s
+        self.node_start_timeout_s = node_start_timeout_s or cluster.start_timeout_s
+        self.on_event = on_event
+        self.events: list[dict] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._gcs = None
+        self._t0 = time.monotonic()
+        self._next_start = 0.0
+        self._started = 0
+
+    # --- lifecycle ---
+    def start(self) -> LocalAutoscaler:
+        from ray._raylet import GcsClient
+
+        self._gcs = GcsClient(address=self.cluster.address)
+        self._publish()
+        self._thread = threading.Thread(target=self._run, name="distrl-autoscaler", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.step()
+            except Exception as e:  # noqa: BLE001 - keep scaling; say what went wrong
+                self._event("error", None, f"autoscaler step failed: {type(e).__name__}: "
+                            f"{str(e)[:200]}")
+
+    # --- one decision ---
+    def step(self) -> None:
+        """Look at the demand and the nodes once; start or remove at most one node."""
+        from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+        for node in self.nodes():
+            if not node.alive():
+                self.cluster.forget_node(node)
+                self._event("node_lost", node.name, f"node {node.name} is gone "
+                            f"(exit code {node.process.returncode})")
+        state = get_cluster_resource_state(self._gcs)
+        nodes = self.nodes()
+        wanted = len(nodes) + math.ceil(self.pending_cpus(state) / self.group.cpus - 1e-9)
+        wanted = max(self.group.min_nodes, min(self.group.max_nodes, wanted))
+        if len(nodes) < wanted and time.monotonic() >= self._next_start:
+            self._add_node(state)
+            return
+        idle = {n.node_id.hex(): n.idle_duration_ms / 1000 for n in state.node_states
+                if n.status != NODE_DEAD}
+        for node in nodes:
+            if (len(self.nodes()) > self.group.min_nodes and node.node_id in idle
+                    and idle[node.node_id] >= self.group.idle_timeout_s):
+                self.cluster.remove_node(node)
+                self._event("node_removed", node.name, f"node {node.name} removed: idle for "
+                            f"{idle[node.node_id]:.0f} s")
+
+    def pending_cpus(self, state) -> float:
+        """CPUs of the pending requests that a node of this group could host."""
+        total = 0.0
+        for request in state.pending_resource_requests:
+            bundle = dict(request.request.resources_bundle)
+            if bundle.get("CPU", 0.0) <= self.group.cpus and set(bundle) <= {"CPU", "memory"}:
+                total += bundle.get("CPU", 0.0) * request.count
+        return total
+
+    def nodes(self) -> list:
+        return [n for n in self.cluster.nodes if n.group == self.group.name]
+
+    def _add_node(self, state) -> None:
+        known = {n.node_id.hex() for n in state.node_states if n.status != NODE_DEAD}
+        self._started += 1
+        name = f"{self.group.name}-{self._started}"
+        start = time.monotonic()
+        self._event("node_starting", name, f"node {name} starting ({len(self.nodes()) + 1} of "
+                    f"max {self.group.max_nodes}) for pending work")
+        node = self.cluster.add_worker(cpus=self.group.cpus, name=name, group=self.group.name)
+        deadline = start + self.node_start_timeout_s
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if not node.alive():
+                break
+            from ray.autoscaler.v2.sdk import get_cluster_resource_state
+
+            fresh = [n.node_id.hex() for n in get_cluster_resource_state(self._gcs).node_states
+                     if n.status != NODE_DEAD and n.node_id.hex() not in known]
+            if fresh:
+                node.node_id = fresh[0]
+                self._event("node_ready", name, f"node {name} joined after "
+                            f"{time.monotonic() - start:.1f} s")
+                self._next_start = time.monotonic() + 2 * self.interval_s  # let work land
+                return
+            self._stop.wait(0.5)
+        why = "stopped" if self._stop.is_set() else (
+            f"exited with code {node.process.returncode}" if not node.alive()
+            else f"did not join within {self.node_start_timeout_s:g} s")
+        self.cluster.remove_node(node)
+        self._next_start = time.monotonic() + 5.0
+        self._event("node_failed", name, f"node {name} {why}; its log: {node.log}")
+
+    def _publish(self) -> None:
+        """Tell Ray what this group can add (Ray's ClusterConfig record, as KubeRay's
+        autoscaler v2 reports it), so that a driver waits for CPUs instead of refusing."""
+        import ray._raylet as raylet
+        from ray.core.generated import autoscaler_pb2
+
+        g = self.group
+        config = autoscaler_pb2.ClusterConfig(node_group_configs=[
+            autoscaler_pb2.NodeGroupConfig(name="head", resources={"CPU": math.ceil(self.cluster.head_cpus)},
+                                           min_count=1, max_count=1),
+            autoscaler_pb2.NodeGroupConfig(name=g.name, resources={"CPU": math.ceil(g.cpus)},
+                                           min_count=g.min_nodes, max_count=g.max_nodes)])
+        self._gcs.internal_kv_put(raylet.GCS_AUTOSCALER_CLUSTER_CONFIG_KEY.encode(),
+                                  config.SerializeToString(), True,
+                                  raylet.GCS_AUTOSCALER_STATE_NAMESPACE.encode(), timeout=10)
+
+    def _event(self, kind: str, node: str | None, detail: str) -> None:
+        self.events.append({"time_s": round(time.monotonic() - self._t0, 1), "kind": kind,
+                            "node": node, "detail": detail})
+        if self.on_event is not None:
+            self.on_event(f"[autoscaler] {detail}")
