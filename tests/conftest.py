@@ -46,3 +46,18 @@ def stand_ins(tmp_path, monkeypatch):
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     return recorded
+
+
+@pytest.fixture
+def busy_cpus():
+    """Every core kept busy by a background CPU burner for the whole test: faults show up on
+    busy machines (a raylet that starts slowly, an actor that waits for a CPU)."""
+    import subprocess
+
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+               for _ in range(os.cpu_count() or 2)]
+    yield len(burners)
+    for p in burners:
+        p.kill()
+        p.wait(10)
+

@@ -250,11 +250,12 @@ class ApeX:
                             "autoscaling=True if nodes join on demand")
         return problems
 
-    def train(self) -> TrainingResult:
+    def train(self, sigterm: threading.Event | None = None) -> TrainingResult:
+        """Run to a stop; `sigterm`: an event already set by a SIGTERM caught earlier."""
         import ray
 
         t_start = time.monotonic()
-        self.sigterm.clear()
+        self.sigterm = sigterm or threading.Event()
         previous = catch_sigterm(self.sigterm)
         # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

@@ -309,6 +309,13 @@ class LocalCluster:
             self._reaper = None
         atexit.unregister(self.stop)
 
+    def detach(self) -> None:
+        """Let the nodes outlive this process (`distrl cluster up`; `down` stops them)."""
+        atexit.unregister(self.stop)
+        if self._reaper is not None:
+            _kill_group(self._reaper, signal.SIGKILL, 5.0)
+            self._reaper = None
+
     def __enter__(self) -> LocalCluster:
         return self.start()
 
@@ -449,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus).start()
+            cluster.detach()
         except (ValueError, ClusterError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1

@@ -4,7 +4,9 @@
                                     # `kubectl port-forward service/distrl-head-svc 8265:8265`
     job_id = submit_training(client, ["--env", "CartPole-v1", "--num-actors", "4"],
                              output_dir="runs/04/job")
-    status = follow(client, job_id)          # streams the job's log lines until it ends
+    status = follow(client, job_id, timeout_s=600)   # streams its log lines until it ends
+    if status == "RUNNING":
+        status = stop(client, job_id)                  # over time: SIGTERM, checkpoint, end
     results = fetch(output_dir, "runs/04/fetched")
 
 The entrypoint is the package's own training command, exactly what the RayJob in k8s/job runs.
@@ -39,13 +41,17 @@ def submit_training(client, train_args: Sequence[str], output_dir: str,
                              submission_id=submission_id, runtime_env=runtime_env)
 
 
-def follow(client, job_id: str, out: Callable[[str], None] = print, poll_s: float = 1.0,
-           timeout_s: float | None = None, until: Callable[[], bool] | None = None) -> str:
-    """Print the job's new log lines as they come; return its final status (or the current one
-    when `until()` becomes true or timeout_s passes). A later call goes on where this one
-    stopped, so following a job in several cells prints every line once."""
+def follow(client, job_id: str, timeout_s: float, out: Callable[[str], None] = print,
+           poll_s: float = 1.0, until: Callable[[], bool] | None = None) -> str:
+    """Print the job's new log lines as they come; return its final status, or the current one
+    when `until()` becomes true or timeout_s passes (the job goes on: `stop` ends it). A later
+    call goes on where this one stopped, so following a job in several cells prints every line
+    once."""
+    if not (isinstance(timeout_s, int | float) and timeout_s > 0):
+        raise ValueError(f"timeout_s={timeout_s!r}: expected a number of seconds > 0 (a job "
+                         "that never ends must not hang the caller)")
     shown = _shown.get(job_id, 0)
-    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_s
     while True:
         status = str(client.get_job_status(job_id).value)
         logs = client.get_job_logs(job_id)
@@ -54,9 +60,22 @@ def follow(client, job_id: str, out: Callable[[str], None] = print, poll_s: floa
         shown = _shown[job_id] = len(logs)
         if status in TERMINAL or (until is not None and until()):
             return status
-        if deadline is not None and time.monotonic() > deadline:
+        if time.monotonic() > deadline:
             return status
         time.sleep(poll_s)
+
+
+def stop(client, job_id: str, timeout_s: float = 30.0) -> str:
+    """Stop a job (SIGTERM to its driver, which checkpoints and writes results.json) and wait
+    up to timeout_s for it to end; returns its status."""
+    if str(client.get_job_status(job_id).value) not in TERMINAL:
+        client.stop_job(job_id)
+    deadline = time.monotonic() + timeout_s
+    while (status := str(client.get_job_status(job_id).value)) not in TERMINAL:
+        if time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    return status
 
 
 def fetch(output_dir: str, local_dir: str | Path) -> Path:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import threading
 import typing
 
 from distrl.config import ApexConfig, field_help
+from distrl.faults import catch_sigterm, restore_sigterm
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -76,6 +78,17 @@ def resumed_config(explicit: dict) -> ApexConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # SIGTERM (a Spot notice, `ray job stop`) is honoured from here on, start-up included: the
+    # run then ends at once with results.json (and a checkpoint if the learner exists).
+    early_sigterm = threading.Event()
+    previous = catch_sigterm(early_sigterm)
+    try:
+        return _main(argv, early_sigterm)
+    finally:
+        restore_sigterm(previous)
+
+
+def _main(argv: list[str] | None, early_sigterm: threading.Event) -> int:
     args = vars(build_parser().parse_args(argv))
     try:
         if args["resume"] is not None:
@@ -88,9 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    result = apex.train()
+    result = apex.train(sigterm=early_sigterm)
     outcome = (f"reached {result.target_return} in {result.time_to_target_s:.1f}s"
-               if result.reached_target else f"stopped ({result.stop_reason})")
+               if result.reached_target else f"stopped ({result.stop_reason}): {result.stop_detail}")
     print(f"{config.env_id}: {outcome}; {result.env_steps:,} env steps, "
           f"{result.learner_updates:,} learner updates, best greedy return "
           f"{result.best_eval_return}; results in {result.output_dir}/results.json")
