@@ -67,6 +67,33 @@ def test_tutorial_runner_refuses_what_it_cannot_run(capsys):
         main(["-p", "not-a-parameter"])
 
 
+def test_tutorial_runner_reports_a_failing_notebook_and_runs_the_rest(kernel, tmp_path, capsys):
+    """A notebook that fails: its name, cell and error are reported, the notebooks after it
+    still run, the table lists every one, and the exit code says something failed."""
+    import nbformat
+
+    from distrl.tutorial import main
+
+    meta = {"kernelspec": {"name": kernel, "language": "python", "display_name": kernel},
+            "language_info": {"name": "python"}}
+    for name, code in (("01-fails.ipynb", "x = 1\nraise ValueError('bad value 42')"),
+                       ("02-works.ipynb", "print('second ran')")):
+        params = nbformat.v4.new_code_cell("OUTPUT_DIR = ''")
+        params.metadata["tags"] = ["parameters"]
+        nb = nbformat.v4.new_notebook(metadata=meta)
+        nb.cells = [params, nbformat.v4.new_code_cell(code)]
+        nbformat.write(nb, tmp_path / name)
+    code = main(["--kernel", kernel, "--notebooks-dir", str(tmp_path),
+                 "--output-dir", str(tmp_path / "out")])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "01-fails.ipynb FAILED after" in captured.err
+    assert "cell 3 ('x = 1'): ValueError: bad value 42" in captured.err
+    assert "02-works.ipynb done in" in captured.out
+    assert "FAILED" in captured.out and "ok" in captured.out  # the table
+    assert "1 of 2 notebook(s) did not run through" in captured.err
+
+
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
     executed = run_notebook(
@@ -141,20 +168,24 @@ def test_03_live_path_without_a_login_stops_before_any_command(kernel, tmp_path:
 
 
 def test_04_distributed_training(kernel, tmp_path: Path):
-    """Local multi-node cluster, a job that loses a node and recovers, a resumed job."""
+    """The autoscaled local cluster from 0 actor nodes, a job that loses a node once training
+    runs and gets a replacement, a resumed job; every follow has a timeout."""
     out_dir = tmp_path / "run"
     executed = run_notebook(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
-        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 85.0, "PREEMPT_AT_S": 20.0,
-         "REPLACEMENT_AFTER_S": 10.0, "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 200.0},
-        kernel=kernel, cell_timeout_s=600)
+        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 120.0, "FOLLOW_GRACE_S": 60.0,
+         "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = _outputs(executed)
-    first = json.loads((out_dir / "fetched" / "results.json").read_text())
-    assert first["reached_target"] and first["resumed_from"].endswith(".npz")
-    assert "killed worker-2" in text
-    # Ray needs ~15-30 s to declare the node dead, then restarts the actor on the replacement.
-    assert "is back" in text, text[-3000:]
-    assert text.count("Running entrypoint for job") == 2  # each log line printed once
+    first = json.loads((out_dir / "job" / "results.json").read_text())
+    second = json.loads((out_dir / "fetched" / "results.json").read_text())
+    assert second["reached_target"] and second["resumed_from"].endswith(".npz")
+    assert "[autoscaler] node actors-1 starting" in text  # nodes came for the pending actors
+    assert "killed actors-" in text and "the replacement node has joined" in text, text[-3000:]
+    assert "waiting for a CPU" in text  # the third actor had no node: the pool's limit
+    assert first["stop_reason"] == "max_seconds" and len(first["actor_states"]) == 3
+    assert text.count("CartPole-v1: stopped (max_seconds)") == 1  # each log line printed once
+    assert text.count("CartPole-v1: reached 150.0") == 1
+    assert "Traceback" not in text and "StackTrace" not in text  # one line per event
     assert "processes left: 0" in text
 
 

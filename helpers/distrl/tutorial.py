@@ -52,6 +52,22 @@ def _parse_parameter(text: str) -> tuple[str, object]:
         return name, value  # a bare string
 
 
+# What a notebook needs from an earlier one (number -> numbers). Locally each notebook makes its
+# own data (05 trains when its collector is empty), so a failure skips no other notebook.
+REQUIRES: dict[str, tuple[str, ...]] = {}
+
+
+def describe_failure(err: BaseException) -> str:
+    """Which cell failed and how, in one line (papermill's error names the cell)."""
+    from papermill.exceptions import PapermillExecutionError
+
+    if isinstance(err, PapermillExecutionError):
+        first = (err.source or "").strip().splitlines()[:1]
+        where = f"cell {err.exec_count}" + (f" ({first[0][:60]!r})" if first else "")
+        return f"{where}: {err.ename}: {str(err.evalue).strip()[:300]}"
+    return f"{type(err).__name__}: {str(err).strip()[:300] or 'no message'}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--kernel", default="distrl", help="Jupyter kernel to execute with")
@@ -60,26 +76,50 @@ def main(argv: list[str] | None = None) -> int:
                         help="NAME=VALUE passed to every notebook's parameters cell")
     parser.add_argument("--output-dir", type=Path, default=None,
                         help="default: runs/<timestamp>")
+    parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
+                        help="where the NN-*.ipynb notebooks are")
     args = parser.parse_args(argv)
     output_dir = args.output_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
-    notebooks = find_notebooks(only=args.only)
+    notebooks = find_notebooks(args.notebooks_dir, only=args.only)
     if not notebooks:
-        print(f"no notebooks matched {args.only} in {NOTEBOOKS_DIR}", file=sys.stderr)
+        print(f"no notebooks matched {args.only} in {args.notebooks_dir}", file=sys.stderr)
         return 2
     params = dict(args.parameter)
+    failed: set[str] = set()
+    table: list[tuple[str, str, float]] = []
     for i, notebook in enumerate(notebooks, 1):
-        print(f"[{i}/{len(notebooks)}] {notebook.name} ...", flush=True)
+        number = notebook.name[:2]
+        tag = f"[{i}/{len(notebooks)}] {notebook.name}"
+        blocked = [n for n in REQUIRES.get(number, ()) if n in failed]
+        if blocked:
+            print(f"{tag} skipped: it needs notebook {', '.join(blocked)}, which failed",
+                  file=sys.stderr)
+            failed.add(number)
+            table.append((notebook.name, "skipped", 0.0))
+            continue
+        print(f"{tag} ...", flush=True)
         start = time.monotonic()
         try:
             out = run_notebook(notebook, output_dir, params, kernel=args.kernel)
-        except Exception as err:  # papermill raises PapermillExecutionError with the cell
-            print(f"[{i}/{len(notebooks)}] {notebook.name} FAILED after "
-                  f"{time.monotonic() - start:.0f}s: {err}\n"
-                  f"the executed notebook is kept at {output_dir / notebook.name}",
-                  file=sys.stderr)
-            return 1
-        print(f"[{i}/{len(notebooks)}] {notebook.name} done in {time.monotonic() - start:.0f}s"
-              f" -> {out}", flush=True)
+        except Exception as err:  # the kernel is shut down: whatever it started is stopped
+            took = time.monotonic() - start
+            print(f"{tag} FAILED after {took:.0f}s in {describe_failure(err)}\n"
+                  f"  the executed notebook is kept at {output_dir / notebook.name}",
+                  file=sys.stderr, flush=True)
+            failed.add(number)
+            table.append((notebook.name, "FAILED", took))
+            continue
+        took = time.monotonic() - start
+        table.append((notebook.name, "ok", took))
+        print(f"{tag} done in {took:.0f}s -> {out}", flush=True)
+    width = max(len(name) for name, _, _ in table)
+    print("\n" + "\n".join(f"  {name:<{width}}  {state:>7}  {took:6.0f} s"
+                           for name, state, took in table))
+    print(f"  {'total':<{width}}  {'':>7}  {sum(t for _, _, t in table):6.0f} s")
+    if failed:
+        print(f"{len(failed)} of {len(notebooks)} notebook(s) did not run through; executed "
+              f"notebooks are in {output_dir.resolve()}", file=sys.stderr)
+        return 1
     print(f"all {len(notebooks)} notebook(s) ran; executed notebooks and results are in "
           f"{output_dir.resolve()}")
     return 0
