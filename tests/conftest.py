@@ -51,10 +51,13 @@ def stand_ins(tmp_path, monkeypatch):
 @pytest.fixture
 def busy_cpus():
     """Every core kept busy by a background CPU burner for the whole test: faults show up on
-    busy machines (a raylet that starts slowly, an actor that waits for a CPU)."""
+    busy machines (a raylet that starts slowly, an actor that waits for a CPU). The burners run
+    at the niceness Ray gives its worker processes (RAY_worker_niceness, 15): they take every
+    idle cycle and compete with the training on equal terms, and Ray's own daemons keep the
+    priority over both that Ray gives them over its workers."""
     import subprocess
 
-    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    burners = [subprocess.Popen([sys.executable, "-c", "import os; os.nice(15)\nwhile True: pass"])
                for _ in range(os.cpu_count() or 2)]
     yield len(burners)
     for p in burners:

@@ -216,3 +216,20 @@ def test_two_replay_shards_train_cartpole(local_ray, tmp_path):
     assert result.reached_target, result.evals[-5:]
     assert result.replay_check["ok"] and result.replay_check["shards"] == 2
     assert 0 < result.transitions_inserted <= result.env_steps
+
+
+def test_only_what_no_node_could_host_is_refused():
+    """Nodes that come on demand are waited for; shapes no node (or node group) has are not."""
+    apex = ApeX(ApexConfig(num_actors=4, actor_cpus=2.0, num_gpus=1))
+    plan = apex.resource_plan(1.0, autoscaling=True)
+    head = [{"CPU": 1.0, "GPU": 1.0}]
+    group = {"name": "actors", "resources": {"CPU": 1}, "min_count": 0, "max_count": 4}
+    assert apex.cannot_host(plan, head, [group], True, 1.0) == [
+        "actor_cpus=2 but the largest node offers 1 CPUs"]
+    bigger = group | {"resources": {"CPU": 4}}
+    assert apex.cannot_host(plan, head, [bigger], True, 1.0) == []  # 8 CPUs not there yet: fine
+    assert apex.cannot_host(plan, head, [], True, 1.0) == []  # shapes unknown: any may come
+    fixed = apex.cannot_host(plan, head, [], False, 1.0)  # a fixed cluster: what is there
+    assert any("9 CPUs" in p and "the cluster has 1" in p for p in fixed), fixed
+    no_gpu = apex.cannot_host(plan, [{"CPU": 1.0}], [bigger], True, 1.0)
+    assert no_gpu and "num_gpus=1 for the learner but the cluster has 0 GPU(s)" in no_gpu[0]

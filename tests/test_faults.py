@@ -1,5 +1,6 @@
-"""Fault tolerance with real processes: a killed actor, SIGTERM (the Spot notice) to actor and
-learner, a killed driver and --resume, a lost worker node of a multi-node cluster."""
+"""Fault tolerance with real processes: a killed actor, SIGTERM (the Spot notice) to actor,
+learner and driver (also during start-up and while actors wait for a CPU), a killed driver and
+--resume, actors that never get a CPU. Every fault runs with every core kept busy (busy_cpus)."""
 
 import json
 import os
@@ -12,7 +13,7 @@ import time
 import psutil
 import pytest
 
-from distrl.apex import ApeX
+from distrl.apex import ApeX, TrainingResult
 from distrl.config import ApexConfig
 from distrl.learner import latest_checkpoint, read_checkpoint
 
@@ -77,7 +78,7 @@ def assert_counters_consistent(result):
     assert 0 < result.transitions_inserted <= result.env_steps + unreported
 
 
-def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path):
+def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus):
     config = ApexConfig(**SMALL, max_seconds=45.0, output_dir=str(tmp_path))
     thread, box = train_in_thread(config)
     wait_for(lambda: len(processes("ray::ActorWorker")) == 2, 60, "two actor processes")
@@ -99,7 +100,7 @@ def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path):
     assert time.monotonic() - killed_at > 10
 
 
-def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path):
+def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path, busy_cpus):
     """SIGTERM to an actor and then to the learner: each writes a checkpoint within the Spot
     grace period; the lost learner ends the run; --resume continues and reaches the target."""
     config = ApexConfig(**SMALL, max_seconds=120.0, output_dir=str(tmp_path),
@@ -132,7 +133,7 @@ def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path):
     assert_counters_consistent(resumed)
 
 
-def test_driver_killed_then_resubmitted_with_resume(tmp_path):
+def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
     """The training command killed outright (SIGKILL: no chance to clean up), then run again
     with --resume auto: weights, optimizer, counters and config come from the checkpoint."""
     out = tmp_path / "run"
@@ -174,7 +175,7 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
     assert "needs --output-dir or --checkpoint-dir" in capsys.readouterr().err
 
 
-def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path):
+def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path, busy_cpus):
     """The Spot notice on the driver's node: the run ends at once, cleanly, with a checkpoint
     and results.json, well inside the ~30 s a Spot VM gets."""
     out = tmp_path / "run"
@@ -202,3 +203,96 @@ def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path):
     assert result["stop_reason"] == "sigterm"
     assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
     assert read_checkpoint(result["checkpoint"])[0]["updates"] == result["learner_updates"] > 0
+
+
+def _train_command(out, *args: str) -> list[str]:
+    return [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false",
+            "--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", "32", "32",
+            "--batch-size", "128", "--min-replay-size", "500", "--target-return", "none",
+            "--checkpoint-interval-s", "1000", *args]
+
+
+def _lines_of(proc: subprocess.Popen) -> list[str]:
+    """The process's output lines, read as they come (a thread; the list grows)."""
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+    threading.Thread(target=read, daemon=True).start()
+    return lines
+
+
+def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
+    """SIGTERM while Ray is still starting (every core busy): the run ends at once, cleanly, with
+    results.json saying why, and leaves no Ray process behind."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(_train_command(out, "--max-seconds", "300"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    lines = _lines_of(proc)
+    try:
+        # Ray's processes appear under the driver: it is inside ray.init().
+        wait_for(lambda: psutil.Process(proc.pid).children(), 120, "ray.init to start Ray")
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(90)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, "".join(lines[-40:])
+    assert took < 30, f"the driver needed {took:.1f}s after SIGTERM"
+    result = json.loads((out / "results.json").read_text())
+    assert result["stop_reason"] == "sigterm", result["stop_detail"]
+    assert result["learner_updates"] == 0 and result["checkpoint"] is None
+    wait_for(lambda: not [p for p in psutil.process_iter(["cmdline"])
+                          if str(out) in " ".join(p.info["cmdline"] or [])], 30,
+             "no process of the run")
+
+
+def test_sigterm_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
+    """Three actors on a 2-CPU Ray where the learner takes one CPU: one actor runs, two wait and
+    are reported. SIGTERM then ends the run within a Spot grace period, with a final checkpoint
+    and results.json naming the actors that never ran."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        _train_command(out, "--max-seconds", "300", "--num-actors", "3", "--actor-cpus", "1",
+                       "--autoscaling", "true"),
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    lines = _lines_of(proc)
+    try:
+        wait_for(lambda: any("running on node" in line for line in lines), 240,
+                 "an actor running")
+        wait_for(lambda: any("actor 2 waiting for a CPU" in line for line in lines), 60,
+                 "the waiting actors reported")
+        wait_for(lambda: latest_checkpoint(out / "checkpoints") is None and
+                 (out / "tensorboard").exists(), 60, "the learner's output")
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(90)
+        took = time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, "".join(lines[-40:])
+    assert took < 25, f"the driver needed {took:.1f}s after SIGTERM"
+    result = json.loads((out / "results.json").read_text())
+    assert result["stop_reason"] == "sigterm"
+    assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
+    assert sum(state.startswith("never ran") for state in result["actor_states"]) == 2
+    assert result["actor_states"].count("running") == 1
+    assert result["throughput"][-1]["actors_waiting"] == 2  # at the end, two still waited
+
+
+def test_no_actor_for_actor_wait_s_ends_the_run(ray_local, tmp_path, busy_cpus):
+    """Actors that no node can host while nodes are said to come on demand: the run does not
+    wait forever; after actor_wait_s it ends as 'no_actors', says why, and saves its results."""
+    config = ApexConfig(**SMALL, actor_cpus=1.0, learner_cpus=2.0, autoscaling=True,
+                        actor_wait_s=15.0, max_seconds=120.0, output_dir=str(tmp_path))
+    result = ApeX(config).train()
+    assert result.stop_reason == "no_actors"
+    assert "no actor has run for" in result.stop_detail and "waiting for a CPU" in result.stop_detail
+    assert result.wall_time_s < 60
+    assert all(state.startswith("never ran") for state in result.actor_states)
+    assert TrainingResult.load(tmp_path / "results.json").stop_reason == "no_actors"

@@ -46,6 +46,7 @@ from distrl.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWo
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors still wait for a node
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
+LEARNER_WAIT_S = 120.0     # the least time given to a learner to start (TensorFlow, a busy node)
 
 
 @dataclass
@@ -215,7 +216,7 @@ class ApeX:
                 g["max_count"] == -1 or g["max_count"] > g["min_count"] for g in groups)
             have_cpu = sum(n.get("CPU", 0.0) for n in nodes)
             plan = self.resource_plan(have_cpu, autoscaling)
-            problems = self._cannot_host(plan, nodes, groups, autoscaling, have_cpu)
+            problems = self.cannot_host(plan, nodes, groups, autoscaling, have_cpu)
             if not problems or self.sigterm.is_set():
                 return plan
             if deadline.passed():
@@ -224,7 +225,10 @@ class ApeX:
                                    + "; and ".join(problems))
             self.sigterm.wait(0.5)
 
-    def _cannot_host(self, plan, nodes, groups, autoscaling, have_cpu) -> list[str]:
+    def cannot_host(self, plan: dict, nodes: list[dict], groups: list[dict], autoscaling: bool,
+                    have_cpu: float) -> list[str]:
+        """Why the cluster (its live nodes, and the node groups an autoscaler may add) could
+        never host the plan; [] when it could."""
         c = self.config
         shapes = nodes + [g["resources"] for g in groups if g["max_count"] != 0]
         most_gpus = max((s.get("GPU", 0.0) for s in shapes), default=0.0)
@@ -262,18 +266,29 @@ class ApeX:
         started_ray = not ray.is_initialized()
         try:
             if started_ray:
-                # A Ray job's driver has RAY_ADDRESS; anything else gets a fresh local Ray, never
-                # a cluster that an old `ray start` recorded and that may be dead or someone else's.
-                ray.init(address=os.environ.get("RAY_ADDRESS") or "local",
-                         include_dashboard=False, logging_level="warning", log_to_driver=True)
-            plan = self.check_cluster(ray)
+                self._init_ray(ray)
+            plan = None if self.sigterm.is_set() else self.check_cluster(ray)
             return self._train(ray, plan, t_start)
         finally:
             restore_sigterm(previous)
             if started_ray:
                 ray.shutdown()
 
-    def _train(self, ray, plan: dict, t_start: float) -> TrainingResult:
+    def _init_ray(self, ray) -> None:
+        """A Ray job's driver has RAY_ADDRESS; anything else gets a fresh local Ray, never a
+        cluster that an old `ray start` recorded and that may be dead or someone else's."""
+        import signal
+
+        try:
+            ray.init(address=os.environ.get("RAY_ADDRESS") or "local",
+                     include_dashboard=False, logging_level="warning", log_to_driver=True)
+        except SystemExit as e:  # Ray's own SIGTERM handler, installed inside ray.init
+            if e.code != signal.SIGTERM:
+                raise
+            self.sigterm.set()
+        catch_sigterm(self.sigterm)  # ray.init replaced ours with one that exits at once
+
+    def _train(self, ray, plan: dict | None, t_start: float) -> TrainingResult:
         c = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = c.checkpoint_dir or str(self.output_dir / "checkpoints")
@@ -286,7 +301,7 @@ class ApeX:
             resumed, arrays = read_checkpoint(resume_path)
             weights = [arrays[f"online_{i}"] for i in range(len(weights))]
         run = _Run(self, ray, t_start, resumed, resume_path)
-        if self.sigterm.is_set():  # before anything was created: nothing to stop or save
+        if self.sigterm.is_set() or plan is None:  # nothing created yet: nothing to stop
             return run.stopped_before_start("sigterm", "SIGTERM during start-up")
         topology = create_topology(ray, c, plan, self.spec, self.obs_shape, weights,
                                    str(self.output_dir), checkpoint_dir, resume_path)
@@ -434,8 +449,9 @@ class _Run:
             self.stop("no_actors", f"no actor has run for {now - idle:.0f} s (actor_wait_s="
                       f"{c.actor_wait_s:g}): {fleet.waiting_line(now)}; the cluster has no free "
                       "CPU for them (a node pool at its limit or quota?)")
-        if self.learner_stats is None and now - self.t_start >= c.actor_wait_s:
-            self.stop("no_learner", f"the learner has not started after {c.actor_wait_s:g} s "
+        learner_wait_s = max(c.actor_wait_s, LEARNER_WAIT_S)
+        if self.learner_stats is None and now - self.t_start >= learner_wait_s:
+            self.stop("no_learner", f"the learner has not started after {learner_wait_s:g} s "
                       "(no node can give it learner_cpus/num_gpus?)")
 
     def _show_progress(self, env_steps: int) -> None:

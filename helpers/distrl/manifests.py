@@ -188,7 +188,9 @@ def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> 
     argv = ["python", "-m", "distrl.train", "--env", "CartPole-v1",
             "--num-actors", str(num_actors(s)), "--actor-cpus", "1",
             "--num-gpus", "0" if s.gpu_type == "none" else "1",
-            "--telemetry", "true", "--output-dir", output_dir, "--progress", "false"]
+            "--telemetry", "true", "--output-dir", output_dir, "--progress", "false",
+            # Spot pods join over minutes (or not at all): wait for them, never refuse.
+            "--autoscaling", "true"]
     return argv
 
 

@@ -333,8 +333,11 @@ class ActorWorker:
     def __init__(self, config: ApexConfig, index: int, replay, learner):
         self.config, self.replay, self.learner = config, replay, learner
         # The learner's newest weights: a restarted actor (a lost node, a killed process) picks
-        # up where training is, and nothing large sits in the object store for restarts.
-        version, weights = _get(learner.get_weights.remote(-1))
+        # up where training is, and nothing large sits in the object store for restarts. The
+        # learner may still be starting (TensorFlow on a busy node): wait as long as the driver
+        # waits for actors.
+        version, weights = _get(learner.get_weights.remote(-1),
+                                max(PEER_TIMEOUT_S, config.actor_wait_s))
         self.actor = Actor(config, index, weights)
         self.actor.set_weights(weights, version)
         self.node_id = _node_id()  # where this life of the actor runs (a restart may move it)
