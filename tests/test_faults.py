@@ -53,6 +53,12 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
+def said(capsys, text: str, seen: list[str]) -> bool:
+    """Whether the driver has printed `text` (its lines are gathered into `seen`)."""
+    seen.append(capsys.readouterr().out)
+    return text in "".join(seen)
+
+
 def train_in_thread(config: ApexConfig) -> tuple[threading.Thread, dict]:
     box: dict = {}
 
@@ -78,11 +84,11 @@ def assert_counters_consistent(result):
     assert 0 < result.transitions_inserted <= result.env_steps + unreported
 
 
-def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus):
-    config = ApexConfig(**SMALL, max_seconds=45.0, output_dir=str(tmp_path))
+def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys):
+    config = ApexConfig(**SMALL, max_seconds=90.0, output_dir=str(tmp_path))
     thread, box = train_in_thread(config)
-    wait_for(lambda: len(processes("ray::ActorWorker")) == 2, 60, "two actor processes")
-    time.sleep(12)  # training is under way (and any process of an earlier test is gone)
+    seen: list[str] = []
+    wait_for(lambda: said(capsys, "2 of 2 actors running", seen), 120, "two actors running")
     killed = processes("ray::ActorWorker")[0]
     killed.kill()
     killed_at = time.monotonic()
@@ -100,16 +106,16 @@ def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, bu
     assert time.monotonic() - killed_at > 10
 
 
-def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path, busy_cpus):
+def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path, busy_cpus,
+                                                          capsys):
     """SIGTERM to an actor and then to the learner: each writes a checkpoint within the Spot
     grace period; the lost learner ends the run; --resume continues and reaches the target."""
     config = ApexConfig(**SMALL, max_seconds=120.0, output_dir=str(tmp_path),
                         checkpoint_interval_s=1000.0)  # only SIGTERM makes checkpoints here
     checkpoints = tmp_path / "checkpoints"
     thread, box = train_in_thread(config)
-    wait_for(lambda: processes("ray::ActorWorker"), 60, "an actor process")
-    wait_for(lambda: processes("ray::LearnerWorker"), 60, "the learner process")
-    time.sleep(10)  # training is under way (and any process of an earlier test is gone)
+    seen: list[str] = []
+    wait_for(lambda: said(capsys, "first learner update", seen), 180, "training under way")
     assert latest_checkpoint(checkpoints) is None
     processes("ray::ActorWorker")[0].send_signal(signal.SIGTERM)
     first = wait_for(lambda: latest_checkpoint(checkpoints), 25, "a checkpoint after SIGTERM")
@@ -176,28 +182,21 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
 
 
 def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path, busy_cpus):
-    """The Spot notice on the driver's node: the run ends at once, cleanly, with a checkpoint
-    and results.json, well inside the ~30 s a Spot VM gets."""
+    """The Spot notice on the driver's node while it trains: the run ends at once, cleanly,
+    with a checkpoint and results.json, well inside the ~30 s a Spot VM gets."""
     out = tmp_path / "run"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false",
-         "--env", "CartPole-v1", "--num-actors", "2", "--envs-per-actor", "8",
-         "--hidden-sizes", "32", "32", "--batch-size", "128", "--min-replay-size", "500",
-         "--target-return", "none", "--max-seconds", "300", "--checkpoint-interval-s", "1000"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        wait_for(lambda: processes("ray::LearnerWorker") and
-                 (out / "tensorboard").exists(), 120, "training under way")
-        time.sleep(10)
+    proc = subprocess.Popen(_train_command(out, "--max-seconds", "300"), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    lines = _lines_of(proc)
+
+    def training():
+        wait_for(lambda: any("first learner update" in line for line in lines), 180,
+                 "the first learner update")
         assert latest_checkpoint(out / "checkpoints") is None  # none before the signal
-        proc.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        proc.wait(60)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == 0, proc.stdout.read()[-3000:]
+
+    took = _sigterm_once(proc, training)
+    assert proc.returncode == 0, "".join(lines[-40:])
     assert took < 25, f"the driver needed {took:.1f}s after SIGTERM"
     result = json.loads((out / "results.json").read_text())
     assert result["stop_reason"] == "sigterm"
@@ -223,6 +222,19 @@ def _lines_of(proc: subprocess.Popen) -> list[str]:
     return lines
 
 
+def _sigterm_once(proc: subprocess.Popen, when) -> float:
+    """SIGTERM to the training process once when() returns; the seconds it took to exit."""
+    try:
+        when()
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        proc.wait(90)
+        return time.monotonic() - signalled
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
     """SIGTERM while Ray is still starting (every core busy): the run ends at once, cleanly, with
     results.json saying why, and leaves no Ray process behind."""
@@ -231,16 +243,9 @@ def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
     lines = _lines_of(proc)
-    try:
-        # Ray's processes appear under the driver: it is inside ray.init().
-        wait_for(lambda: psutil.Process(proc.pid).children(), 120, "ray.init to start Ray")
-        proc.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        proc.wait(90)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+    # Ray's processes appear under the driver: it is inside ray.init().
+    took = _sigterm_once(proc, lambda: wait_for(lambda: psutil.Process(proc.pid).children(),
+                                                120, "ray.init to start Ray"))
     assert proc.returncode == 0, "".join(lines[-40:])
     assert took < 30, f"the driver needed {took:.1f}s after SIGTERM"
     result = json.loads((out / "results.json").read_text())
@@ -261,20 +266,16 @@ def test_sigterm_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
                        "--autoscaling", "true"),
         text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     lines = _lines_of(proc)
-    try:
+
+    def actors_running_and_waiting():
         wait_for(lambda: any("running on node" in line for line in lines), 240,
                  "an actor running")
         wait_for(lambda: any("actor 2 waiting for a CPU" in line for line in lines), 60,
                  "the waiting actors reported")
         wait_for(lambda: latest_checkpoint(out / "checkpoints") is None and
                  (out / "tensorboard").exists(), 60, "the learner's output")
-        proc.send_signal(signal.SIGTERM)
-        signalled = time.monotonic()
-        proc.wait(90)
-        took = time.monotonic() - signalled
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+
+    took = _sigterm_once(proc, actors_running_and_waiting)
     assert proc.returncode == 0, "".join(lines[-40:])
     assert took < 25, f"the driver needed {took:.1f}s after SIGTERM"
     result = json.loads((out / "results.json").read_text())

@@ -428,6 +428,9 @@ class _Run:
         inserted = sum(s["inserted"] for s in self.replay_stats.values())
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
+        if updates > 0 and not any(e["kind"] == "first_update" for e in self.events):
+            self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
+                     "start: training")
         if self.learner_stats is not None:
             t.learner.note_progress.remote({"env_steps": env_steps, "train_s": self.seconds_before
                                             + now - self.t_start})

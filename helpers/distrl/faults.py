@@ -16,8 +16,6 @@ import time
 
 # An actor that has not answered a stats request for this long is no longer counted as running.
 STALE_S = 5.0
-# Seconds before a lost actor's run() is issued again (Ray queues it until the actor is back).
-RERUN_DELAY_S = 1.0
 
 
 class Deadline:
@@ -121,7 +119,8 @@ class ActorFleet:
         self.retired: dict[int, str] = {}                    # actor -> why, for good
         self.run_refs: dict = {}         # run() ref -> actor
         self.stats_refs: dict = {}       # stats() ref -> actor
-        self.rerun_at: dict[int, float] = {}
+        self.rerun_pending: set[int] = set()  # lost actors whose run() goes out again
+        self.lost_pid: dict[int, int | None] = {}  # the pid of each one's lost life
         self.none_running_since: float | None = now
 
     # --- requests ---
@@ -161,7 +160,10 @@ class ActorFleet:
         except ActorDiedError as e:  # for good: Ray has no restarts left for it
             return self._retire(i, f"lost for good ({cause(e)})", now)
         except RayActorError as e:  # its process is gone; Ray restarts it
-            self.rerun_at[i] = now + RERUN_DELAY_S
+            self.rerun_pending.add(i)  # run() again once its next life reports
+            self.lost_pid[i] = self.pids[i]
+            if self.waiting_since[i] is not None:
+                return []  # already known: a run() sent while it was restarting
             events = [("actor_lost", f"actor {i} lost ({cause(e)}); Ray restarts it as soon "
                        "as a node has a free CPU")]
             return events + self._stopped(i, now)
@@ -169,11 +171,7 @@ class ActorFleet:
             return self._retire(i, f"failed ({cause(e)})", now)
 
     def tick(self, now: float) -> list[tuple[str, str]]:
-        """Re-issue run() to actors being restarted; notice actors that went quiet."""
-        for i, at in list(self.rerun_at.items()):
-            if now >= at and i not in self.retired:
-                del self.rerun_at[i]
-                self.run_refs[self.actors[i].run.remote()] = i
+        """Notice actors that went quiet."""
         events = []
         for i in range(len(self.actors)):
             if (self.waiting_since[i] is None and i not in self.retired
@@ -191,6 +189,11 @@ class ActorFleet:
         first = self.pids[i] is None
         self.pids[i], self.last[i], self.seen[i] = stats["pid"], stats, now
         self.nodes[i] = stats.get("node_id")
+        if i in self.rerun_pending:
+            if stats["pid"] == self.lost_pid.get(i):
+                return []  # a late reply of the life that was lost
+            self.rerun_pending.discard(i)  # a new life: set it to work
+            self.run_refs[self.actors[i].run.remote()] = i
         if self.waiting_since[i] is None or i in self.retired:
             return []
         self.waiting_since[i] = None
@@ -209,7 +212,7 @@ class ActorFleet:
 
     def _retire(self, i: int, why: str, now: float) -> list[tuple[str, str]]:
         self.retired[i] = why
-        self.rerun_at.pop(i, None)
+        self.rerun_pending.discard(i)
         self._stopped(i, now)
         return [("actor_lost", f"actor {i} {why}: going on with {self.expected} of "
                  f"{len(self.actors)} actors")]
