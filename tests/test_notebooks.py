@@ -176,7 +176,7 @@ def test_04_distributed_training(kernel, tmp_path: Path):
         {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 120.0, "FOLLOW_GRACE_S": 60.0,
          "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = _outputs(executed)
-    first = json.loads((out_dir / "job" / "results.json").read_text())
+    first = json.loads((out_dir / "first-job-results.json").read_text())
     second = json.loads((out_dir / "fetched" / "results.json").read_text())
     assert second["reached_target"] and second["resumed_from"].endswith(".npz")
     assert "[autoscaler] node actors-1 starting" in text  # nodes came for the pending actors
