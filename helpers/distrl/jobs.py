@@ -36,7 +36,11 @@ def training_entrypoint(train_args: Sequence[str], output_dir: str) -> str:
 def submit_training(client, train_args: Sequence[str], output_dir: str,
                     submission_id: str | None = None, env_vars: dict | None = None) -> str:
     """Submit the training command as a Ray job; returns its submission id."""
-    runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", **(env_vars or {})}}
+    # `ray job stop` sends SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S (Ray's default
+    # 3 s: ray/dashboard/modules/job/job_supervisor.py); the driver's stop sequence needs up to
+    # SHUTDOWN_S (20 s) for the final checkpoint and results.json.
+    runtime_env = {"env_vars": {"TF_CPP_MIN_LOG_LEVEL": "2", "RAY_JOB_STOP_WAIT_TIME_S": "25",
+                                **(env_vars or {})}}
     return client.submit_job(entrypoint=training_entrypoint(train_args, output_dir),
                              submission_id=submission_id, runtime_env=runtime_env)
 
