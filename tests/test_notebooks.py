@@ -193,7 +193,7 @@ def test_05_explore_metrics(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
     run_notebook(NOTEBOOKS_DIR / "05-explore-metrics.ipynb", tmp_path,
                  {"OUTPUT_DIR": str(out_dir), "DB_PATH": str(tmp_path / "otel.db"),
-                  "COLLECTOR_PORT": 0, "TRAIN_SECONDS": 20.0}, kernel=kernel, cell_timeout_s=600)
+                  "COLLECTOR_PORT": 0, "TRAIN_SECONDS": 35.0}, kernel=kernel, cell_timeout_s=600)
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["environments"] == ["Acrobot-v1", "CartPole-v1"]  # trained both itself
     assert summary["run_id"].startswith("cartpole-")

@@ -385,12 +385,13 @@ class _Run:
                     next_tick = now + REPORT_INTERVAL_S
                     continue
                 outstanding = self.outstanding()
-                wait_s = self.deadline.left(next_tick - now)
-                if outstanding:
-                    ready, _ = ray.wait(outstanding, num_returns=1, timeout=wait_s)
+                if outstanding:  # whatever comes first, then all that has come with it
+                    ready, rest = ray.wait(outstanding, num_returns=1, timeout=next_tick - now)
+                    if ready and rest:
+                        ready += ray.wait(rest, num_returns=len(rest), timeout=0)[0]
                 else:
                     ready = []
-                    self.apex.sigterm.wait(wait_s)
+                    self.apex.sigterm.wait(next_tick - now)
                 for ref in ready:
                     self.handle(ref)
         except KeyboardInterrupt:
@@ -603,14 +604,15 @@ class _Run:
         c = self.config
         wall = time.monotonic() - self.t_start
         updates_this_run = updates - (self.resumed or {}).get("updates", 0)
+        training_s = max(wall - (self.startup_s or wall), 1e-9)  # rates: after start-up
         result = TrainingResult(
             env_id=c.env_id, reached_target=self.time_to_target is not None,
             target_return=c.target_return, time_to_target_s=self.time_to_target,
             wall_time_s=wall, startup_s=self.startup_s or wall, env_steps=env_steps,
             learner_updates=updates, transitions_inserted=replay["inserted"],
             transitions_sampled=replay["sampled"],
-            env_steps_per_s=(env_steps - self.steps_before) / max(wall, 1e-9),
-            learner_updates_per_s=updates_this_run / max(wall, 1e-9),
+            env_steps_per_s=(env_steps - self.steps_before) / training_s,
+            learner_updates_per_s=updates_this_run / training_s,
             samples_per_insert=replay["sampled"] / max(replay["inserted"], 1),
             final_eval_return=self.evals[-1]["mean_return"] if self.evals else None,
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
