@@ -411,10 +411,6 @@ class _Run:
     def tick(self, now: float) -> None:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
         c, t, fleet = self.config, self.topology, self.fleet
-        if self.apex.sigterm.is_set():
-            return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
-        if self.deadline.passed():
-            return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
         for kind, detail in fleet.tick(now):
             self.say(kind, detail)
         carrier = self.traces.next_iteration()
@@ -440,6 +436,11 @@ class _Run:
             "inserted": inserted, "replay_size": sum(s["size"] for s in self.replay_stats.values()),
             "actors_running": fleet.running(), "actors_waiting": len(fleet.waiting(now))})
         self._show_progress(env_steps)
+        # The stops come after the record, so that the run's last state is in the throughput.
+        if self.apex.sigterm.is_set():
+            return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
+        if self.deadline.passed():
+            return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
         if fleet.waiting(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
             self.say("actors_waiting", fleet.waiting_line(now))
