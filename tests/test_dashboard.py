@@ -73,7 +73,7 @@ def test_every_tile_has_data_after_a_short_instrumented_run(tmp_path):
     with LocalCollector(tmp_path / "otel.db", port=0) as collector:
         done = subprocess.run(
             [sys.executable, "-m", "distrl.train", "--target-return", "none",
-             "--max-seconds", "30", "--telemetry", "true", "--otlp-endpoint", collector.endpoint,
+             "--max-seconds", "45", "--telemetry", "true", "--otlp-endpoint", collector.endpoint,
              "--metric-export-interval-s", "2", "--run-id", "tiles",
              "--output-dir", str(tmp_path / "run")],
             capture_output=True, text=True, timeout=300)

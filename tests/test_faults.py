@@ -151,7 +151,7 @@ def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         wait_for(lambda: (c := latest_checkpoint(out / "checkpoints")) and
-                 read_checkpoint(c)[0]["updates"] > 200, 150, "a checkpoint with progress")
+                 read_checkpoint(c)[0]["updates"] > 200, 240, "a checkpoint with progress")
     finally:
         os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started
         first.wait(30)
