@@ -338,6 +338,7 @@ class _Run:
         self.stop_reason, self.stop_detail = "", ""
         self.time_to_target = None
         self.startup_s = None
+        self.first_update_s = None
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
@@ -425,7 +426,8 @@ class _Run:
         inserted = sum(s["inserted"] for s in self.replay_stats.values())
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
-        if updates > 0 and not any(e["kind"] == "first_update" for e in self.events):
+        if updates > 0 and self.first_update_s is None:
+            self.first_update_s = now - self.t_start
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
                      "start: training")
         if self.learner_stats is not None:

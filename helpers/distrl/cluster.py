@@ -439,14 +439,21 @@ def reap(parent_pid: int, state_file: str, poll_s: float = 0.5) -> None:
         state = json.loads(Path(state_file).read_text())
     except (OSError, ValueError):
         return
-    for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 0.0)):
-        for pgid in reversed(state.get("groups", [])):
+    stop_groups(state.get("groups", []), state.get("port", 0), grace_s=5.0)
+
+
+def stop_groups(groups: list[int], port: int, grace_s: float) -> None:
+    """Stop node process groups (newest first): SIGTERM, up to grace_s for them to end, then
+    SIGKILL; then forget the cluster's record. For a cluster no LocalCluster object holds
+    (`distrl cluster down`, the reaper)."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        for pgid in reversed(groups):
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pgid, sig)
         deadline = time.monotonic() + wait_s
-        while time.monotonic() < deadline and any(_group_alive(g) for g in state["groups"]):
+        while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.2)
-    forget_cluster(state.get("port", 0))
+    forget_cluster(port)
 
 
 def _group_alive(pgid: int) -> bool:
@@ -512,12 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.action == "status":
         print(json.dumps(state, indent=2))
         return 0
-    for sig, wait_s in ((signal.SIGTERM, 10.0), (signal.SIGKILL, 0.0)):
-        for pgid in reversed(state["groups"]):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
-        time.sleep(wait_s if sig == signal.SIGTERM else 0)
-    forget_cluster(state["port"])
+    stop_groups(state["groups"], state["port"], grace_s=10.0)
     STATE_FILE.unlink()
     print("Ray cluster down")
     return 0
