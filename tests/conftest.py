@@ -9,7 +9,10 @@ import pytest
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STAND_IN = """#!{python}
-# Stand-in for {name}: records its argv, answers the prerequisite queries, fails on request.
+# Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
+# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them). A describe or
+# `get secret` that no response names finds nothing (exit 1) unless FAKE_EXISTS lists it;
+# FAKE_FAIL makes a matching command fail with a quota error.
 import json, os, sys
 argv = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
@@ -18,20 +21,71 @@ line = " ".join(["{name}", *argv])
 if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in line:
     print("ERROR: (gcloud) quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0", file=sys.stderr)
     sys.exit(1)
-if argv[:2] == ["auth", "list"]:
-    print(os.environ.get("FAKE_ACCOUNT", ""))
-elif argv[:2] == ["projects", "describe"]:
-    print(os.environ.get("FAKE_PROJECT_STATE", "ACTIVE"))
-elif any(a.startswith("--output=jsonpath") for a in argv):
-    print("distrl-head-x7k2p")
-else:
-    print("done:", line)
+responses = json.loads(os.environ["FAKE_RESPONSES"])
+for key, answer in responses.items():
+    if key in line:
+        print(answer["out"])
+        sys.exit(answer.get("code", 0))
+if " describe " in line or " get secret " in line:
+    if any(e and e in line for e in os.environ.get("FAKE_EXISTS", "").split("|")):
+        print("found")
+        sys.exit(0)
+    print("ERROR: NOT_FOUND", file=sys.stderr)
+    sys.exit(1)
+print("done:", line)
 """
+
+QUOTAS = {"quotas": [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
+                     {"metric": "N2_CPUS", "limit": 24.0, "usage": 0.0},
+                     {"metric": "PREEMPTIBLE_CPUS", "limit": 0.0, "usage": 0.0},
+                     {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
+                     {"metric": "NVIDIA_L4_GPUS", "limit": 1.0, "usage": 0.0},
+                     {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0}]}
+DESCRIBE_NODE = """Name:               gke-node-1
+Allocatable:
+  cpu:                7910m
+  ephemeral-storage:  47060071478
+  memory:             29310788Ki
+  nvidia.com/gpu:     1
+  pods:               110
+System Info:
+  Kernel Version:     6.6
+Allocated resources:
+  (Total limits may be over 100 percent, i.e., overcommitted.)
+  Resource           Requests     Limits
+  --------           --------     ------
+  cpu                663m (8%)    1143m (14%)
+  memory             1156Mi (4%)  3450Mi (13%)
+Events:              <none>"""
+# What a healthy project and cluster answer, by a piece of the command line (first match wins).
+RESPONSES = {
+    "gcloud version --format=json": {"out": json.dumps(
+        {"Google Cloud SDK": "578.0.0", "core": "2026.10.20", "kubectl": "1.34.1",
+         "gke-gcloud-auth-plugin": "0.5.10"})},
+    "auth list": {"out": "reader@example.com"},
+    "billing projects describe": {"out": "True"},
+    "projects describe": {"out": "ACTIVE"},
+    "services list": {"out": "\n".join(f"{api}.googleapis.com" for api in (
+        "container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
+        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage"))},
+    "compute regions describe": {"out": json.dumps(QUOTAS)},
+    "compute project-info describe": {"out": json.dumps(
+        {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0}]})},
+    "currentMasterVersion": {"out": "1.35.1-gke.1396000"},
+    "get service opentelemetry-collector": {"out": "4317 4318"},
+    "get crd rayclusters.ray.io": {"out": "string"},
+    "get deployments --all-namespaces": {"out": json.dumps({"items": []})},
+    "describe nodes": {"out": DESCRIBE_NODE},
+    "RAY_AUTH_MODE": {"out": "token"},
+    "list_physical_devices": {"out": "1"},
+    "--output=jsonpath={.items[0].metadata.name}": {"out": "distrl-head-x7k2p"},
+}
 
 
 @pytest.fixture
 def stand_ins(tmp_path, monkeypatch):
-    """gcloud, kubectl and gke-gcloud-auth-plugin stand-ins first on PATH; returns the log."""
+    """gcloud, kubectl and gke-gcloud-auth-plugin stand-ins first on PATH; returns the log.
+    Tests change an answer with respond(monkeypatch, key, out, code)."""
     bin_dir, log = tmp_path / "bin", tmp_path / "argv.log"
     bin_dir.mkdir()
     for name in ("gcloud", "kubectl", "gke-gcloud-auth-plugin"):
@@ -40,7 +94,7 @@ def stand_ins(tmp_path, monkeypatch):
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_LOG", str(log))
-    monkeypatch.setenv("FAKE_ACCOUNT", "reader@example.com")
+    monkeypatch.setenv("FAKE_RESPONSES", json.dumps(RESPONSES))
 
     def recorded() -> list[list[str]]:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -64,3 +118,10 @@ def busy_cpus():
         p.kill()
         p.wait(10)
 
+
+
+def respond(monkeypatch, key: str, out: str, code: int = 0) -> None:
+    """Make the stand-ins answer commands containing `key` with `out` (and exit `code`)."""
+    old = json.loads(os.environ["FAKE_RESPONSES"])
+    responses = {key: {"out": out, "code": code}} | {k: v for k, v in old.items() if k != key}
+    monkeypatch.setenv("FAKE_RESPONSES", json.dumps(responses))

@@ -58,7 +58,7 @@ def test_deploy_plan_commands_and_bad_project(stand_ins, capsys):
     assert [s.argv for s in plan] == [
         ("gcloud", "monitoring", "dashboards", "create", "--project=my-project",
          f"--config-from-file={SHIPPED / 'dashboard.json'}"),
-        *[("gcloud", "alpha", "monitoring", "policies", "create", "--project=my-project",
+        *[("gcloud", "monitoring", "policies", "create", "--project=my-project",
            f"--policy-from-file={SHIPPED / 'alerts' / name}.json")
           for name in sorted(dashboard.alert_policies())]]
     dry_run(plan)

@@ -1,11 +1,14 @@
 """distrl.gke: settings checks, the plan's exact commands, dry run, live run against stand-in
-gcloud/kubectl executables that record their argv, teardown, prerequisites and cost."""
+gcloud/kubectl executables that record their argv and answer like a healthy project (each check
+step then fed a recorded bad answer), describe-before-create, resume, teardown, prerequisites
+and cost."""
 
 import json
 import shlex
 from pathlib import Path
 
 import pytest
+from conftest import DESCRIBE_NODE, respond
 
 from distrl import gke
 from distrl.gke import GkeSettings, create_plan, dry_run, run_plan, teardown_plan
@@ -44,6 +47,8 @@ def settings(**kw) -> GkeSettings:
     ("actor_machine_type", "m1-ultramem-40", "the price table's types"),
     ("mode", "serverless", "one of standard, autopilot"),
     ("image_tag", "bad tag", "image_tag='bad tag'"),
+    ("otlp_protocol", "http/json", "one of http/protobuf, grpc"),
+    ("operator_namespace", "Kube_System", "a Kubernetes namespace name"),
 ])
 def test_bad_settings_are_refused_naming_the_value(field, value, message):
     with pytest.raises(ValueError, match="invalid GKE settings") as e:
@@ -71,49 +76,105 @@ def test_every_name_derives_from_the_prefix():
 
 # --- the plan ------------------------------------------------------------------------------
 
-def expected_standard(manifests: Path, token: Path) -> list[list[str]]:
-    """The exact create sequence for settings(): every command and flag, in order."""
-    gsa = f"rl-ray@{PROJECT}.iam.gserviceaccount.com"
-    binding = [f"--member=serviceAccount:{gsa}"]
+GSA = f"rl-ray@{PROJECT}.iam.gserviceaccount.com"
+BUILD_SA = f"rl-build@{PROJECT}.iam.gserviceaccount.com"
+BUCKET = f"gs://{PROJECT}-rl-build"
+IMAGE = f"europe-west4-docker.pkg.dev/{PROJECT}/rl-images/distrl:t1"
+
+
+def expected_standard(manifests: Path, token: Path, exists: bool = False) -> list[list[str]]:
+    """The exact create sequence for settings(): every command and flag, in order. With
+    exists=True, the describe that comes before each create is in it too (a live run)."""
+    def made(check: list[str], create: list[str]) -> list[list[str]]:
+        return [check, create] if exists else [create]
+
+    pool = ["--cluster=rl-cluster", ZONE, P]
     return [
-        ["gcloud", "services", "enable", "container.googleapis.com", "monitoring.googleapis.com",
-         "cloudtrace.googleapis.com", "telemetry.googleapis.com", "logging.googleapis.com",
-         "artifactregistry.googleapis.com", "cloudbuild.googleapis.com", P],
-        ["gcloud", "beta", "container", "clusters", "create", "rl-cluster", ZONE,
-         "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
-         "--machine-type=e2-standard-4", "--num-nodes=1",
-         f"--workload-pool={PROJECT}.svc.id.goog",
-         "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P],
-        ["gcloud", "container", "node-pools", "create", "rl-head", "--cluster=rl-cluster", ZONE,
-         "--machine-type=n1-standard-8",
-         "--accelerator=type=nvidia-tesla-t4,count=1,gpu-driver-version=latest",
-         "--num-nodes=1", "--node-labels=distrl/pool=rl-head", LABELS, P],
-        ["gcloud", "container", "node-pools", "create", "rl-actors", "--cluster=rl-cluster", ZONE,
-         "--machine-type=e2-standard-8", "--spot", "--enable-autoscaling", "--num-nodes=0",
-         "--min-nodes=0", "--max-nodes=3", "--node-labels=distrl/pool=rl-actors", LABELS, P],
-        ["gcloud", "artifacts", "repositories", "create", "rl-images",
-         "--repository-format=docker", "--location=europe-west4", LABELS, P],
-        ["gcloud", "builds", "submit", str(gke.REPO_ROOT),
-         f"--tag=europe-west4-docker.pkg.dev/{PROJECT}/rl-images/distrl:t1",
-         "--region=europe-west4", P],
+        ["gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in (
+            "container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
+            "telemetry", "logging", "artifactregistry", "cloudbuild", "storage")), P],
+        ["gcloud", "compute", "regions", "describe", "europe-west4", P, "--format=json"],
+        ["gcloud", "compute", "project-info", "describe", P, "--format=json"],
+        *made(["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+               "--format=value(name)"],
+              ["gcloud", "container", "clusters", "create", "rl-cluster", ZONE,
+               "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
+               "--machine-type=e2-standard-4", "--num-nodes=1", "--disk-size=50",
+               f"--workload-pool={PROJECT}.svc.id.goog",
+               "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P]),
+        *made(["gcloud", "container", "node-pools", "describe", "rl-head", *pool,
+               "--format=value(name)"],
+              ["gcloud", "container", "node-pools", "create", "rl-head", "--cluster=rl-cluster",
+               ZONE, "--machine-type=n1-standard-8",
+               "--accelerator=type=nvidia-tesla-t4,count=1,gpu-driver-version=latest",
+               "--num-nodes=1", "--disk-size=50", "--node-labels=distrl/pool=rl-head", LABELS,
+               P]),
+        *made(["gcloud", "container", "node-pools", "describe", "rl-actors", *pool,
+               "--format=value(name)"],
+              ["gcloud", "container", "node-pools", "create", "rl-actors",
+               "--cluster=rl-cluster", ZONE, "--machine-type=e2-standard-8", "--spot",
+               "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0", "--max-nodes=3",
+               "--disk-size=50", "--node-labels=distrl/pool=rl-actors", LABELS, P]),
+        *made(["gcloud", "artifacts", "repositories", "describe", "rl-images",
+               "--location=europe-west4", P, "--format=value(name)"],
+              ["gcloud", "artifacts", "repositories", "create", "rl-images",
+               "--repository-format=docker", "--location=europe-west4", LABELS, P]),
+        *made(["gcloud", "iam", "service-accounts", "describe", BUILD_SA, P,
+               "--format=value(email)"],
+              ["gcloud", "iam", "service-accounts", "create", "rl-build",
+               "--display-name=distrl image builds", P]),
+        *made(["gcloud", "storage", "buckets", "describe", BUCKET, P, "--format=value(name)"],
+              ["gcloud", "storage", "buckets", "create", BUCKET, "--location=europe-west4",
+               "--uniform-bucket-level-access", P]),
+        ["gcloud", "storage", "buckets", "add-iam-policy-binding", BUCKET,
+         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/storage.objectAdmin", P],
+        ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "rl-images",
+         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/artifactregistry.writer",
+         "--location=europe-west4", P],
+        ["gcloud", "projects", "add-iam-policy-binding", PROJECT,
+         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/logging.logWriter",
+         "--condition=None", P],
+        *made(["gcloud", "artifacts", "docker", "images", "describe", IMAGE, P,
+               "--format=value(image_summary.digest)"],
+              ["gcloud", "builds", "submit", str(gke.REPO_ROOT), f"--tag={IMAGE}",
+               "--region=europe-west4",
+               f"--service-account=projects/{PROJECT}/serviceAccounts/{BUILD_SA}",
+               f"--gcs-source-staging-dir={BUCKET}/source", f"--gcs-log-dir={BUCKET}/logs",
+               "--timeout=7200s", P]),
         ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
-        ["gcloud", "iam", "service-accounts", "create", "rl-ray",
-         "--display-name=distrl Ray pods (metrics and traces)", P],
-        ["gcloud", "projects", "add-iam-policy-binding", PROJECT, *binding,
-         "--role=roles/monitoring.metricWriter", "--condition=None", P],
-        ["gcloud", "projects", "add-iam-policy-binding", PROJECT, *binding,
-         "--role=roles/cloudtrace.agent", "--condition=None", P],
-        ["gcloud", "projects", "add-iam-policy-binding", PROJECT, *binding,
-         "--role=roles/telemetry.metricsWriter", "--condition=None", P],
-        ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", gsa,
+        ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+         "--format=value(currentMasterVersion)"],
+        ["kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
+         "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"],
+        ["kubectl", "get", "crd", "rayclusters.ray.io",
+         '--output=jsonpath={.spec.versions[?(@.name=="v1")].schema.openAPIV3Schema'
+         '.properties.spec.properties.authOptions.properties.secretName.type}'],
+        ["kubectl", "get", "deployments", "--all-namespaces", "--output=json"],
+        ["kubectl", "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
+        *made(["gcloud", "iam", "service-accounts", "describe", GSA, P, "--format=value(email)"],
+              ["gcloud", "iam", "service-accounts", "create", "rl-ray",
+               "--display-name=distrl Ray pods (metrics and traces)", P]),
+        *[["gcloud", "projects", "add-iam-policy-binding", PROJECT,
+           f"--member=serviceAccount:{GSA}", f"--role={role}", "--condition=None", P]
+          for role in ("roles/monitoring.metricWriter", "roles/cloudtrace.agent",
+                       "roles/telemetry.metricsWriter")],
+        ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", GSA,
          "--role=roles/iam.workloadIdentityUser",
          f"--member=serviceAccount:{PROJECT}.svc.id.goog[rl/rl-ray]", P],
         ["kubectl", "apply", f"--filename={manifests}/cluster/00-namespace.yaml"],
-        ["kubectl", "create", "secret", "generic", "rl-ray-token", "--namespace=rl",
-         f"--from-file=auth_token={token}"],
+        *made(["kubectl", "get", "secret", "rl-ray-token", "--namespace=rl", "--output=name"],
+              ["kubectl", "create", "secret", "generic", "rl-ray-token", "--namespace=rl",
+               f"--from-file=auth_token={token}"]),
         ["kubectl", "apply", f"--filename={manifests}/cluster", "--recursive"],
-        ["kubectl", "wait", "--namespace=rl", "--for=condition=Ready", "pod",
-         "--selector=ray.io/node-type=head", "--timeout=900s"],
+        ["kubectl", "wait", "raycluster/rl", "--namespace=rl", "--for=condition=HeadPodReady",
+         "--timeout=900s"],
+        ["kubectl", "get", "pods", "--namespace=rl",
+         "--selector=ray.io/node-type=head,ray.io/cluster=rl",
+         '--output=jsonpath={.items[0].spec.containers[?(@.name=="autoscaler")]'
+         '.env[?(@.name=="RAY_AUTH_MODE")].value}'],
+        ["kubectl", "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
+         "--", "python", "-c",
+         "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
         ["kubectl", "get", "pods", "--namespace=rl", "--output=wide"],
         ["kubectl", "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
          "--", "ray", "status"],
@@ -121,9 +182,8 @@ def expected_standard(manifests: Path, token: Path) -> list[list[str]]:
 
 
 def expected_teardown(manifests: Path) -> list[list[str]]:
-    gsa = f"rl-ray@{PROJECT}.iam.gserviceaccount.com"
     unbind = ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
-              f"--member=serviceAccount:{gsa}"]
+              f"--member=serviceAccount:{GSA}"]
     return [
         ["kubectl", "delete", f"--filename={manifests}/cluster", "--recursive",
          "--ignore-not-found", "--wait=true"],
@@ -131,7 +191,12 @@ def expected_teardown(manifests: Path) -> list[list[str]]:
         [*unbind, "--role=roles/telemetry.metricsWriter", "--condition=None", P],
         [*unbind, "--role=roles/cloudtrace.agent", "--condition=None", P],
         [*unbind, "--role=roles/monitoring.metricWriter", "--condition=None", P],
-        ["gcloud", "iam", "service-accounts", "delete", gsa, P, "--quiet"],
+        ["gcloud", "iam", "service-accounts", "delete", GSA, P, "--quiet"],
+        ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
+         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/logging.logWriter",
+         "--condition=None", P],
+        ["gcloud", "storage", "rm", "--recursive", BUCKET, P],
+        ["gcloud", "iam", "service-accounts", "delete", BUILD_SA, P, "--quiet"],
         ["gcloud", "artifacts", "repositories", "delete", "rl-images", "--location=europe-west4",
          P, "--quiet"],
         ["gcloud", "container", "node-pools", "delete", "rl-actors", "--cluster=rl-cluster",
@@ -153,11 +218,24 @@ def test_plan_is_the_exact_command_sequence(tmp_path):
 def test_every_gcloud_creation_is_labelled_and_every_gcloud_command_names_the_project(tmp_path):
     plan = create_plan(settings(), tmp_path)
     for step in plan:
-        if step.argv[0] == "gcloud":
-            assert P in step.argv
-            creates = "create" in step.argv or "create-auto" in step.argv
-            if creates and "service-accounts" not in step.argv:
-                assert LABELS in step.argv, step
+        for argv in (step.argv, step.exists, step.teardown):
+            if argv and argv[0] == "gcloud":
+                assert P in argv, argv
+        creates = "create" in step.argv or "create-auto" in step.argv
+        # Service accounts and buckets take no labels flag on create.
+        if step.argv[0] == "gcloud" and creates and not {"service-accounts", "buckets"} & set(
+                step.argv):
+            assert LABELS in step.argv, step
+
+
+def test_every_create_step_asks_first_whether_its_resource_exists(tmp_path):
+    plan = create_plan(settings(), tmp_path)
+    for step in plan:
+        if step.argv[0] == "gcloud" and ("create" in step.argv or "create-auto" in step.argv):
+            assert step.exists and ("describe" in step.exists), step.title
+    assert next(s for s in plan if s.title.startswith("Store the Ray auth token")).exists
+    assert next(s for s in plan if s.title.startswith("Build the image")).exists[:5] == (
+        "gcloud", "artifacts", "docker", "images", "describe")
 
 
 def test_teardown_deletes_what_create_made_newest_first(tmp_path):
@@ -165,24 +243,33 @@ def test_teardown_deletes_what_create_made_newest_first(tmp_path):
     assert [list(s.argv) for s in teardown_plan(plan)] == expected_teardown(tmp_path / "m")
 
 
-def test_no_gpu_head_pool_is_cpu_only(tmp_path):
+def test_no_gpu_head_pool_is_cpu_only_and_has_no_gpu_checks(tmp_path):
     plan = create_plan(settings(gpu_type="none"), tmp_path)
     head = next(s for s in plan if "rl-head" in s.argv and "create" in s.argv)
     assert "--machine-type=n2-standard-8" in head.argv
     assert not any(a.startswith("--accelerator") for a in head.argv)
+    assert not [s for s in plan if "GPU" in s.title]
 
 
 def test_autopilot_mode_creates_an_autopilot_cluster_without_node_pools(tmp_path):
     plan = create_plan(settings(mode="autopilot"), tmp_path)
     argvs = [list(s.argv) for s in plan]
-    assert ["gcloud", "beta", "container", "clusters", "create-auto", "rl-cluster",
+    # GA gcloud (576+): --managed-otel-scope and --enable-ray-operator; Autopilot always has
+    # Workload Identity, and create-auto takes no --workload-pool.
+    assert ["gcloud", "container", "clusters", "create-auto", "rl-cluster",
             "--region=europe-west4", "--release-channel=rapid", "--enable-ray-operator",
-            f"--workload-pool={PROJECT}.svc.id.goog",
             "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P] in argvs
     assert not any("node-pools" in a for a in argvs)
+    assert not any(s.title.startswith("Check the head node") for s in plan)
     delete = [list(s.argv) for s in teardown_plan(plan)][-1]
     assert delete == ["gcloud", "container", "clusters", "delete", "rl-cluster",
                       "--region=europe-west4", P, "--quiet"]
+
+
+def test_no_beta_or_alpha_gcloud_anywhere(tmp_path):
+    for mode in ("standard", "autopilot"):
+        for step in create_plan(settings(mode=mode), tmp_path):
+            assert not {"alpha", "beta"} & set(step.argv), step
 
 
 def test_dry_run_prints_every_command_exactly(tmp_path):
@@ -192,38 +279,151 @@ def test_dry_run_prints_every_command_exactly(tmp_path):
     commands = [shlex.split(line) for line in lines if not line.startswith("#")]
     assert commands == [list(s.argv) for s in plan]
     assert sum(line.startswith("# ") and line[2].isdigit() for line in lines) == len(plan)
+    assert sum("skipped when this succeeds" in line for line in lines) == \
+        sum(s.exists is not None for s in plan)
 
 
 # --- live run with stand-ins ---------------------------------------------------------------
 
-PREREQS = [["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
-           ["gcloud", "projects", "describe", PROJECT, "--format=value(lifecycleState)"]]
+PREREQS = [["gcloud", "version", "--format=json"],
+           ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
+           ["gcloud", "projects", "describe", PROJECT, "--format=value(lifecycleState)"],
+           ["gcloud", "billing", "projects", "describe", PROJECT, "--format=value(billingEnabled)"],
+           ["gcloud", "services", "list", "--enabled", P, "--format=value(config.name)"],
+           ["gcloud", "compute", "regions", "describe", "europe-west4", P, "--format=json"],
+           ["gcloud", "compute", "project-info", "describe", P, "--format=json"]]
 
 
 def test_live_run_executes_the_plan_in_order_and_teardown_undoes_it(stand_ins, tmp_path):
     s, manifests, token = settings(), tmp_path / "m", tmp_path / "token"
     plan = create_plan(s, manifests, token)
-    assert gke.check_prerequisites(s) == "reader@example.com"
+    found = gke.check_prerequisites(s)
+    assert found.account == "reader@example.com" and found.gcloud_version == "578.0.0"
+    assert found.missing_apis == [] and found.notes == []
     output = []
     run_plan(plan, out=output.append)
-    assert stand_ins() == PREREQS + expected_standard(manifests, token)
+    assert stand_ins() == PREREQS + expected_standard(manifests, token, exists=True)
     assert "done: kubectl get pods --namespace=rl --output=wide" in output  # streamed
+    assert output.count("check passed") == sum(step.check is not None for step in plan)
     run_plan(teardown_plan(plan), out=output.append)
-    assert stand_ins()[len(PREREQS) + len(plan):] == expected_teardown(manifests)
+    assert stand_ins()[len(PREREQS) + len(expected_standard(manifests, token, True)):] == \
+        expected_teardown(manifests)
 
 
-def test_a_failing_command_stops_the_plan_with_its_command_and_stderr(stand_ins, tmp_path,
-                                                                       monkeypatch):
+def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
+        stand_ins, tmp_path, monkeypatch):
+    """The head pool's creation fails (quota). Resumed at that step once fixed, the plan does
+    not touch the steps before it; run again from the start, it re-creates nothing that a
+    describe finds."""
     monkeypatch.setenv("FAKE_FAIL", "node-pools create rl-head")
+    manifests, token = tmp_path / "m", tmp_path / "token"
+    plan = create_plan(settings(), manifests, token)
+    full = expected_standard(manifests, token, exists=True)
+    with pytest.raises(gke.StepFailed) as e:
+        run_plan(plan, out=lambda line: None)
+    assert e.value.number == 5 and "resume at this step: run_plan(plan, start=5)" in str(e.value)
+    ran = stand_ins()
+    assert ran == full[:full.index(list(plan[4].argv)) + 1]  # nothing after the failed step
+    monkeypatch.delenv("FAKE_FAIL")
+    run_plan(plan, out=lambda line: None, start=e.value.number)
+    resumed = stand_ins()[len(ran):]
+    assert resumed == full[full.index(list(plan[4].exists)):]
+    # Everything exists now: a third run from step 1 creates nothing.
+    monkeypatch.setenv("FAKE_EXISTS", "|".join(shlex.join(s.exists[1:4]) for s in plan
+                                               if s.exists))
+    before = len(stand_ins())
+    output = []
+    run_plan(plan, out=output.append)
+    again = stand_ins()[before:]
+    assert not [argv for argv in again if "create" in argv or "create-auto" in argv]
+    assert sum(line.endswith("skipped") for line in output) == sum(bool(s.exists) for s in plan)
+
+
+def test_resume_refuses_a_step_number_outside_the_plan(tmp_path):
+    plan = create_plan(settings(), tmp_path)
+    for bad in (0, len(plan) + 1, "3", 2.0):
+        with pytest.raises(ValueError, match=f"start={bad!r}: expected a step number from 1"):
+            run_plan(plan, start=bad)
+
+
+def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
+    args = ["--project-id", PROJECT, "--region", "europe-west4", "--zone", "europe-west4-b",
+            "--prefix", "rl", "--gpu-type", "nvidia-tesla-t4", "--max-actor-nodes", "3",
+            "--image-tag", "t1", "--manifests-dir", str(tmp_path / "m"),
+            "--auth-token-file", str(tmp_path / "token")]
+    assert gke.main(["create", "--resume-from", "31", *args]) == 0
+    assert stand_ins()[len(PREREQS):] == expected_standard(tmp_path / "m", tmp_path / "token",
+                                                           True)[-2:]
+
+
+@pytest.mark.parametrize("key, answer, step, message", [
+    ("compute regions describe", json.dumps({"quotas": [
+        {"metric": "CPUS", "limit": 24.0, "usage": 4.0},
+        {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
+        {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0}]}), 2,
+     "CPUS quota 24 with 4 in use leaves 20; the plan needs 36 at full scale (system node 4 + "
+     "head 8 + actor nodes 3 x 8): request more at https://console.cloud.google.com/iam-admin/"
+     "quotas?project=demo-project-1, or max_actor_nodes=1"),
+    ("compute regions describe", json.dumps({"quotas": [
+        {"metric": "CPUS", "limit": 72.0, "usage": 0.0},
+        {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
+        {"metric": "NVIDIA_T4_GPUS", "limit": 0.0, "usage": 0.0}]}), 2,
+     "NVIDIA_T4_GPUS quota 0 with 0 in use leaves 0; the plan needs 1"),
+    ("compute project-info describe", json.dumps({"quotas": [
+        {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}), 3,
+     "GPUS_ALL_REGIONS quota 0 with 0 in use leaves no GPU for the head"),
+    ("currentMasterVersion", "1.33.5-gke.1000", 15,
+     "the cluster runs GKE 1.33.5-gke.1000; Managed OpenTelemetry needs 1.34.1-gke.2178000"),
+    ("get service opentelemetry-collector", "", 16,
+     "no Service opentelemetry-collector in namespace gke-managed-otel"),
+    ("get service opentelemetry-collector", "4317", 16,
+     "serves ports [4317], not 4318 (http/protobuf); render the manifests with "
+     "otlp_protocol='grpc'"),
+    ("get crd rayclusters.ray.io", "", 17,
+     "does not know RayCluster spec.authOptions.secretName (KubeRay 1.6.0 or later"),
+    ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), 19,
+     "has 5.41 CPU free after GKE's system pods; the head pod requests 6"),
+    ("RAY_AUTH_MODE", "", 29, "has no RAY_AUTH_MODE=token: the running operator ignored"),
+    ("list_physical_devices", "0", 30, "TensorFlow in the head pod sees 0 GPU(s)"),
+])
+def test_each_check_stops_the_plan_with_the_fact_and_its_fix(stand_ins, tmp_path, monkeypatch,
+                                                              key, answer, step, message):
+    respond(monkeypatch, key, answer)
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
     with pytest.raises(gke.StepFailed) as e:
         run_plan(plan, out=lambda line: None)
-    message = str(e.value)
-    assert "Create the head node pool" in message and "exit code 1" in message
-    assert "gcloud container node-pools create rl-head" in message
-    assert "quota 'GPUS_ALL_REGIONS' exceeded" in message
-    ran = stand_ins()
-    assert ran == expected_standard(tmp_path / "m", tmp_path / "token")[:3]  # nothing after it
+    assert e.value.number == step and e.value.problems, str(e.value)
+    assert message in str(e.value)
+    full = expected_standard(tmp_path / "m", tmp_path / "token", exists=True)
+    assert stand_ins()[-1] == list(plan[step - 1].argv)  # nothing ran after the check
+    assert len(stand_ins()) == full.index(list(plan[step - 1].argv)) + 1
+
+
+def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
+        stand_ins, tmp_path, monkeypatch):
+    respond(monkeypatch, "currentMasterVersion", "1.36.2-gke.1100000")
+    plan = create_plan(settings(otlp_protocol="grpc"), tmp_path, tmp_path / "token")
+    with pytest.raises(gke.StepFailed, match="gRPC export to Managed OpenTelemetry needs "
+                       "1.37.1-gke.1697000 or later") as e:
+        run_plan(plan, out=lambda line: None)
+    assert "otlp_protocol='http/protobuf'" in str(e.value)
+    respond(monkeypatch, "get deployments --all-namespaces", json.dumps({"items": [
+        {"metadata": {"name": "kuberay-operator", "namespace": "ray-system"}}]}))
+    plan = create_plan(settings(operator_namespace="kube-system"), tmp_path, tmp_path / "token")
+    with pytest.raises(gke.StepFailed, match="admits the dashboard port 8265 only from "
+                       "namespace 'kube-system', but the KubeRay operator runs in namespace "
+                       "ray-system") as e:
+        run_plan(plan, out=lambda line: None, start=18)
+    assert "operator_namespace='ray-system'" in str(e.value)
+    plan = create_plan(settings(operator_namespace="ray-system"), tmp_path, tmp_path / "token")
+    run_plan(plan[17:18], out=lambda line: None)  # the same answer passes when they agree
+
+
+def test_a_step_that_outlives_its_time_limit_is_killed(tmp_path):
+    from distrl.plan import Step as PlanStep
+
+    with pytest.raises(gke.StepFailed, match="killed after 1 s"):
+        run_plan([PlanStep("sleeps", ("sleep", "30"))], out=lambda line: None, timeout_s=1)
 
 
 def test_missing_gcloud_is_refused_before_anything_runs(tmp_path, monkeypatch):
@@ -235,14 +435,54 @@ def test_missing_gcloud_is_refused_before_anything_runs(tmp_path, monkeypatch):
 
 
 def test_no_account_or_an_unreachable_project_is_refused(stand_ins, monkeypatch):
-    monkeypatch.setenv("FAKE_ACCOUNT", "")
+    respond(monkeypatch, "auth list", "")
     with pytest.raises(gke.PrerequisiteError, match="gcloud auth login"):
         gke.check_prerequisites(settings())
-    monkeypatch.setenv("FAKE_ACCOUNT", "reader@example.com")
-    monkeypatch.setenv("FAKE_PROJECT_STATE", "DELETE_REQUESTED")
+    respond(monkeypatch, "auth list", "reader@example.com")
+    respond(monkeypatch, "projects describe", "DELETE_REQUESTED")
     with pytest.raises(gke.PrerequisiteError, match=f"project '{PROJECT}' is not reachable"):
         gke.check_prerequisites(settings())
     assert all(argv in PREREQS for argv in stand_ins())  # only the read-only checks ran
+
+
+def test_prerequisites_name_old_gcloud_billing_off_and_short_quota_together(stand_ins,
+                                                                            monkeypatch):
+    respond(monkeypatch, "gcloud version", json.dumps({"Google Cloud SDK": "551.0.0"}))
+    respond(monkeypatch, "billing projects describe", "False")
+    respond(monkeypatch, "compute project-info describe", json.dumps({"quotas": [
+        {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}))
+    with pytest.raises(gke.PrerequisiteError) as e:
+        gke.check_prerequisites(settings())
+    text = str(e.value)
+    assert "gcloud 551.0.0 is older than 576.0.0" in text and "gcloud components update" in text
+    assert "billing is off" in text and "gcloud billing projects link" in text
+    assert "GPUS_ALL_REGIONS quota 0" in text and "iam-admin/quotas?project=" in text
+    assert stand_ins() == PREREQS  # read-only, and all of them
+
+
+def test_a_fresh_project_lists_the_apis_step_1_enables_and_defers_quotas(stand_ins,
+                                                                          monkeypatch):
+    respond(monkeypatch, "services list", "storage.googleapis.com")
+    found = gke.check_prerequisites(settings())
+    assert "compute.googleapis.com" in found.missing_apis
+    assert any("step 1 enables" in note and "gcloud services enable" in note
+               for note in found.notes)
+    assert any("quotas are checked by the plan's quota step" in note for note in found.notes)
+    assert stand_ins() == PREREQS[:5]  # no quota query without the Compute Engine API
+
+
+def test_quota_arithmetic_uses_family_and_preemptible_quotas_when_the_region_has_them():
+    from distrl.preflight import quota_needs
+
+    s = settings(actor_machine_type="n2-standard-8", max_actor_nodes=4)
+    quotas = {q: {"limit": 10.0} for q in ("CPUS", "N2_CPUS", "PREEMPTIBLE_CPUS")}
+    needs = {n.metric: n.amount for n in quota_needs(s, quotas)}
+    # Spot actors draw on PREEMPTIBLE_CPUS once it is granted; the on-demand nodes on CPUS.
+    assert needs == {"CPUS": 4 + 8, "PREEMPTIBLE_CPUS": 32, "SSD_TOTAL_GB": 6 * 50,
+                     "NVIDIA_T4_GPUS": 1}
+    quotas["PREEMPTIBLE_CPUS"]["limit"] = 0.0
+    needs = {n.metric: n.amount for n in quota_needs(s, quotas)}
+    assert needs["N2_CPUS"] == 32 and needs["CPUS"] == 12
 
 
 def test_cli_refuses_bad_names_before_running_anything(stand_ins, capsys):
@@ -261,26 +501,29 @@ def test_cli_create_and_teardown_run_live_against_the_stand_ins(stand_ins, tmp_p
     assert gke.main(["create", *args]) == 0
     assert (tmp_path / "m" / "cluster" / "30-raycluster.yaml").exists()
     created = stand_ins()
-    assert created[:2] == PREREQS and created[2:] == expected_standard(
-        tmp_path / "m", tmp_path / "token")
+    assert created == PREREQS + expected_standard(tmp_path / "m", tmp_path / "token", True)
     token = tmp_path / "token"  # made for the cluster's Secret, readable by its owner only
     assert len(token.read_text()) == 64 and token.stat().st_mode & 0o077 == 0
     assert gke.main(["teardown", *args]) == 0
-    assert stand_ins()[len(created) + 2:] == expected_teardown(tmp_path / "m")
+    assert stand_ins()[len(created) + len(PREREQS):] == expected_teardown(tmp_path / "m")
 
 
 # --- cost ----------------------------------------------------------------------------------
 
-def test_cost_estimate_adds_up_the_price_table():
+def test_cost_estimate_adds_up_the_price_table_and_the_free_tier_pays_the_fee():
     prices = gke.PRICES
     est = gke.estimate_cost(settings())
-    fee, system = prices["cluster_fee"], prices["machines"]["e2-standard-4"][2]
+    system = prices["machines"]["e2-standard-4"][2]
     head = prices["machines"]["n1-standard-8"][2] + prices["gpus"]["nvidia-tesla-t4"][0]
     spot = prices["machines"]["e2-standard-8"][3]
-    assert est.min_per_hour == pytest.approx(fee + system + head)
-    assert est.max_per_hour == pytest.approx(fee + system + head + 3 * spot)
+    disk = 50 * prices["pd_balanced_gb_month"] / 730
+    # $74.40 a month is 744 h x $0.10: the fee of one zonal cluster, nothing else.
+    assert est.lines[0].maximum + est.lines[1].maximum == pytest.approx(0.0)
+    assert est.min_per_hour == pytest.approx(system + head + 2 * disk)
+    assert est.max_per_hour == pytest.approx(system + head + 3 * spot + 5 * disk)
     table = est.table()
     assert prices["date"] in table and "USD per hour" in table and "(Spot)" in table
+    assert "free tier credit" in table
 
 
 def test_cost_estimate_autopilot_prices_the_pods_requests():
@@ -291,8 +534,30 @@ def test_cost_estimate_autopilot_prices_the_pods_requests():
 
     actor = pod_sizes(s)["actor"]
     actor_price = actor.cpu * ap["vcpu"][1] + actor.memory_gib * ap["memory_gib"][1]
-    assert est.lines[-1].unit_per_hour == pytest.approx(actor_price)
+    assert est.lines[-1].unit_price == pytest.approx(actor_price)
     assert est.max_per_hour - est.min_per_hour == pytest.approx(3 * actor_price)
+
+
+def test_monthly_costs_add_up_samples_spans_builds_images_volume_and_alerts():
+    from distrl import cost
+    from distrl.manifests import num_actors
+
+    prices = gke.PRICES
+    s = settings()
+    month = gke.monthly_costs(s, hours_training=10, builds=2, image_gb=8.0, alert_conditions=4,
+                              export_interval_s=30.0)
+    per_export = cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * num_actors(s)
+    samples = per_export * 10 * 3600 / 30
+    spans = cost.SPANS_PER_SECOND * 10 * 3600
+    by_item = {line.item.split(":")[0]: line for line in month.lines}
+    assert by_item["metric samples"].maximum == pytest.approx(
+        samples / 1e6 * prices["metric_samples_per_million"])
+    assert by_item["spans"].minimum == pytest.approx(0.0)  # within the 2.5 M free spans
+    assert by_item["spans"].maximum == pytest.approx(spans / 1e6 * prices["spans_per_million"])
+    assert by_item["Cloud Build"].minimum == 0.0  # 60 of 2,500 free build-minutes
+    assert by_item["Artifact Registry"].minimum == pytest.approx(15.5 * 0.10)
+    assert by_item["alerting"].maximum == pytest.approx(4 * prices["alert_condition_month"])
+    assert "USD per month" in month.table()
 
 
 def test_cost_table_can_be_overridden_from_a_file_and_a_bad_one_is_refused(tmp_path):
@@ -302,7 +567,8 @@ def test_cost_table_can_be_overridden_from_a_file_and_a_bad_one_is_refused(tmp_p
     path = tmp_path / "prices.json"
     path.write_text(json.dumps(table))
     est = gke.estimate_cost(settings(), path)
-    assert est.date == "2030-01" and est.lines[-1].unit_per_hour == 1.0
+    actors = next(line for line in est.lines if line.item.startswith("actor nodes"))
+    assert est.date == "2030-01" and actors.unit_price == 1.0
     with pytest.raises(ValueError, match="price table lacks date, source"):
         gke.estimate_cost(settings(), {"currency": "USD"})
 
@@ -316,5 +582,6 @@ def test_cli_plan_and_cost_print_without_running_anything(stand_ins, tmp_path, c
     assert "gcloud services enable container.googleapis.com" in out
     assert (tmp_path / "m" / "job" / "rayjob.yaml").exists()
     assert distrl(["gke", "cost", "--project-id", PROJECT, "--max-actor-nodes", "10"]) == 0
-    assert "0-10" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "0-10" in out and "USD per month" in out
     assert stand_ins() == []

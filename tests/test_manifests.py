@@ -87,7 +87,7 @@ def test_rendered_manifests_validate_for_every_variant(variant, tmp_path):
     assert f"--num-actors {m.num_actors(s)}" in job["spec"]["entrypoint"]
 
 
-def test_no_service_leaves_the_cluster_and_the_ray_ports_are_namespace_only():
+def test_no_service_leaves_the_cluster_and_only_the_dashboard_port_admits_the_operator():
     docs = [d for _, d in m.load_dir(K8S)]
     for d in docs:
         if d["kind"] == "Service":
@@ -95,19 +95,56 @@ def test_no_service_leaves_the_cluster_and_the_ray_ports_are_namespace_only():
         if d["kind"] == "RayCluster":
             assert d["spec"]["headGroupSpec"]["serviceType"] == "ClusterIP"
     policy = next(d for d in docs if d["kind"] == "NetworkPolicy")
+    # Every port from the namespace's own pods; 8265 (dashboard, Jobs API) for the KubeRay
+    # operator, which polls it for RayJob status: from anywhere by default (GKE hosts the
+    # add-on's operator; Ray's token guards the port), from its namespace when it is known.
+    dashboard = {"ports": [{"port": 8265, "protocol": "TCP"}]}
     assert policy["spec"] == {"podSelector": {}, "policyTypes": ["Ingress"],
-                              "ingress": [{"from": [{"podSelector": {}}]}]}
+                              "ingress": [{"from": [{"podSelector": {}}]}, dashboard]}
+    named = m.network_policy(GkeSettings(project_id="demo-project-1",
+                                         operator_namespace="ray-system"))
+    assert named["spec"]["ingress"][1] == {**dashboard, "from": [{"namespaceSelector": {
+        "matchLabels": {"kubernetes.io/metadata.name": "ray-system"}}}]}
+    m.validate(named)
 
 
-def test_telemetry_env_points_at_the_managed_collector_and_auth_stays_on():
+def test_kuberay_gets_the_token_from_auth_options_and_telemetry_goes_to_the_managed_collector():
     cluster = next(d for _, d in m.load_dir(K8S) if d["kind"] == "RayCluster")
-    env = {e["name"]: e for e in
-           cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    job = next(d for _, d in m.load_dir(K8S) if d["kind"] == "RayJob")
+    for spec in (cluster["spec"], job["spec"]["rayClusterSpec"]):
+        assert spec["authOptions"] == {"mode": "token", "secretName": "distrl-ray-token"}
+    head = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in head["env"]}
+    # The documented endpoint: OTLP/HTTP on 4318 (gRPC only from GKE 1.37.1-gke.1697000).
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"]["value"] == \
-        "http://opentelemetry-collector.gke-managed-otel.svc.cluster.local:4317"
+        "http://opentelemetry-collector.gke-managed-otel.svc.cluster.local:4318"
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"]["value"] == "http/protobuf"
     assert env["OTEL_SERVICE_NAME"]["value"] == "rl-training-service"
+    assert "RAY_AUTH_TOKEN" not in env  # KubeRay injects it from authOptions
+    grpc = m.ray_cluster(GkeSettings(project_id="demo-project-1", otlp_protocol="grpc"))
+    env = {e["name"]: e.get("value") for e in
+           grpc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
+    assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
+    # Without the operator, the plain manifests set the token themselves.
+    plain_head = next(d for _, d in m.load_dir(K8S / "plain") if d["kind"] == "Pod")
+    env = {e["name"]: e for e in plain_head["spec"]["containers"][0]["env"]}
     assert env["RAY_AUTH_MODE"]["value"] == "token"
     assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "distrl-ray-token"
+
+
+def test_the_head_pod_leaves_room_for_gke_system_pods():
+    """g2-standard-8: 7.91 CPU allocatable; Ray 5 + TensorBoard 0.5 + the autoscaler sidecar
+    0.5 (set explicitly, KubeRay's default) leaves ~1.9 CPU for GKE's DaemonSets."""
+    s = m.DEFAULTS
+    cluster = m.ray_cluster(s)
+    cpu, memory = m.head_pod_request(s)
+    assert (cpu, memory) == (6.0, 21.5)
+    assert cluster["spec"]["autoscalerOptions"]["resources"]["requests"] == {
+        "cpu": "500m", "memory": "512Mi"}
+    containers = cluster["spec"]["headGroupSpec"]["template"]["spec"]["containers"]
+    assert [c["resources"]["requests"]["cpu"] for c in containers] == ["5", "500m"]
+    assert 7.91 - cpu >= 1.5
 
 
 def _ray_cluster() -> dict:
@@ -128,6 +165,8 @@ def _ray_cluster() -> dict:
      .update(imagePullPolcy="Always"), "imagePullPolcy"),  # strict: unknown fields fail
     (lambda d: d["spec"]["headGroupSpec"].update(serviceType="LoadBalancer"),
      "kubectl port-forward"),
+    (lambda d: d["spec"].pop("authOptions"), "missing required field 'authOptions'"),
+    (lambda d: d["spec"]["authOptions"].update(mode="disabled"), "expected mode 'token'"),
 ])
 def test_validation_rejects_broken_kuberay_objects(break_it, message):
     doc = _ray_cluster()

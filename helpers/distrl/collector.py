@@ -1,4 +1,4 @@
-"""The local observability backend: OTLP/gRPC in, SQLite out.
+"""The local observability backend: OTLP/gRPC (and, when asked, OTLP/HTTP) in, SQLite out.
 
     with LocalCollector("runs/otel.db", port=4317) as collector:   # a child process; or in a
                                                                    # shell: distrl collector --db
@@ -12,7 +12,10 @@ through GKE Managed OpenTelemetry: the OTel name keeps its dots and gets its kin
 (`/histogram`, `/counter` for monotonic sums, `/gauge` for gauges and non-monotonic sums).
 A point that is exported twice (an exporter retry) is stored once.
 
-The same port answers the part of Cloud Monitoring's MetricService API that distrl.monitoring
+With http_port, the same store also takes OTLP/HTTP with protobuf bodies (POST /v1/metrics,
+/v1/traces: what GKE's managed collector documents on its port 4318).
+
+The gRPC port answers the part of Cloud Monitoring's MetricService API that distrl.monitoring
 documents, so google-cloud-monitoring's own client reads what was stored.
 """
 
@@ -30,9 +33,12 @@ import subprocess
 import sys
 import threading
 from concurrent import futures
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import grpc
+from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
@@ -437,6 +443,62 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
+MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest request either receiver takes
+
+
+def _http_handler(store: CollectorStore):
+    """OTLP/HTTP, binary protobuf (opentelemetry.io/docs/specs/otlp/#otlphttp): the same
+    writes as the gRPC services; 400 for a body that does not parse, 503 (the exporter retries)
+    when storage failed."""
+    routes = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
+              "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's method name)
+            route = routes.get(self.path.split("?")[0])
+            if route is None:
+                return self._reply(HTTPStatus.NOT_FOUND, b"POST /v1/metrics or /v1/traces")
+            if self.headers.get("Content-Type", "").split(";")[0] != "application/x-protobuf":
+                return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                                   b"Content-Type must be application/x-protobuf")
+            length = self.headers.get("Content-Length", "")
+            if not length.isdigit() or int(length) > MAX_MESSAGE_BYTES:
+                return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length.isdigit()
+                                   else HTTPStatus.LENGTH_REQUIRED,
+                                   f"Content-Length up to {MAX_MESSAGE_BYTES} bytes".encode())
+            message_type, kind = route
+            request = message_type()
+            try:
+                request.ParseFromString(self.rfile.read(int(length)))
+            except DecodeError as err:
+                return self._reply(HTTPStatus.BAD_REQUEST, f"not an OTLP message: {err}".encode())
+            try:
+                if kind == "metrics":
+                    _, rejected, error = store.write_metrics(request)
+                    response = metrics_service_pb2.ExportMetricsServiceResponse()
+                    if rejected:
+                        response.partial_success.rejected_data_points = rejected
+                        response.partial_success.error_message = error
+                else:
+                    store.write_spans(request)
+                    response = trace_service_pb2.ExportTraceServiceResponse()
+            except sqlite3.Error as err:
+                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"storage failed: {err}".encode())
+            self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")
+
+        def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # no line per request on stderr
+            pass
+
+    return Handler
+
+
 def _check_port(port) -> None:
     if not isinstance(port, int) or isinstance(port, bool) or not 0 <= port <= 65535:
         raise ValueError(f"port={port!r} is invalid: expected an integer in [0, 65535] "
@@ -451,12 +513,21 @@ class CollectorServer:
     """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
-                 port: int = 4317, max_workers: int = 8):
+                 port: int = 4317, max_workers: int = 8, http_port: int | None = None):
         _check_port(port)
+        if http_port is not None:
+            _check_port(http_port)
         self.db_path = Path(db_path)
         self.host, self.port, self.max_workers = host, port, max_workers
+        self.http_port = http_port
         self.store: CollectorStore | None = None
         self.server = None
+        self.http_server: ThreadingHTTPServer | None = None
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """OTLP/HTTP base URL (exporters add /v1/metrics, /v1/traces); None when not asked."""
+        return None if self.http_port is None else f"http://{self.host}:{self.http_port}"
 
     @property
     def endpoint(self) -> str:
@@ -465,7 +536,7 @@ class CollectorServer:
     def start(self) -> CollectorServer:
         self.store = CollectorStore(self.db_path, create=True)
         server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers),
-                             options=[("grpc.max_receive_message_length", 64 * 1024 * 1024),
+                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
                                       ("grpc.so_reuseport", 0)])
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.store), server)
@@ -483,9 +554,24 @@ class CollectorServer:
         self.port = bound
         server.start()
         self.server = server
+        if self.http_port is not None:
+            try:
+                self.http_server = ThreadingHTTPServer((self.host, self.http_port),
+                                                       _http_handler(self.store))
+            except OSError as err:
+                self.stop()
+                raise OSError(f"cannot listen for OTLP/HTTP on {self.host}:{self.http_port}: "
+                              f"{err}") from None
+            self.http_server.daemon_threads = True
+            self.http_port = self.http_server.server_address[1]
+            threading.Thread(target=self.http_server.serve_forever, daemon=True).start()
         return self
 
     def stop(self, grace_s: float = 2.0) -> None:
+        if self.http_server is not None:
+            self.http_server.shutdown()
+            self.http_server.server_close()
+            self.http_server = None
         if self.server is not None:
             self.server.stop(grace_s).wait()
             self.server = None
@@ -502,16 +588,23 @@ class LocalCollector:
     """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
-                 port: int = 4317, start_timeout_s: float = 30.0):
+                 port: int = 4317, start_timeout_s: float = 30.0, http_port: int | None = None):
         _check_port(port)
+        if http_port is not None:
+            _check_port(http_port)
         self.db_path = Path(db_path)
-        self.host, self.port = host, port
+        self.host, self.port, self.http_port = host, port, http_port
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def http_endpoint(self) -> str | None:
+        """OTLP/HTTP base URL when started with http_port, else None."""
+        return None if self.http_port is None else f"http://{self.host}:{self.http_port}"
 
     @property
     def running(self) -> bool:
@@ -523,6 +616,8 @@ class LocalCollector:
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "distrl.collector", "--db", str(self.db_path),
                "--host", self.host, "--port", str(self.port)]
+        if self.http_port is not None:
+            cmd += ["--http-port", str(self.http_port)]
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         line = _read_line(self.process.stdout, self.start_timeout_s)
@@ -533,6 +628,8 @@ class LocalCollector:
             self.process = None
             raise OSError(f"the collector did not start: {(err or line or 'no output').strip()}")
         self.port = int(match.group(1))
+        if self.http_port is not None:
+            self.http_port = int(re.search(r"OTLP/HTTP on http://[^:]+:(\d+)", line).group(1))
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -574,18 +671,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--db", default="otel.db", help="SQLite file (created if missing)")
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
+    parser.add_argument("--http-port", type=int, default=None,
+                        help="also take OTLP/HTTP (protobuf) on this port (0: any free)")
     args = parser.parse_args(argv)
     # Handlers first: whoever reads the "listening" line may send SIGTERM at once.
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     try:
-        collector = CollectorServer(args.db, host=args.host, port=args.port).start()
+        collector = CollectorServer(args.db, host=args.host, port=args.port,
+                                    http_port=args.http_port).start()
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    print(f"collector listening on {collector.endpoint}, storing into {Path(args.db).resolve()}",
-          flush=True)
+    http = f" and OTLP/HTTP on {collector.http_endpoint}" if collector.http_endpoint else ""
+    print(f"collector listening on {collector.endpoint}{http}, storing into "
+          f"{Path(args.db).resolve()}", flush=True)
     stopped.wait()
     collector.stop()
     print("collector stopped", flush=True)

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distrl import telemetry as otel
-from distrl.gke import Step, check_project_id
+from distrl.gke import check_project_id
+from distrl.plan import Step
 
 PREFIX = "prometheus.googleapis.com/"
 DASHBOARD_NAME = "RL golden signals (distrl)"
@@ -181,8 +182,9 @@ REWARD_DROP_PROMQL = (
 
 
 def alert_policies() -> dict[str, dict]:
-    """Alert policies by file name, in the JSON form `gcloud alpha monitoring policies
-    create --policy-from-file` takes. Thresholds suit CartPole-sized runs; tune them."""
+    """Alert policies by file name, in the JSON form `gcloud monitoring policies create
+    --policy-from-file` takes (GA: cloud.google.com/sdk/gcloud/reference/monitoring/policies/
+    create). Thresholds suit CartPole-sized runs; tune them."""
     return {
         "reward-drop": {
             "displayName": "distrl: mean reward drop", "combiner": "OR", "enabled": True,
@@ -247,7 +249,7 @@ def deploy_plan(project_id: str, directory: str | Path) -> list[Step]:
                   "charts of every golden signal, with filters on run, algorithm, environment")]
     for path in sorted((directory / "alerts").glob("*.json")):
         steps.append(Step(f"Create the alert policy {path.stem}",
-                          ("gcloud", "alpha", "monitoring", "policies", "create",
+                          ("gcloud", "monitoring", "policies", "create",
                            f"--project={project_id}", f"--policy-from-file={path}"),
                           json.loads(path.read_text())["documentation"]["content"]))
     return steps

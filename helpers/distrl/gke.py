@@ -1,31 +1,38 @@
-"""A GKE cluster for Ape-X: the gcloud/kubectl plan, its dry run and live run, and a cost estimate.
+"""A GKE cluster for Ape-X: the gcloud/kubectl plan, its dry run, live run and resume.
 
     settings = GkeSettings(project_id="my-project", gpu_type="nvidia-l4", max_actor_nodes=4)
     plan = create_plan(settings, manifests_dir="runs/gke/manifests")
     dry_run(plan)                      # prints every command exactly as it would run
+    check_prerequisites(settings)      # tools, gcloud version, login, billing, APIs, quotas
     run_plan(plan)                     # runs them, streaming output, stops at the first failure
+    run_plan(plan, start=13)           # resumes at the step that failed
     run_plan(teardown_plan(plan))      # deletes what the plan created, newest first
 
 Every command is an argv list, never a shell string, and passes --project explicitly (the
-user's gcloud configuration is not changed). Every resource name derives from one prefix and
-carries the same labels, so what a plan made is easy to find and to delete.
+user's gcloud configuration is not changed). Every create step first asks whether its resource
+exists (describe before create), so a plan run twice creates nothing twice. Check steps read
+the live project and cluster (quotas, GKE and KubeRay versions, the managed collector, room on
+the head node, the GPU) and stop the plan with the fix before anything depends on them. Every
+resource name derives from one prefix and carries the same labels.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import re
-import shlex
-import shutil
-import subprocess
 import sys
-import threading
-from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from distrl import __version__
+from distrl import __version__, preflight
+from distrl.cost import PRICES, estimate_cost, monthly_costs
+from distrl.plan import Step, StepFailed, dry_run, run_plan
+from distrl.preflight import PrerequisiteError, check_prerequisites
+
+__all__ = ["GkeSettings", "Step", "StepFailed", "PrerequisiteError", "create_plan",
+           "teardown_plan", "dry_run", "run_plan", "check_prerequisites", "estimate_cost",
+           "monthly_costs", "ensure_auth_token"]
 
 DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 # The checkout that holds the Dockerfile (the package is installed editable from it).
@@ -33,13 +40,31 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 RAY_VERSION = "2.60.0"  # tests check it against requirements.lock, the Dockerfile and k8s/
 GPU_TYPES = ("nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-p4", "none")
 MODES = ("standard", "autopilot")
-APIS = ("container", "monitoring", "cloudtrace", "telemetry", "logging", "artifactregistry",
-        "cloudbuild")
+APIS = ("container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
+        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage")
 # Roles a pod needs to write metrics and traces (the Telemetry API role for OTLP to Google).
 TELEMETRY_ROLES = ("roles/monitoring.metricWriter", "roles/cloudtrace.agent",
                    "roles/telemetry.metricsWriter")
 MANAGED_OTEL_SCOPE = "COLLECTION_AND_INSTRUMENTATION_COMPONENTS"
-MANAGED_OTEL_ENDPOINT = "http://opentelemetry-collector.gke-managed-otel.svc.cluster.local:4317"
+# Managed OpenTelemetry's in-cluster endpoint. The concept page documents OTLP/HTTP on 4318
+# (cloud.google.com/kubernetes-engine/docs/concepts/managed-otel-gke); gRPC export is stated
+# only from GKE 1.37.1-gke.1697000 (docs/how-to/managed-otel-gke, Requirements), so HTTP is the
+# default and the plan checks the Service's ports and the GKE version before anything uses them.
+MANAGED_OTEL_HOST = "opentelemetry-collector.gke-managed-otel.svc.cluster.local"
+OTLP_PORTS = {"http/protobuf": 4318, "grpc": 4317}
+SYSTEM_MACHINE = "e2-standard-4"  # the default pool's one node, for GKE's system pods
+DISK_GB = 50  # every node's pd-balanced boot disk (GKE's default is 100 GB): the image is ~8 GB
+# `gcloud builds submit`: the image (Ray, TensorFlow and ~2.5 GB of CUDA wheels) outgrows
+# gcloud's 10-minute default (builds/timeout, cloud.google.com/sdk/gcloud/reference/builds/
+# submit); BUILD_MINUTES is the estimate used for the cost box.
+BUILD_TIMEOUT = "7200s"
+BUILD_MINUTES = 30
+# Projects created since mid-2024 build as the Compute Engine default service account, which
+# may hold no roles at all (cloud.google.com/build/docs/cloud-build-service-account-updates):
+# the plan builds as its own account holding exactly these.
+BUILD_LOG_ROLE = "roles/logging.logWriter"
+BUILD_PUSH_ROLE = "roles/artifactregistry.writer"
+BUILD_BUCKET_ROLE = "roles/storage.objectAdmin"
 
 # GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
 # cloud.google.com/compute/docs/regions-zones, GKE cluster names).
@@ -60,12 +85,6 @@ def check_project_id(project_id) -> str:
     return project_id
 
 
-@dataclass(frozen=True)
-class MachineType:
-    vcpus: int
-    memory_gib: float
-
-
 # GPU node machine: L4 comes built into g2-*; T4 and P4 attach to n1-*.
 GPU_MACHINES = {"nvidia-l4": "g2-standard-8", "nvidia-tesla-t4": "n1-standard-8",
                 "nvidia-tesla-p4": "n1-standard-8", "none": "n2-standard-8"}
@@ -84,6 +103,8 @@ class GkeSettings:
     actor_machine_type: str = "e2-standard-8"
     mode: str = "standard"
     image_tag: str = f"{__version__}-ray{RAY_VERSION}"
+    otlp_protocol: str = "http/protobuf"
+    operator_namespace: str = ""
 
     def __post_init__(self):
         problems = []
@@ -116,6 +137,14 @@ class GkeSettings:
         if not isinstance(self.image_tag, str) or \
                 not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", self.image_tag):
             problems.append(f"image_tag={self.image_tag!r}: a Docker tag (letters, digits, _ . -)")
+        if self.otlp_protocol not in OTLP_PORTS:
+            problems.append(f"otlp_protocol={self.otlp_protocol!r}: one of "
+                            f"{', '.join(OTLP_PORTS)} (how pods export to Managed OpenTelemetry)")
+        if not isinstance(self.operator_namespace, str) or (
+                self.operator_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                             self.operator_namespace)):
+            problems.append(f"operator_namespace={self.operator_namespace!r}: a Kubernetes "
+                            "namespace name, or '' to admit the dashboard port from any source")
         if problems:
             raise ValueError("invalid GKE settings: " + "; ".join(problems))
 
@@ -146,6 +175,23 @@ class GkeSettings:
         return f"{self.prefix}-ray"
 
     @property
+    def build_service_account(self) -> str:
+        return f"{self.prefix}-build"
+
+    @property
+    def build_email(self) -> str:
+        return f"{self.build_service_account}@{self.project_id}.iam.gserviceaccount.com"
+
+    @property
+    def build_bucket(self) -> str:
+        """Cloud Build's source and logs; bucket names are global, hence the project id."""
+        return f"{self.project_id}-{self.prefix}-build"
+
+    @property
+    def otlp_endpoint(self) -> str:
+        return f"http://{MANAGED_OTEL_HOST}:{OTLP_PORTS[self.otlp_protocol]}"
+
+    @property
     def gsa_email(self) -> str:
         return f"{self.service_account}@{self.project_id}.iam.gserviceaccount.com"
 
@@ -169,21 +215,17 @@ class GkeSettings:
         return f"--zone={self.zone}" if self.mode == "standard" else f"--region={self.region}"
 
 
-@dataclass(frozen=True)
-class Step:
-    """One command of a plan; `teardown` undoes what it creates (None: nothing to undo)."""
-
-    title: str
-    argv: tuple[str, ...]
-    why: str = ""
-    teardown: tuple[str, ...] | None = None
-
-    def __str__(self) -> str:
-        return shlex.join(self.argv)
-
-
 def _labels_flag(settings: GkeSettings) -> str:
     return "--labels=" + ",".join(f"{k}={v}" for k, v in settings.labels.items())
+
+
+def _grant(title: str, member: str, role: str, group: tuple[str, ...], subject: str,
+           flags: tuple[str, ...], why: str, undo: bool = True) -> Step:
+    """An IAM binding: `gcloud <group> add-iam-policy-binding <subject> --member --role <flags>`;
+    undo=False where deleting the subject removes the binding with it."""
+    binding = (subject, f"--member={member}", f"--role={role}", *flags)
+    return Step(title, ("gcloud", *group, "add-iam-policy-binding", *binding), why,
+                ("gcloud", *group, "remove-iam-policy-binding", *binding) if undo else None)
 
 
 def create_plan(settings: GkeSettings, manifests_dir: str | Path,
@@ -197,90 +239,182 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
     (~/.ray/auth_token), so the Jobs client on your machine works through port-forward.
     source_dir: what Cloud Build builds (the directory with the Dockerfile).
     """
+    from distrl.manifests import head_pod_request
+
     s, project = settings, f"--project={settings.project_id}"
     loc, labels = s.location_flag, _labels_flag(settings)
     manifests = Path(manifests_dir)
-    steps = [Step(
-        "Enable the APIs",
-        ("gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in APIS), project),
-        "GKE, Cloud Monitoring, Cloud Trace, the Telemetry API (OTLP into Google Cloud), "
-        "Cloud Logging, Artifact Registry and Cloud Build. Enabling twice is harmless.")]
-    cluster_common = (f"--workload-pool={s.project_id}.svc.id.goog",
-                      f"--managed-otel-scope={MANAGED_OTEL_SCOPE}", labels, project)
+    ns = f"--namespace={s.namespace}"
+    steps = [
+        Step("Enable the APIs",
+             ("gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in APIS), project),
+             "GKE, Compute Engine (quotas), IAM, Cloud Monitoring, Cloud Trace, the Telemetry "
+             "API (OTLP into Google Cloud), Logging, Artifact Registry, Cloud Build and Cloud "
+             "Storage. Enabling twice is harmless; a new API can take minutes to answer."),
+        Step("Check the regional quotas",
+             ("gcloud", "compute", "regions", "describe", s.region, project, "--format=json"),
+             "vCPUs of every node at full scale, boot disks and the head's GPU against what the "
+             "region grants (new projects often have 0 GPUs): the node pools would fail half-way.",
+             check=lambda out: preflight.quota_problems(s, out)),
+    ]
+    if s.gpu_type != "none":
+        steps.append(Step(
+            "Check the GPU quota of all regions",
+            ("gcloud", "compute", "project-info", "describe", project, "--format=json"),
+            "GPUS_ALL_REGIONS caps GPUs project-wide, whatever the region grants.",
+            check=functools.partial(preflight.gpu_quota_problems, s)))
+    cluster_common = (f"--managed-otel-scope={MANAGED_OTEL_SCOPE}", labels, project)
+    describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
     delete_cluster = ("gcloud", "container", "clusters", "delete", s.cluster, loc, project,
                       "--quiet")
     if s.mode == "standard":
         steps.append(Step(
             "Create the Standard cluster",
-            ("gcloud", "beta", "container", "clusters", "create", s.cluster, loc,
+            ("gcloud", "container", "clusters", "create", s.cluster, loc,
              "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
-             "--machine-type=e2-standard-4", "--num-nodes=1", *cluster_common),
+             f"--machine-type={SYSTEM_MACHINE}", "--num-nodes=1", f"--disk-size={DISK_GB}",
+             f"--workload-pool={s.project_id}.svc.id.goog", *cluster_common),
             "One small on-demand node for system pods; Workload Identity; the Ray Operator "
-            "add-on (KubeRay); Managed OpenTelemetry, whose collector forwards OTLP to Cloud "
-            "Monitoring and Cloud Trace (GKE 1.34.1-gke.2178000 or later, hence the rapid "
-            "channel); Dataplane V2 enforces the NetworkPolicy.",
-            delete_cluster))
+            "add-on (KubeRay, GKE 1.30.0-gke.1747000 or later); Managed OpenTelemetry, whose "
+            f"collector forwards OTLP to Cloud Monitoring and Cloud Trace (GKE "
+            f"{preflight.MIN_GKE_OTEL} or later, hence the rapid channel; the flag is GA from "
+            "gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
+            delete_cluster, exists=(*describe, "--format=value(name)")))
         head_accel = () if s.gpu_type == "none" else (
             f"--accelerator=type={s.gpu_type},count=1,gpu-driver-version=latest",)
-        steps.append(Step(
-            "Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU") + ")",
-            ("gcloud", "container", "node-pools", "create", s.head_pool, f"--cluster={s.cluster}",
-             loc, f"--machine-type={s.head_machine_type}", *head_accel, "--num-nodes=1",
-             f"--node-labels=distrl/pool={s.head_pool}", labels, project),
-            "The Ray head runs replay, learner and driver: not Spot, so a preemption never takes "
-            "the replay memory. GKE installs the GPU driver (gpu-driver-version=latest).",
-            ("gcloud", "container", "node-pools", "delete", s.head_pool, f"--cluster={s.cluster}",
-             loc, project, "--quiet")))
-        steps.append(Step(
-            "Create the Spot CPU node pool for actors",
-            ("gcloud", "container", "node-pools", "create", s.actor_pool,
-             f"--cluster={s.cluster}", loc, f"--machine-type={s.actor_machine_type}", "--spot",
-             "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
-             f"--max-nodes={s.max_actor_nodes}", f"--node-labels=distrl/pool={s.actor_pool}",
-             labels, project),
-            "Actors are stateless and restartable, so they run on Spot VMs (about 30 s notice "
-            "before preemption). The pool scales from 0 to max_actor_nodes with the Ray "
-            "autoscaler's requests.",
-            ("gcloud", "container", "node-pools", "delete", s.actor_pool,
-             f"--cluster={s.cluster}", loc, project, "--quiet")))
+        for pool, args, why in (
+                (s.head_pool, (f"--machine-type={s.head_machine_type}", *head_accel,
+                               "--num-nodes=1"),
+                 "The Ray head runs replay, learner and driver: not Spot, so a preemption never "
+                 "takes the replay memory. GKE installs the GPU driver (gpu-driver-version="
+                 "latest)."),
+                (s.actor_pool, (f"--machine-type={s.actor_machine_type}", "--spot",
+                                "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
+                                f"--max-nodes={s.max_actor_nodes}"),
+                 "Actors are stateless and restartable, so they run on Spot VMs (about 30 s "
+                 "notice before preemption). The pool scales from 0 to max_actor_nodes with the "
+                 "Ray autoscaler's requests.")):
+            head = pool == s.head_pool
+            pool_ref = (f"--cluster={s.cluster}", loc, project)
+            steps.append(Step(
+                ("Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU")
+                 + ")") if head else "Create the Spot CPU node pool for actors",
+                ("gcloud", "container", "node-pools", "create", pool, f"--cluster={s.cluster}",
+                 loc, *args, f"--disk-size={DISK_GB}", f"--node-labels=distrl/pool={pool}",
+                 labels, project), why,
+                ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
+                exists=("gcloud", "container", "node-pools", "describe", pool, *pool_ref,
+                        "--format=value(name)")))
     else:
         steps.append(Step(
             "Create the Autopilot cluster",
-            ("gcloud", "beta", "container", "clusters", "create-auto", s.cluster, loc,
+            ("gcloud", "container", "clusters", "create-auto", s.cluster, loc,
              "--release-channel=rapid", "--enable-ray-operator", *cluster_common),
             "Autopilot makes nodes for the pods' requests: actors ask for Spot with the node "
             "selector cloud.google.com/gke-spot, the head for a GPU with "
-            "cloud.google.com/gke-accelerator. Workload Identity is always on.",
-            delete_cluster))
+            "cloud.google.com/gke-accelerator. Workload Identity is always on (create-auto "
+            "takes no --workload-pool).",
+            delete_cluster, exists=(*describe, "--format=value(name)")))
+    build_member = f"serviceAccount:{s.build_email}"
     steps += [
         Step("Create the Artifact Registry repository",
              ("gcloud", "artifacts", "repositories", "create", s.repository,
               "--repository-format=docker", f"--location={s.region}", labels, project),
              "Where Cloud Build pushes the training image.",
              ("gcloud", "artifacts", "repositories", "delete", s.repository,
-              f"--location={s.region}", project, "--quiet")),
+              f"--location={s.region}", project, "--quiet"),
+             exists=("gcloud", "artifacts", "repositories", "describe", s.repository,
+                     f"--location={s.region}", project, "--format=value(name)")),
+        Step("Create the build service account",
+             ("gcloud", "iam", "service-accounts", "create", s.build_service_account,
+              "--display-name=distrl image builds", project),
+             "Cloud Build's default identity in new projects is the Compute Engine default "
+             "service account, which may hold no roles; this one holds exactly what a build "
+             "needs.",
+             ("gcloud", "iam", "service-accounts", "delete", s.build_email, project, "--quiet"),
+             exists=("gcloud", "iam", "service-accounts", "describe", s.build_email, project,
+                     "--format=value(email)")),
+        Step("Create the build bucket",
+             ("gcloud", "storage", "buckets", "create", f"gs://{s.build_bucket}",
+              f"--location={s.region}", "--uniform-bucket-level-access", project),
+             "The build's source upload and its logs (a build with its own service account must "
+             "name where its logs go).",
+             ("gcloud", "storage", "rm", "--recursive", f"gs://{s.build_bucket}", project),
+             exists=("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}",
+                     project, "--format=value(name)")),
+        _grant("Let the build account use its bucket", build_member, BUILD_BUCKET_ROLE,
+               ("storage", "buckets"), f"gs://{s.build_bucket}", (project,),
+               "Read the source, write the logs: this bucket only.", undo=False),
+        _grant("Let the build account push to the repository", build_member, BUILD_PUSH_ROLE,
+               ("artifacts", "repositories"), s.repository, (f"--location={s.region}", project),
+               "Push images: this repository only.", undo=False),
+        _grant("Let the build account write build logs", build_member, BUILD_LOG_ROLE,
+               ("projects",), s.project_id, ("--condition=None", project),
+               "Cloud Logging of the build steps."),
         Step("Build the image with Cloud Build",
              ("gcloud", "builds", "submit", str(source_dir), f"--tag={s.image}",
-              f"--region={s.region}", project),
+              f"--region={s.region}",
+              f"--service-account=projects/{s.project_id}/serviceAccounts/{s.build_email}",
+              f"--gcs-source-staging-dir=gs://{s.build_bucket}/source",
+              f"--gcs-log-dir=gs://{s.build_bucket}/logs", f"--timeout={BUILD_TIMEOUT}",
+              project),
              "Builds the repository's Dockerfile in Google Cloud (no local Docker needed) from "
-             "the same lock file as `make install`."),
+             f"the same lock file as `make install`, as the build account, with a "
+             f"{BUILD_TIMEOUT} limit (gcloud's default of 10 minutes is too short for "
+             "TensorFlow's CUDA wheels). Skipped when the tag exists.",
+             exists=("gcloud", "artifacts", "docker", "images", "describe", s.image, project,
+                     "--format=value(image_summary.digest)")),
         Step("Fetch cluster credentials for kubectl",
              ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
              "Writes a kubeconfig entry; kubectl then talks to the new cluster."),
-        Step("Create the Google service account for telemetry",
-             ("gcloud", "iam", "service-accounts", "create", s.service_account,
-              "--display-name=distrl Ray pods (metrics and traces)", project),
-             "The identity the Ray pods act as in Google Cloud.",
-             ("gcloud", "iam", "service-accounts", "delete", s.gsa_email, project, "--quiet")),
+        Step("Check the GKE version for Managed OpenTelemetry",
+             (*describe, "--format=value(currentMasterVersion)"),
+             f"{preflight.MIN_GKE_OTEL} or later; {preflight.MIN_GKE_OTEL_GRPC} or later "
+             f"for gRPC export ({preflight.OTEL_DOCS}).",
+             check=functools.partial(preflight.gke_version_problems,
+                                     otlp_protocol=s.otlp_protocol)),
+        Step("Check the managed collector's port",
+             ("kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
+              "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"),
+             f"The pods export {s.otlp_protocol} to {s.otlp_endpoint}.",
+             check=functools.partial(preflight.otel_service_problems,
+                                     otlp_protocol=s.otlp_protocol)),
+        Step("Check the Ray operator supports token auth (KubeRay 1.6 or later)",
+             ("kubectl", "get", "crd", "rayclusters.ray.io",
+              "--output=jsonpath={.spec.versions[?(@.name==\"v1\")].schema.openAPIV3Schema"
+              ".properties.spec.properties.authOptions.properties.secretName.type}"),
+             "spec.authOptions.secretName makes KubeRay hand the Ray token to the autoscaler "
+             "sidecar, the RayJob submitter and its own dashboard client.",
+             check=preflight.kuberay_auth_problems),
+        Step("Check where the Ray operator runs",
+             ("kubectl", "get", "deployments", "--all-namespaces", "--output=json"),
+             "The operator polls the head's port 8265; the NetworkPolicy must admit it "
+             + (f"(it admits namespace {s.operator_namespace})." if s.operator_namespace else
+                "(it admits any source to 8265; Ray's token guards it)."),
+             check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
     ]
-    for role in TELEMETRY_ROLES:
-        binding = (f"--member=serviceAccount:{s.gsa_email}", f"--role={role}",
-                   "--condition=None", project)
+    if s.mode == "standard":
+        cpu, memory = head_pod_request(s)
         steps.append(Step(
-            f"Grant {role}", ("gcloud", "projects", "add-iam-policy-binding", s.project_id,
-                              *binding),
-            "Least privilege: write metrics and traces, nothing else.",
-            ("gcloud", "projects", "remove-iam-policy-binding", s.project_id, *binding)))
+            "Check the head node has room for the head pod",
+            ("kubectl", "describe", "nodes", f"--selector=cloud.google.com/gke-nodepool={s.head_pool}"),
+            f"The head pod requests {cpu:g} CPU and {memory:g} GiB (Ray, TensorBoard, KubeRay's "
+            "autoscaler sidecar) beside GKE's own DaemonSets.",
+            check=functools.partial(preflight.head_room_problems, cpu_needed=cpu,
+                                    memory_gib_needed=memory, pool=s.head_pool)))
+    steps.append(Step(
+        "Create the Google service account for telemetry",
+        ("gcloud", "iam", "service-accounts", "create", s.service_account,
+         "--display-name=distrl Ray pods (metrics and traces)", project),
+        "The identity the Ray pods act as in Google Cloud.",
+        ("gcloud", "iam", "service-accounts", "delete", s.gsa_email, project, "--quiet"),
+        exists=("gcloud", "iam", "service-accounts", "describe", s.gsa_email, project,
+                "--format=value(email)")))
+    steps += [_grant(f"Grant {role}", f"serviceAccount:{s.gsa_email}", role, ("projects",),
+                     s.project_id, ("--condition=None", project),
+                     "Least privilege: write metrics and traces, nothing else.")
+              for role in TELEMETRY_ROLES]
+    secret = f"{s.prefix}-ray-token"
     steps += [
         Step("Let the Kubernetes service account act as it (Workload Identity)",
              ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", s.gsa_email,
@@ -295,85 +429,56 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              ("kubectl", "delete", "namespace", settings.namespace, "--ignore-not-found",
               "--wait=true")),
         Step("Store the Ray auth token as a Secret",
-             ("kubectl", "create", "secret", "generic", f"{s.prefix}-ray-token",
-              f"--namespace={s.namespace}", f"--from-file=auth_token={auth_token_file}"),
-             "Ray keeps token authentication on; the pods read the token from this Secret. It "
-             "is read from a file so it never appears in a command line or a manifest."),
+             ("kubectl", "create", "secret", "generic", secret, ns,
+              f"--from-file=auth_token={auth_token_file}"),
+             "KubeRay reads the token from this Secret's key auth_token (spec.authOptions."
+             "secretName) and gives it to every Ray container, the autoscaler and itself. It is "
+             "read from a file so it never appears in a command line or a manifest.",
+             exists=("kubectl", "get", "secret", secret, ns, "--output=name")),
         Step("Apply the manifests",
              ("kubectl", "apply", f"--filename={manifests / 'cluster'}", "--recursive"),
              "NetworkPolicy, run volume, the RayCluster (head + Spot actors group, TensorBoard "
              "beside the head) and the TensorBoard Service.",
              ("kubectl", "delete", f"--filename={manifests / 'cluster'}", "--recursive",
               "--ignore-not-found", "--wait=true")),
-        Step("Wait for the Ray head pod",
-             ("kubectl", "wait", f"--namespace={s.namespace}", "--for=condition=Ready", "pod",
-              "--selector=ray.io/node-type=head", "--timeout=900s"),
-             "The first start pulls the image and, with a GPU, waits for the driver install."),
-        Step("Verify: list the pods",
-             ("kubectl", "get", "pods", f"--namespace={s.namespace}", "--output=wide")),
+        Step("Wait for the Ray head",
+             ("kubectl", "wait", f"raycluster/{s.prefix}", ns, "--for=condition=HeadPodReady",
+              "--timeout=900s"),
+             "Waits on the RayCluster, which exists once applied (a pod selector would match "
+             "nothing until the operator makes the pod, and kubectl wait then exits at once: "
+             "kubernetes/kubectl#665). The first start pulls the image and, with a GPU, waits "
+             "for the driver install."),
+        Step("Check the autoscaler has the Ray token",
+             ("kubectl", "get", "pods", ns, f"--selector=ray.io/node-type=head,ray.io/cluster={s.prefix}",
+              "--output=jsonpath={.items[0].spec.containers[?(@.name==\"autoscaler\")]"
+              ".env[?(@.name==\"RAY_AUTH_MODE\")].value}"),
+             "Proof that the running operator honoured spec.authOptions (the CRD alone does "
+             "not prove it): without the token the actors group never grows.",
+             check=preflight.autoscaler_token_problems),
+    ]
+    if s.gpu_type != "none":
+        steps.append(Step(
+            "Check TensorFlow sees the GPU in the head pod",
+            ("kubectl", "exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head", "--",
+             "python", "-c",
+             "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"),
+            "The learner trains on it; a missing driver or CUDA wheel shows here, not hours "
+            "later as a slow run.",
+            check=functools.partial(preflight.gpu_problems, gpu_type=s.gpu_type)))
+    steps += [
+        Step("Verify: list the pods", ("kubectl", "get", "pods", ns, "--output=wide")),
         Step("Verify: `ray status` in the head",
-             ("kubectl", "exec", f"--namespace={s.namespace}", f"service/{s.prefix}-head-svc",
-              "--container=ray-head", "--", "ray", "status"),
+             ("kubectl", "exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head",
+              "--", "ray", "status"),
              "Nodes, CPUs and GPUs as Ray sees them. Actor nodes appear when work asks for them."),
     ]
     return steps
 
 
-def teardown_plan(plan: Sequence[Step]) -> list[Step]:
+def teardown_plan(plan: list[Step]) -> list[Step]:
     """The teardown twins of a plan's steps, newest first: deletes exactly what it created."""
     return [Step(f"Undo: {step.title}", step.teardown) for step in reversed(plan)
             if step.teardown is not None]
-
-
-def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: bool = True) -> None:
-    """Print every step's command exactly as run_plan would run it (copy-pasteable)."""
-    for i, step in enumerate(plan, 1):
-        out(f"# {i}. {step.title}")
-        if explain and step.why:
-            out(f"#    {step.why}")
-        out(str(step))
-
-
-class StepFailed(RuntimeError):
-    """A command of the plan exited non-zero; later steps did not run."""
-
-    def __init__(self, step: Step, returncode: int, stderr: str):
-        self.step, self.returncode, self.stderr = step, returncode, stderr
-        super().__init__(f"step {step.title!r} failed with exit code {returncode}\n"
-                         f"command: {step}\nstderr:\n{stderr.strip() or '(empty)'}")
-
-
-def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print) -> None:
-    """Run the steps in order, streaming their output; stop at the first failure (StepFailed)."""
-    for i, step in enumerate(plan, 1):
-        out(f"# {i}/{len(plan)}. {step.title}")
-        out(f"$ {step}")
-        returncode, stderr = _stream(step.argv, out)
-        if returncode != 0:
-            raise StepFailed(step, returncode, stderr)
-
-
-def _stream(argv: Sequence[str], out: Callable[[str], None]) -> tuple[int, str]:
-    """Run argv, passing each output line to `out` as it comes; returns (code, stderr)."""
-    try:
-        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True, bufsize=1)
-    except FileNotFoundError:
-        return 127, f"{argv[0]}: command not found on PATH"
-    err_lines: list[str] = []
-
-    def pump_stderr():
-        for line in proc.stderr:
-            err_lines.append(line)
-            out(line.rstrip("\n"))
-
-    pump = threading.Thread(target=pump_stderr, daemon=True)
-    pump.start()
-    for line in proc.stdout:
-        out(line.rstrip("\n"))
-    code = proc.wait()
-    pump.join()
-    return code, "".join(err_lines)
 
 
 def ensure_auth_token(path: str | Path = DEFAULT_TOKEN_FILE) -> Path:
@@ -390,166 +495,6 @@ def ensure_auth_token(path: str | Path = DEFAULT_TOKEN_FILE) -> Path:
     return path
 
 
-class PrerequisiteError(RuntimeError):
-    """Something the live run needs is missing; nothing has run."""
-
-
-def check_prerequisites(settings: GkeSettings) -> str:
-    """gcloud, kubectl and the GKE auth plugin on PATH, an authenticated account, the project
-    reachable and active. Returns the account; raises PrerequisiteError listing every problem."""
-    problems = []
-    tools = {"gcloud": "install the Google Cloud CLI: https://cloud.google.com/sdk/docs/install",
-             "kubectl": "run `gcloud components install kubectl`",
-             "gke-gcloud-auth-plugin": "run `gcloud components install gke-gcloud-auth-plugin`"}
-    for tool, fix in tools.items():
-        if shutil.which(tool) is None:
-            problems.append(f"{tool} is not on PATH: {fix}")
-    if shutil.which("gcloud") is None:
-        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
-    account = _capture(["gcloud", "auth", "list", "--filter=status:ACTIVE",
-                        "--format=value(account)"]).strip()
-    if not account:
-        problems.append("no authenticated gcloud account: run `gcloud auth login`")
-    else:
-        state = _capture(["gcloud", "projects", "describe", settings.project_id,
-                          "--format=value(lifecycleState)"]).strip()
-        if state != "ACTIVE":
-            problems.append(f"project {settings.project_id!r} is not reachable as {account} "
-                            f"(state {state or 'unknown'}): check the id and your access with "
-                            f"`gcloud projects describe {settings.project_id}`")
-    if problems:
-        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
-    return account.splitlines()[0]
-
-
-def _capture(argv: list[str]) -> str:
-    proc = subprocess.run(argv, capture_output=True, text=True)
-    return proc.stdout if proc.returncode == 0 else ""
-
-
-# --- cost ---------------------------------------------------------------------------------
-
-# Approximate list prices in USD per hour, us-central1. Spot prices move (up to once a day):
-# pass your own table to estimate_cost() for a decision that matters.
-PRICES = {
-    "date": "2026-11",
-    "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing and "
-              "/kubernetes-engine/pricing, us-central1 list prices (approximate)",
-    "currency": "USD",
-    "cluster_fee": 0.10,
-    "machines": {  # vcpus, memory GiB, on-demand, spot
-        "e2-standard-4": [4, 16, 0.134, 0.040],
-        "e2-standard-8": [8, 32, 0.268, 0.080],
-        "e2-standard-16": [16, 64, 0.536, 0.161],
-        "e2-standard-32": [32, 128, 1.072, 0.322],
-        "n2-standard-8": [8, 32, 0.389, 0.094],
-        "n2-standard-32": [32, 128, 1.554, 0.376],
-        "n1-standard-8": [8, 30, 0.380, 0.080],
-        "g2-standard-8": [8, 32, 0.854, 0.341],  # includes its L4
-    },
-    "gpus": {  # per attached GPU: on-demand, spot (the L4 is in g2's price)
-        "nvidia-l4": [0.0, 0.0],
-        "nvidia-tesla-t4": [0.350, 0.140],
-        "nvidia-tesla-p4": [0.600, 0.240],
-    },
-    "autopilot": {  # per vCPU-hour and GiB-hour of pod requests: on-demand, spot
-        "vcpu": [0.0445, 0.0133],
-        "memory_gib": [0.0049225, 0.0014767],
-        "gpu": {"nvidia-l4": [0.5600, 0.2240], "nvidia-tesla-t4": [0.3500, 0.1400],
-                "nvidia-tesla-p4": [0.6000, 0.2400]},
-    },
-}
-
-
-def machine(name: str, prices: dict = PRICES) -> MachineType:
-    vcpus, memory, *_ = prices["machines"][name]
-    return MachineType(vcpus, memory)
-
-
-@dataclass(frozen=True)
-class CostLine:
-    item: str
-    count_min: int
-    count_max: int
-    unit_per_hour: float
-
-    @property
-    def min_per_hour(self) -> float:
-        return self.count_min * self.unit_per_hour
-
-    @property
-    def max_per_hour(self) -> float:
-        return self.count_max * self.unit_per_hour
-
-
-@dataclass(frozen=True)
-class CostEstimate:
-    lines: list[CostLine]
-    currency: str
-    date: str
-    source: str
-
-    @property
-    def min_per_hour(self) -> float:
-        return sum(line.min_per_hour for line in self.lines)
-
-    @property
-    def max_per_hour(self) -> float:
-        return sum(line.max_per_hour for line in self.lines)
-
-    def table(self) -> str:
-        rows = [f"{'item':<52} {'count':>7} {'each/h':>8} {'max/h':>8}"]
-        for line in self.lines:
-            count = (str(line.count_max) if line.count_min == line.count_max
-                     else f"{line.count_min}-{line.count_max}")
-            rows.append(f"{line.item:<52} {count:>7} {line.unit_per_hour:>8.3f} "
-                        f"{line.max_per_hour:>8.3f}")
-        rows.append(f"about {self.min_per_hour:.2f}-{self.max_per_hour:.2f} {self.currency} per "
-                    f"hour (idle actors to all {self.lines[-1].count_max} actor "
-                    f"{'nodes' if 'node' in self.lines[-1].item else 'pods'}); prices of "
-                    f"{self.date}, {self.source}")
-        return "\n".join(rows)
-
-
-def estimate_cost(settings: GkeSettings, prices: dict | str | Path = PRICES) -> CostEstimate:
-    """Cost per hour of the cluster the plan creates, from a price table (dict or JSON file)."""
-    if not isinstance(prices, dict):
-        prices = json.loads(Path(prices).read_text())
-    missing = [k for k in ("date", "source", "currency", "cluster_fee", "machines", "gpus",
-                           "autopilot") if k not in prices]
-    if missing:
-        raise ValueError(f"price table lacks {', '.join(missing)}; see distrl.gke.PRICES")
-    s, lines = settings, [CostLine("GKE cluster management fee", 1, 1, prices["cluster_fee"])]
-    from distrl.manifests import pod_sizes  # the pods' requests decide Autopilot's price
-
-    if s.mode == "standard":
-        on_demand, spot = 2, 3
-        lines.append(CostLine("system node e2-standard-4 (on-demand)", 1, 1,
-                              prices["machines"]["e2-standard-4"][on_demand]))
-        head = prices["machines"][s.head_machine_type][on_demand]
-        gpu = "" if s.gpu_type == "none" else f" + {s.gpu_type}"
-        if s.gpu_type != "none":
-            head += prices["gpus"][s.gpu_type][0]
-        lines.append(CostLine(f"head node {s.head_machine_type}{gpu} (on-demand)", 1, 1, head))
-        lines.append(CostLine(f"actor nodes {s.actor_machine_type} (Spot)", 0, s.max_actor_nodes,
-                              prices["machines"][s.actor_machine_type][spot]))
-    else:
-        ap = prices["autopilot"]
-        sizes = pod_sizes(s)
-
-        def pod_price(size, spot: bool) -> float:
-            k = 1 if spot else 0
-            return size.cpu * ap["vcpu"][k] + size.memory_gib * ap["memory_gib"][k]
-
-        head = pod_price(sizes["head"], spot=False)
-        if s.gpu_type != "none":
-            head += ap["gpu"][s.gpu_type][0]
-        lines.append(CostLine("head pod (Autopilot, on-demand)", 1, 1, head))
-        lines.append(CostLine("actor pods (Autopilot Spot)", 0, s.max_actor_nodes,
-                              pod_price(sizes["actor"], spot=True)))
-    return CostEstimate(lines, prices["currency"], prices["date"], prices["source"])
-
-
 def settings_dict(settings: GkeSettings) -> dict:
     return dataclasses.asdict(settings)
 
@@ -562,6 +507,8 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = argparse.ArgumentParser(prog="distrl gke", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["plan", "create", "teardown", "cost", "render"])
+    parser.add_argument("--resume-from", type=int, default=1, metavar="STEP",
+                        help="create: start at this step (the number a failed run printed)")
     parser.add_argument("--project-id", required=True)
     for field in dataclasses.fields(GkeSettings):
         if field.name != "project_id":
@@ -578,6 +525,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if args.action == "cost":
         print(estimate_cost(settings).table())
+        print(monthly_costs(settings).table())
         return 0
     k8s.write_manifests(settings, args.manifests_dir)
     plan = create_plan(settings, args.manifests_dir, args.auth_token_file)
@@ -589,8 +537,10 @@ def main(argv: list[str] | None = None) -> int:
         check_prerequisites(settings)
         if args.action == "create":
             ensure_auth_token(args.auth_token_file)
-        run_plan(plan if args.action == "create" else teardown_plan(plan))
-    except (PrerequisiteError, StepFailed) as e:
+            run_plan(plan, start=args.resume_from)
+        else:
+            run_plan(teardown_plan(plan))
+    except (PrerequisiteError, StepFailed, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

@@ -22,7 +22,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from distrl.gke import MANAGED_OTEL_ENDPOINT, RAY_VERSION, GkeSettings, machine
+from distrl.cost import machine
+from distrl.gke import RAY_VERSION, GkeSettings
 
 KUBERNETES_VERSION = "1.34.0"  # schemas to validate against (GKE rapid channel or older)
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}
@@ -36,21 +37,42 @@ DEFAULTS = GkeSettings(project_id="my-project-id")  # what k8s/ is rendered with
 
 @dataclass(frozen=True)
 class PodSize:
-    cpu: int
-    memory_gib: int
+    cpu: float
+    memory_gib: float
     gpus: int = 0
+
+
+# Beside the head's Ray container: TensorBoard, and the autoscaler sidecar KubeRay injects
+# (its default is 500m / 512Mi, ray-project/kuberay ray-operator/controllers/ray/common/pod.go
+# BuildAutoscalerContainer; set here explicitly so the sum below is the pod's real request).
+TENSORBOARD_SIZE = PodSize(0.5, 1)
+AUTOSCALER_SIZE = PodSize(0.5, 0.5)
+# CPUs a node keeps for what is not Ray: GKE reserves ~0.09 of 8 vCPUs (allocatable,
+# cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes) and its DaemonSets (logging,
+# metrics, Dataplane V2, CSI, the GPU device plugin) request roughly 0.3-0.6 more; the head also
+# hosts TensorBoard and the autoscaler sidecar. The plan measures the head node before applying.
+HEAD_RESERVED_CPUS = 3
+ACTOR_RESERVED_CPUS = 2
+RUNS_VOLUME_GB = 20
 
 
 def pod_sizes(settings: GkeSettings) -> dict[str, PodSize]:
     """Requests (= limits) of the head's Ray container and of one actor pod per node.
 
-    They leave room for GKE's system pods and, on the head, the TensorBoard sidecar, so one
-    pod fits one node; Ray's num-cpus equals the CPU request.
+    Whole CPUs (Ray's num-cpus equals the CPU request), leaving room for GKE's system pods and,
+    on the head, the TensorBoard and autoscaler sidecars, so one pod fits one node.
     """
     head, actor = machine(settings.head_machine_type), machine(settings.actor_machine_type)
-    return {"head": PodSize(head.vcpus - 2, math.floor(head.memory_gib * 0.7),
+    return {"head": PodSize(head.vcpus - HEAD_RESERVED_CPUS, math.floor(head.memory_gib * 0.65),
                             0 if settings.gpu_type == "none" else 1),
-            "actor": PodSize(actor.vcpus - 1, math.floor(actor.memory_gib * 0.75))}
+            "actor": PodSize(actor.vcpus - ACTOR_RESERVED_CPUS,
+                             math.floor(actor.memory_gib * 0.75))}
+
+
+def head_pod_request(settings: GkeSettings) -> tuple[float, float]:
+    """(CPU, GiB) the whole head pod requests: Ray, TensorBoard and the autoscaler sidecar."""
+    parts = [pod_sizes(settings)["head"], TENSORBOARD_SIZE, AUTOSCALER_SIZE]
+    return sum(p.cpu for p in parts), sum(p.memory_gib for p in parts)
 
 
 def _labels(s: GkeSettings, component: str) -> dict[str, str]:
@@ -65,8 +87,16 @@ def _meta(s: GkeSettings, name: str, component: str, namespaced: bool = True) ->
     return meta
 
 
+def _quantity(value: float, unit: str = "") -> str:
+    """Kubernetes quantities: whole numbers as they are, fractions in milli-units (500m) or,
+    for memory, in Mi."""
+    if float(value).is_integer():
+        return f"{int(value)}{unit}"
+    return f"{round(value * 1024)}Mi" if unit == "Gi" else f"{round(value * 1000)}m"
+
+
 def _resources(size: PodSize) -> dict:
-    amounts = {"cpu": str(size.cpu), "memory": f"{size.memory_gib}Gi"}
+    amounts = {"cpu": _quantity(size.cpu), "memory": _quantity(size.memory_gib, "Gi")}
     if size.gpus:
         amounts["nvidia.com/gpu"] = str(size.gpus)
     return {"requests": dict(amounts), "limits": dict(amounts)}
@@ -77,22 +107,27 @@ def token_secret_name(s: GkeSettings) -> str:
 
 
 def _env(s: GkeSettings) -> list[dict]:
-    """The seed's OTEL_* variables pointed at GKE's managed collector, plus Ray's auth token."""
+    """The seed's OTEL_* variables pointed at GKE's managed collector. KubeRay adds the Ray
+    token (RAY_AUTH_MODE, RAY_AUTH_TOKEN) to every container from spec.authOptions."""
     return [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": MANAGED_OTEL_ENDPOINT},
-        {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": "grpc"},
+        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": s.otlp_endpoint},
+        {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": s.otlp_protocol},
         {"name": "OTEL_SERVICE_NAME", "value": "rl-training-service"},
         {"name": "OTEL_RESOURCE_ATTRIBUTES",
          "value": f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
                   "k8s.pod.name=$(POD_NAME)"},
         # Cloud Monitoring bills by samples; 30 s keeps the golden signals fresh enough.
         {"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "30000"},
-        {"name": "RAY_AUTH_MODE", "value": "token"},
-        {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-            "name": token_secret_name(s), "key": "auth_token"}}},
         {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
     ]
+
+
+def _token_env(s: GkeSettings) -> list[dict]:
+    """The Ray token as KubeRay injects it; the plain manifests (no operator) set it themselves."""
+    return [{"name": "RAY_AUTH_MODE", "value": "token"},
+            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
+                "name": token_secret_name(s), "key": "auth_token"}}}]
 
 
 _SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
@@ -121,7 +156,7 @@ def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
         "command": ["tensorboard", f"--logdir={RUNS_DIR}", "--host=0.0.0.0",
                     f"--port={TENSORBOARD_PORT}"],
         "ports": [{"name": "tensorboard", "containerPort": TENSORBOARD_PORT}],
-        "resources": _resources(PodSize(1, 2)), "securityContext": _SECURITY,
+        "resources": _resources(TENSORBOARD_SIZE), "securityContext": _SECURITY,
         "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}],
     }
     spec = {"serviceAccountName": s.service_account, "securityContext": _POD_SECURITY,
@@ -175,7 +210,12 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
         }],
     }
     if autoscale:
-        spec["autoscalerOptions"] = {"upscalingMode": "Default", "idleTimeoutSeconds": 60}
+        spec["autoscalerOptions"] = {"upscalingMode": "Default", "idleTimeoutSeconds": 60,
+                                     "resources": _resources(AUTOSCALER_SIZE)}
+    # KubeRay >= 1.6 hands the token in this Secret (key auth_token) to the Ray containers,
+    # the autoscaler sidecar, the RayJob submitter and its own dashboard client
+    # (ray-project/kuberay ray-operator/controllers/ray/common/pod.go, rayjob_controller.go).
+    spec["authOptions"] = {"mode": "token", "secretName": token_secret_name(s)}
     return spec
 
 
@@ -205,18 +245,25 @@ def namespace_docs(s: GkeSettings) -> list[dict]:
 
 
 def network_policy(s: GkeSettings) -> dict:
-    """Only pods of this namespace reach its pods (the Ray ports, TensorBoard, anything)."""
+    """Pods of this namespace reach every port of its pods; the Ray dashboard port (8265, also
+    the Jobs API) is open to the KubeRay operator, which polls it for RayJob status: from its
+    namespace when settings.operator_namespace names one, else from any source (GKE hosts the
+    add-on's operator and its docs do not say where), where Ray's token guards it."""
+    dashboard = {"ports": [{"port": RAY_PORTS["dashboard"], "protocol": "TCP"}]}
+    if s.operator_namespace:
+        dashboard["from"] = [{"namespaceSelector": {"matchLabels": {
+            "kubernetes.io/metadata.name": s.operator_namespace}}}]
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": _meta(s, f"{s.prefix}-same-namespace-only", "network-policy"),
+            "metadata": _meta(s, f"{s.prefix}-ingress", "network-policy"),
             "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {}}]}]}}
+                     "ingress": [{"from": [{"podSelector": {}}]}, dashboard]}}
 
 
 def runs_volume(s: GkeSettings) -> dict:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _meta(s, f"{s.prefix}-runs", "runs"),
             "spec": {"accessModes": ["ReadWriteOnce"],
-                     "resources": {"requests": {"storage": "20Gi"}}}}
+                     "resources": {"requests": {"storage": f"{RUNS_VOLUME_GB}Gi"}}}}
 
 
 def tensorboard_service(s: GkeSettings, head_component: str = "ray-head") -> dict:
@@ -255,16 +302,17 @@ def plain_docs(s: GkeSettings) -> list[dict]:
                 f"--port={RAY_PORTS['gcs-server']}", f"--num-cpus={sizes['head'].cpu}"]
     if sizes["head"].gpus:
         head_cmd.append(f"--num-gpus={sizes['head'].gpus}")
+    head_spec = _head_pod_spec(s, command=head_cmd)
+    head_spec["containers"][0]["env"] += _token_env(s)
     head_pod = {"apiVersion": "v1", "kind": "Pod",
-                "metadata": _meta(s, head_name, "plain-head"),
-                "spec": _head_pod_spec(s, command=head_cmd)}
+                "metadata": _meta(s, head_name, "plain-head"), "spec": head_spec}
     script = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": _meta(s, f"{s.prefix}-wait-for-head", "plain-actors"),
               "data": {"wait-for-head.sh": wait_for_head_script()}}
     container = _actor_container(
         s, command=["/bin/sh", "/opt/distrl/wait-for-head.sh", "--block"],
         volumeMounts=[{"name": "scripts", "mountPath": "/opt/distrl", "readOnly": True}])
-    container["env"] = [*container["env"],
+    container["env"] = [*container["env"], *_token_env(s),
                         {"name": "RAY_HEAD_ADDRESS",
                          "value": f"{head_name}.{s.namespace}.svc.cluster.local:"
                                   f"{RAY_PORTS['gcs-server']}"},
@@ -411,6 +459,10 @@ def _check_cluster_spec(spec: dict, where: str, name: str, kubernetes_version: s
     version = _need(spec, "rayVersion", str, where)
     if version != RAY_VERSION:
         raise ValueError(f"{where}.rayVersion={version!r} differs from the locked Ray {RAY_VERSION}")
+    auth = _need(spec, "authOptions", dict, where)
+    if auth.get("mode") != "token" or not isinstance(auth.get("secretName"), str):
+        raise ValueError(f"{where}.authOptions={auth!r}: expected mode 'token' and a secretName "
+                         "(KubeRay >= 1.6 then gives the token to the autoscaler and itself)")
     head = _need(spec, "headGroupSpec", dict, where)
     _check_group(head, f"{where}.headGroupSpec", name, kubernetes_version)
     if head.get("serviceType", "ClusterIP") not in ("ClusterIP",):

@@ -101,6 +101,8 @@ DEFAULT_SERVICE_NAME = "rl-training-service"
 DEFAULT_SERVICE_NAMESPACE = "distrl"
 DEFAULT_EXPORT_INTERVAL_MS = 10_000
 EXPORTER_LOGGERS = ("opentelemetry.exporter.otlp.proto.grpc.exporter",
+                    "opentelemetry.exporter.otlp.proto.http.metric_exporter",
+                    "opentelemetry.exporter.otlp.proto.http.trace_exporter",
                     "opentelemetry.sdk.metrics._internal.export",
                     "opentelemetry.sdk.trace.export")
 
@@ -194,7 +196,8 @@ def _env_flag(name: str) -> bool:
 
 def setup_telemetry(service_name: str | None = None, *, service_namespace: str | None = None,
                     instance_id: str | None = None, endpoint: str | None = None,
-                    export_interval_ms: int | None = None, export_timeout_s: float = 5.0,
+                    protocol: str | None = None, export_interval_ms: int | None = None,
+                    export_timeout_s: float = 5.0,
                     resource_attributes: dict | None = None, metric_readers: list | None = None,
                     span_processors: list | None = None) -> Telemetry:
     """Metrics and traces over OTLP/gRPC for this process, wired in one place.
@@ -202,6 +205,8 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     service_name: argument, else OTEL_SERVICE_NAME, else "rl-training-service".
     endpoint: argument, else OTEL_EXPORTER_OTLP_{METRICS,TRACES}_ENDPOINT, else
     OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317 (plain gRPC for http://).
+    protocol: argument, else OTEL_EXPORTER_OTLP_PROTOCOL, else "grpc"; "http/protobuf" sends
+    OTLP/HTTP to endpoint + /v1/metrics and /v1/traces (GKE's managed collector: port 4318).
     export_interval_ms: argument, else OTEL_METRIC_EXPORT_INTERVAL, else 10 s.
     metric_readers / span_processors replace the OTLP ones (tests read values in memory).
     OTEL_SDK_DISABLED=true returns no-op providers: instruments exist and record nothing.
@@ -218,8 +223,11 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
         raise ValueError(f"endpoint={endpoint!r} is invalid: expected http://host:port (plain "
                          "gRPC) or https://host:port (TLS), e.g. http://localhost:4317")
 
-    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
-    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r} (or OTEL_EXPORTER_OTLP_PROTOCOL) is invalid: "
+                         f"expected one of {', '.join(PROTOCOLS)}")
+    metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
@@ -242,17 +250,37 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
         if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
             interval = DEFAULT_EXPORT_INTERVAL_MS
         metric_readers = [_fork_safe_reader_class()(
-            OTLPMetricExporter(endpoint=endpoint, timeout=export_timeout_s),
+            metric_exporter(),
             export_interval_millis=interval, export_timeout_millis=export_timeout_s * 1000)]
     if span_processors is None:
         span_processors = [BatchSpanProcessor(
-            OTLPSpanExporter(endpoint=endpoint, timeout=export_timeout_s),
+            span_exporter(),
             export_timeout_millis=int(export_timeout_s * 1000))]
     meter_provider = MeterProvider(resource=resource, metric_readers=metric_readers)
     tracer_provider = TracerProvider(resource=resource)
     for processor in span_processors:
         tracer_provider.add_span_processor(processor)
     return Telemetry(meter_provider, tracer_provider, resource, True)
+
+
+PROTOCOLS = ("grpc", "http/protobuf")  # what the Python SDK's OTLP exporters speak
+
+
+def _exporters(protocol: str, endpoint: str | None, timeout_s: float):
+    """Factories of the OTLP metric and span exporters for a protocol. Given an endpoint, the
+    HTTP exporters need the full path; without one they add it to OTEL_EXPORTER_OTLP_ENDPOINT."""
+    if protocol == "grpc":
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return (lambda: OTLPMetricExporter(endpoint=endpoint, timeout=timeout_s),
+                lambda: OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    base = endpoint.rstrip("/") if endpoint else None
+    return (lambda: OTLPMetricExporter(endpoint=base and f"{base}/v1/metrics", timeout=timeout_s),
+            lambda: OTLPSpanExporter(endpoint=base and f"{base}/v1/traces", timeout=timeout_s))
 
 
 @functools.cache

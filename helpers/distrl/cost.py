@@ -1,0 +1,226 @@
+"""What the GKE cluster costs: per hour while it exists, and per month for what runs beside it.
+
+    estimate_cost(settings).table()      # nodes, boot disks, fee and the free tier's credit
+    monthly_costs(settings).table()      # metric samples, spans, builds, images, run volume,
+                                         # alerting conditions
+
+Prices come from a table (PRICES, or your own JSON with the same keys): list prices of one
+date and region, approximate. Spot prices move up to once a day; pass your own table when the
+number matters.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+PRICES = {
+    "date": "2026-11",
+    "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing, "
+              "/compute/disks-image-pricing and /kubernetes-engine/pricing, us-central1 list "
+              "prices (approximate)",
+    "currency": "USD",
+    "cluster_fee": 0.10,
+    # "$74.40 in monthly credits per billing account ... applied to zonal and Autopilot
+    # clusters" (cloud.google.com/kubernetes-engine/pricing): 744 h x 0.10, the fee of one
+    # cluster; nodes, disks and a regional cluster's fee are not covered.
+    "free_tier_credit_per_month": 74.40,
+    "machines": {  # vcpus, memory GiB, on-demand, spot
+        "e2-standard-4": [4, 16, 0.134, 0.040],
+        "e2-standard-8": [8, 32, 0.268, 0.080],
+        "e2-standard-16": [16, 64, 0.536, 0.161],
+        "e2-standard-32": [32, 128, 1.072, 0.322],
+        "n2-standard-8": [8, 32, 0.389, 0.094],
+        "n2-standard-32": [32, 128, 1.554, 0.376],
+        "n1-standard-8": [8, 30, 0.380, 0.080],
+        "g2-standard-8": [8, 32, 0.854, 0.341],  # includes its L4
+    },
+    "gpus": {  # per attached GPU: on-demand, spot (the L4 is in g2's price)
+        "nvidia-l4": [0.0, 0.0],
+        "nvidia-tesla-t4": [0.350, 0.140],
+        "nvidia-tesla-p4": [0.600, 0.240],
+    },
+    "autopilot": {  # per vCPU-hour and GiB-hour of pod requests: on-demand, spot
+        "vcpu": [0.0445, 0.0133],
+        "memory_gib": [0.0049225, 0.0014767],
+        "gpu": {"nvidia-l4": [0.5600, 0.2240], "nvidia-tesla-t4": [0.3500, 0.1400],
+                "nvidia-tesla-p4": [0.6000, 0.2400]},
+    },
+    "pd_balanced_gb_month": 0.10,
+    # Managed Service for Prometheus bills samples ingested (cloud.google.com/stackdriver/docs/
+    # managed-prometheus/cost-controls); OTLP metrics land there (docs/reference/telemetry/
+    # v1.metrics). First tier of cloud.google.com/products/observability/pricing.
+    "metric_samples_per_million": 0.06,
+    "spans_per_million": 0.20,
+    "free_spans_per_month": 2.5e6,
+    # cloud.google.com/build/pricing: e2-standard-2 (gcloud's default) per build-minute, and the
+    # free build-minutes per billing account and month.
+    "build_minute": 0.006,
+    "free_build_minutes": 2500,
+    # cloud.google.com/artifact-registry/pricing: storage per GB-month after 0.5 GB free.
+    "registry_gb_month": 0.10,
+    "free_registry_gb": 0.5,
+    # Alerting: Google has announced per-condition charges and postponed them more than once
+    # (cloud.google.com/products/observability/pricing): this is the announced per-condition
+    # price, an upper bound until the page shows it in force.
+    "alert_condition_month": 1.50,
+}
+HOURS_PER_MONTH = 730
+
+
+@dataclass(frozen=True)
+class MachineType:
+    vcpus: int
+    memory_gib: float
+
+
+def machine(name: str, prices: dict = PRICES) -> MachineType:
+    vcpus, memory, *_ = prices["machines"][name]
+    return MachineType(vcpus, memory)
+
+
+@dataclass(frozen=True)
+class CostLine:
+    item: str
+    count_min: float
+    count_max: float
+    unit_price: float
+
+    @property
+    def minimum(self) -> float:
+        return self.count_min * self.unit_price
+
+    @property
+    def maximum(self) -> float:
+        return self.count_max * self.unit_price
+
+
+@dataclass(frozen=True)
+class CostEstimate:
+    lines: list[CostLine]
+    currency: str
+    date: str
+    source: str
+    per: str = "hour"
+
+    @property
+    def min_per_hour(self) -> float:
+        return sum(line.minimum for line in self.lines)
+
+    @property
+    def max_per_hour(self) -> float:
+        return sum(line.maximum for line in self.lines)
+
+    def table(self) -> str:
+        rows = [f"{'item':<60} {'count':>9} {'each':>8} {'max/' + self.per[0]:>8}"]
+        for line in self.lines:
+            count = (f"{line.count_max:g}" if line.count_min == line.count_max
+                     else f"{line.count_min:g}-{line.count_max:g}")
+            rows.append(f"{line.item:<60} {count:>9} {line.unit_price:>8.3f} "
+                        f"{line.maximum:>8.2f}")
+        rows.append(f"about {self.min_per_hour:.2f}-{self.max_per_hour:.2f} {self.currency} per "
+                    f"{self.per}; prices of {self.date}, {self.source}")
+        return "\n".join(rows)
+
+
+def _load(prices) -> dict:
+    if not isinstance(prices, dict):
+        prices = json.loads(Path(prices).read_text())
+    missing = [k for k in PRICES if k not in prices]
+    if missing:
+        raise ValueError(f"price table lacks {', '.join(missing)}; see distrl.cost.PRICES")
+    return prices
+
+
+def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
+    """Cost per hour of the cluster the plan creates: from idle (no actor node) to every actor
+    node busy. Includes the nodes' boot disks and the free tier's credit for the fee."""
+    from distrl.gke import DISK_GB, SYSTEM_MACHINE
+    from distrl.manifests import pod_sizes  # the pods' requests decide Autopilot's price
+
+    prices = _load(prices)
+    s = settings
+    fee = prices["cluster_fee"]
+    lines = [CostLine("GKE cluster management fee", 1, 1, fee),
+             CostLine("GKE free tier credit (one zonal or Autopilot cluster)", 1, 1,
+                      -min(fee, prices["free_tier_credit_per_month"] / HOURS_PER_MONTH))]
+    disk = DISK_GB * prices["pd_balanced_gb_month"] / HOURS_PER_MONTH
+    if s.mode == "standard":
+        on_demand, spot = 2, 3
+        lines.append(CostLine(f"system node {SYSTEM_MACHINE} (on-demand)", 1, 1,
+                              prices["machines"][SYSTEM_MACHINE][on_demand]))
+        head = prices["machines"][s.head_machine_type][on_demand]
+        gpu = "" if s.gpu_type == "none" else f" + {s.gpu_type}"
+        if s.gpu_type != "none":
+            head += prices["gpus"][s.gpu_type][0]
+        lines.append(CostLine(f"head node {s.head_machine_type}{gpu} (on-demand)", 1, 1, head))
+        lines.append(CostLine(f"actor nodes {s.actor_machine_type} (Spot)", 0, s.max_actor_nodes,
+                              prices["machines"][s.actor_machine_type][spot]))
+        lines.append(CostLine(f"boot disks, {DISK_GB} GB pd-balanced each", 2,
+                              2 + s.max_actor_nodes, disk))
+    else:
+        ap = prices["autopilot"]
+        sizes = pod_sizes(s)
+
+        def pod_price(size, spot: bool) -> float:
+            k = 1 if spot else 0
+            return size.cpu * ap["vcpu"][k] + size.memory_gib * ap["memory_gib"][k]
+
+        head = pod_price(sizes["head"], spot=False)
+        if s.gpu_type != "none":
+            head += ap["gpu"][s.gpu_type][0]
+        lines.append(CostLine("head pod (Autopilot, on-demand)", 1, 1, head))
+        lines.append(CostLine("actor pods (Autopilot Spot)", 0, s.max_actor_nodes,
+                              pod_price(sizes["actor"], spot=True)))
+    return CostEstimate(lines, prices["currency"], prices["date"], prices["source"])
+
+
+# Telemetry volume, measured: `python benchmarks/telemetry_volume.py` counts the samples one
+# export of a CartPole run carries (a gauge or counter series is one sample; a histogram series
+# is one per bucket plus its count and sum, as Managed Service for Prometheus counts them) and
+# the spans per second.
+SAMPLES_PER_EXPORT_RUN = 400  # driver, learner, replay shards and evaluator together
+SAMPLES_PER_EXPORT_ACTOR = 60
+SPANS_PER_SECOND = 8.0
+
+
+def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
+                  image_gb: float = 8.0, alert_conditions: int = 4,
+                  export_interval_s: float = 30.0,
+                  prices: dict | str | Path = PRICES) -> CostEstimate:
+    """What runs beside the nodes, per month: metric samples (series x exports), spans, image
+    builds, image storage, the run volume and alerting conditions. The ranges run from the
+    free allotments to none left."""
+    from distrl.gke import BUILD_MINUTES
+    from distrl.manifests import RUNS_VOLUME_GB, num_actors
+
+    prices = _load(prices)
+    actors = num_actors(settings)
+    per_export = SAMPLES_PER_EXPORT_RUN + SAMPLES_PER_EXPORT_ACTOR * actors
+    samples = per_export * hours_training * 3600 / export_interval_s
+    spans = SPANS_PER_SECOND * hours_training * 3600
+    paid_spans = max(0.0, spans - prices["free_spans_per_month"])
+    minutes = builds * BUILD_MINUTES
+    paid_minutes = max(0, minutes - prices["free_build_minutes"])
+    paid_gb = max(0.0, image_gb * builds - prices["free_registry_gb"])
+    lines = [
+        CostLine(f"metric samples: {per_export} per export ({actors} actors) every "
+                 f"{export_interval_s:g} s, {hours_training:g} h (millions)", samples / 1e6,
+                 samples / 1e6, prices["metric_samples_per_million"]),
+        CostLine(f"spans: {spans / 1e6:.2f} M, {prices['free_spans_per_month'] / 1e6:g} M "
+                 "free (millions billed)", paid_spans / 1e6, spans / 1e6,
+                 prices["spans_per_million"]),
+        CostLine(f"Cloud Build: {builds} builds x {BUILD_MINUTES} min (e2-standard-2; "
+                 f"{prices['free_build_minutes']} min free)", paid_minutes, minutes,
+                 prices["build_minute"]),
+        CostLine(f"Artifact Registry: {builds} images x {image_gb:g} GB "
+                 f"({prices['free_registry_gb']:g} GB free)", paid_gb, image_gb * builds,
+                 prices["registry_gb_month"]),
+        CostLine(f"run volume {RUNS_VOLUME_GB} GB pd-balanced", RUNS_VOLUME_GB, RUNS_VOLUME_GB,
+                 prices["pd_balanced_gb_month"]),
+        CostLine(f"alerting: {alert_conditions} conditions (announced price; may be 0)", 0,
+                 alert_conditions, prices["alert_condition_month"]),
+    ]
+    return CostEstimate(lines, prices["currency"], prices["date"], prices["source"],
+                        per="month")

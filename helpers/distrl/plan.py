@@ -1,0 +1,147 @@
+"""Plans of shell commands (gcloud, kubectl) that a reader can read, dry-run, run and resume.
+
+    plan = [Step("Create the repository", ("gcloud", "artifacts", "repositories", "create", ...),
+                 exists=("gcloud", "artifacts", "repositories", "describe", ...)), ...]
+    dry_run(plan)                 # prints every command exactly as it would run
+    run_plan(plan)                # runs them in order; a step whose `exists` command succeeds
+                                  # is skipped, so running a plan twice creates nothing twice
+    run_plan(plan, start=7)       # resume at the step that failed (StepFailed.number says which)
+
+A step is an argv list, never a shell string: nothing is re-parsed by a shell, so a name cannot
+become a command. A `check` step runs a read-only command and judges its output; a problem
+stops the plan before anything that depends on it is created.
+"""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+STEP_TIMEOUT_S = 3 * 3600  # the longest step (a cluster or an image build) takes ~30 min
+
+
+@dataclass(frozen=True)
+class Step:
+    """One command of a plan.
+
+    teardown: the command that undoes what it creates (None: nothing to undo).
+    exists: a read-only command that succeeds when what this step creates is there already;
+    the step is then skipped (describe before create).
+    check: for read-only steps, a function from the command's output to a list of problems,
+    each naming its fix; any problem stops the plan.
+    """
+
+    title: str
+    argv: tuple[str, ...]
+    why: str = ""
+    teardown: tuple[str, ...] | None = None
+    exists: tuple[str, ...] | None = None
+    check: Callable[[str], list[str]] | None = None
+
+    def __str__(self) -> str:
+        return shlex.join(self.argv)
+
+
+def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: bool = True,
+            start: int = 1) -> None:
+    """Print every step's command exactly as run_plan would run it (copy-pasteable), numbered
+    as in the whole plan."""
+    for i, step in enumerate(plan[start - 1:], start):
+        out(f"# {i}. {step.title}")
+        if explain and step.why:
+            out(f"#    {step.why}")
+        if step.exists:
+            out(f"#    skipped when this succeeds: {shlex.join(step.exists)}")
+        out(str(step))
+
+
+class StepFailed(RuntimeError):
+    """A command of the plan failed, or a check found problems; later steps did not run.
+
+    number: the step's 1-based position in the plan, where `run_plan(plan, start=number)`
+    resumes once the cause is fixed."""
+
+    def __init__(self, step: Step, number: int, returncode: int, stderr: str,
+                 problems: Sequence[str] = ()):
+        self.step, self.number, self.returncode, self.stderr = step, number, returncode, stderr
+        self.problems = list(problems)
+        if self.problems:
+            what = "found problems:\n" + "\n".join(f"  - {p}" for p in self.problems)
+        else:
+            what = f"failed with exit code {returncode}\nstderr:\n{stderr.strip() or '(empty)'}"
+        super().__init__(f"step {number} {step.title!r} {what}\ncommand: {step}\n"
+                         f"Fix the cause, then resume at this step: run_plan(plan, "
+                         f"start={number}) (steps that created something are skipped anyway)")
+
+
+def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: int = 1,
+             timeout_s: float = STEP_TIMEOUT_S) -> None:
+    """Run the steps from `start` (1-based) in order, streaming their output; skip a step
+    whose `exists` command succeeds; stop at the first failure (StepFailed)."""
+    if not (isinstance(start, int) and 1 <= start <= max(len(plan), 1)):
+        raise ValueError(f"start={start!r}: expected a step number from 1 to {len(plan)}")
+    for i, step in enumerate(plan[start - 1:], start):
+        out(f"# {i}/{len(plan)}. {step.title}")
+        if step.exists and _quiet(step.exists, timeout_s) == 0:
+            out(f"already there ({shlex.join(step.exists)} succeeded): skipped")
+            continue
+        out(f"$ {step}")
+        returncode, stdout, stderr = _stream(step.argv, out, timeout_s)
+        if returncode != 0:
+            raise StepFailed(step, i, returncode, stderr)
+        if step.check is not None:
+            problems = step.check(stdout)
+            if problems:
+                raise StepFailed(step, i, 0, stderr, problems)
+            out("check passed")
+
+
+def capture(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
+    """(exit code, stdout) of a read-only command; 127 when it is not on PATH, 124 on timeout."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError:
+        return 127, ""
+    except subprocess.TimeoutExpired:
+        return 124, ""
+    return proc.returncode, proc.stdout
+
+
+def _quiet(argv: Sequence[str], timeout_s: float) -> int:
+    return capture(argv, timeout_s)[0]
+
+
+def _stream(argv: Sequence[str], out: Callable[[str], None],
+            timeout_s: float) -> tuple[int, str, str]:
+    """Run argv, passing each output line to `out` as it comes; returns (code, stdout, stderr)."""
+    try:
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, bufsize=1)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: command not found on PATH"
+    out_lines: list[str] = []
+    err_lines: list[str] = []
+
+    def pump_stderr():
+        for line in proc.stderr:
+            err_lines.append(line)
+            out(line.rstrip("\n"))
+
+    pump = threading.Thread(target=pump_stderr, daemon=True)
+    pump.start()
+    timer = threading.Timer(timeout_s, proc.kill)  # nothing waits forever
+    timer.start()
+    try:
+        for line in proc.stdout:
+            out_lines.append(line)
+            out(line.rstrip("\n"))
+        code = proc.wait()
+    finally:
+        timer.cancel()
+    pump.join(10)
+    if code < 0 and not err_lines:
+        err_lines.append(f"killed after {timeout_s:.0f} s (the step's time limit)\n")
+    return code, "".join(out_lines), "".join(err_lines)

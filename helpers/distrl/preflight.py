@@ -1,0 +1,387 @@
+"""What a GKE plan needs before and while it runs, checked against the live project and cluster.
+
+    check_prerequisites(settings)   # before anything: tools, gcloud version, login, project,
+                                    # billing, APIs and quotas; PrerequisiteError lists them all
+    quota_problems(settings, region_json, project_json)   # the quota arithmetic, no gcloud
+
+Each problem is one sentence that names the fact, where it comes from, and the command or page
+that fixes it. The same judges back the plan's check steps (distrl.gke), which run the read-only
+command (`gcloud compute regions describe ...`, `kubectl get crd ...`) and stop the plan before
+anything that depends on it is created.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import dataclass, field
+
+from distrl.plan import capture
+
+# Managed OpenTelemetry for GKE: the flag is GA in `gcloud container clusters create` from
+# gcloud 576.0.0 (cloud.google.com/sdk/docs/release-notes, 576.0.0: "Promoted
+# --managed-otel-scope flag to GA"); the cluster needs GKE 1.34.1-gke.2178000, and 1.37.1-gke.
+# 1697000 for gRPC export (cloud.google.com/kubernetes-engine/docs/how-to/managed-otel-gke,
+# Requirements).
+MIN_GCLOUD = (576, 0, 0)
+MIN_GKE_OTEL = "1.34.1-gke.2178000"
+MIN_GKE_OTEL_GRPC = "1.37.1-gke.1697000"
+OTEL_DOCS = "cloud.google.com/kubernetes-engine/docs/how-to/managed-otel-gke"
+# KubeRay: spec.authOptions.secretName arrived in v1.6.0 (ray-project/kuberay
+# ray-operator/apis/ray/v1/raycluster_types.go at v1.6.0; v1.5.1 has only authOptions.mode).
+KUBERAY_AUTH_SOURCE = "ray-project/kuberay v1.6.0, ray-operator/apis/ray/v1/raycluster_types.go"
+QUOTAS_PAGE = "https://console.cloud.google.com/iam-admin/quotas?project={project}"
+# GPU quota metrics of Compute Engine (regional), per accelerator type.
+GPU_QUOTAS = {"nvidia-l4": "NVIDIA_L4_GPUS", "nvidia-tesla-t4": "NVIDIA_T4_GPUS",
+              "nvidia-tesla-p4": "NVIDIA_P4_GPUS"}
+DISK_QUOTA = "SSD_TOTAL_GB"  # pd-balanced boot disks (GKE's default since 1.24) count here
+
+
+class PrerequisiteError(RuntimeError):
+    """Something the live run needs is missing; nothing has run."""
+
+
+def parse_version(text: str) -> tuple[int, ...]:
+    """'578.0.0' -> (578, 0, 0); '1.34.1-gke.2178000' -> (1, 34, 1, 2178000)."""
+    numbers = re.findall(r"\d+", text or "")
+    if not numbers:
+        raise ValueError(f"version={text!r}: no version number in it")
+    return tuple(int(n) for n in numbers)
+
+
+def _fmt(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def gcloud_problems(version_json: str) -> list[str]:
+    """`gcloud version --format=json`: the SDK at least MIN_GCLOUD."""
+    try:
+        version = parse_version(json.loads(version_json)["Google Cloud SDK"])
+    except (ValueError, KeyError, TypeError):
+        return [f"cannot read the gcloud version from `gcloud version --format=json` "
+                f"({version_json[:80]!r})"]
+    if version < MIN_GCLOUD:
+        return [f"gcloud {_fmt(version)} is older than {_fmt(MIN_GCLOUD)}, the first with "
+                "--managed-otel-scope outside `gcloud beta` (cloud.google.com/sdk/docs/"
+                "release-notes): run `gcloud components update`"]
+    return []
+
+
+def gke_version_problems(version: str, otlp_protocol: str) -> list[str]:
+    """`gcloud container clusters describe --format=value(currentMasterVersion)` against what
+    Managed OpenTelemetry needs for the chosen protocol."""
+    version = version.strip()
+    try:
+        have = parse_version(version)
+    except ValueError:
+        return [f"cannot read the cluster's GKE version ({version!r})"]
+    need = MIN_GKE_OTEL_GRPC if otlp_protocol == "grpc" else MIN_GKE_OTEL
+    if have >= parse_version(need):
+        return []
+    grpc = otlp_protocol == "grpc"
+    what = "gRPC export to Managed OpenTelemetry" if grpc else "Managed OpenTelemetry"
+    fix = ("upgrade the control plane (`gcloud container clusters upgrade CLUSTER --master "
+           f"--cluster-version={need}`)")
+    if grpc:
+        fix += " or render the manifests with otlp_protocol='http/protobuf'"
+    return [f"the cluster runs GKE {version}; {what} needs {need} or later ({OTEL_DOCS}): {fix}"]
+
+
+def otel_service_problems(ports: str, otlp_protocol: str) -> list[str]:
+    """`kubectl get service opentelemetry-collector --namespace=gke-managed-otel
+    --output=jsonpath={.spec.ports[*].port}`: the managed collector serves the chosen port."""
+    want = 4317 if otlp_protocol == "grpc" else 4318
+    found = {int(p) for p in ports.split() if p.isdigit()}
+    if not found:
+        return ["no Service opentelemetry-collector in namespace gke-managed-otel: Managed "
+                "OpenTelemetry is not on in this cluster (`gcloud container clusters update "
+                f"CLUSTER --managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS`, "
+                f"{OTEL_DOCS})"]
+    if want not in found:
+        other = "http/protobuf" if otlp_protocol == "grpc" else "grpc"
+        return [f"the managed collector's Service serves ports {sorted(found)}, not {want} "
+                f"({otlp_protocol}); render the manifests with otlp_protocol={other!r}"]
+    return []
+
+
+def kuberay_auth_problems(secret_name_type: str) -> list[str]:
+    """`kubectl get crd rayclusters.ray.io --output=jsonpath=...authOptions...secretName.type`:
+    'string' when the installed KubeRay knows spec.authOptions.secretName (v1.6.0 or later)."""
+    if secret_name_type.strip() == "string":
+        return []
+    return ["the Ray operator installed in this cluster does not know RayCluster "
+            "spec.authOptions.secretName (KubeRay 1.6.0 or later, "
+            f"{KUBERAY_AUTH_SOURCE}). Without it KubeRay gives the Ray token neither to the "
+            "autoscaler sidecar nor to its own dashboard client, so the actors group never "
+            "grows and RayJob status stays unknown. GKE chooses the add-on's KubeRay version "
+            "by GKE version and does not publish the mapping: upgrade the cluster on the "
+            "rapid channel, or disable the add-on and install KubeRay >= 1.6 with Helm"]
+
+
+def operator_problems(deployments_json: str, admitted_namespace: str) -> tuple[list[str], str]:
+    """`kubectl get deployments --all-namespaces --output=json`: where the KubeRay operator runs,
+    against the namespace the NetworkPolicy admits to the head's dashboard port. Returns
+    (problems, what was found)."""
+    try:
+        items = json.loads(deployments_json or "{}").get("items", [])
+    except json.JSONDecodeError:
+        return ["cannot read `kubectl get deployments --all-namespaces --output=json`"], ""
+    namespaces = sorted({d["metadata"]["namespace"] for d in items
+                         if re.search(r"kuberay|ray-operator", d["metadata"].get("name", ""))})
+    found = (f"KubeRay operator in namespace {', '.join(namespaces)}" if namespaces else
+             "no KubeRay operator Deployment in the cluster (GKE hosts the add-on's operator)")
+    if not admitted_namespace or admitted_namespace in namespaces:
+        return [], found
+    where = (f"runs in namespace {', '.join(namespaces)}" if namespaces else
+             "does not run in the cluster (GKE hosts it: cloud.google.com/kubernetes-engine/docs/"
+             "add-on/ray-on-gke/concepts/overview)")
+    return [f"the NetworkPolicy admits the dashboard port 8265 only from namespace "
+            f"{admitted_namespace!r}, but the KubeRay operator {where}; it polls that port for "
+            "RayJob status. Render with operator_namespace=" +
+            (repr(namespaces[0]) if namespaces else "'' (any source; Ray's token guards it)")], found
+
+
+def head_room_problems(describe_nodes: str, cpu_needed: float, memory_gib_needed: float,
+                       pool: str) -> list[str]:
+    """`kubectl describe nodes --selector=cloud.google.com/gke-nodepool=POOL`: the node's
+    allocatable CPU and memory less what its DaemonSets and system pods request, against the
+    head pod (Ray container, TensorBoard and KubeRay's autoscaler sidecar)."""
+    alloc = re.search(r"Allocatable:\s*\n(?P<body>(?:\s+\S+:\s+\S+\n)+)", describe_nodes)
+    used = re.search(r"Allocated resources:.*?\n\s+cpu\s+(\S+).*?\n\s+memory\s+(\S+)",
+                     describe_nodes, re.S)
+    if not alloc or not used:
+        return [f"cannot read the allocatable and allocated resources of the {pool} node "
+                "(`kubectl describe nodes`): is the pool's node up?"]
+    fields = dict(re.findall(r"(\S+):\s+(\S+)", alloc.group("body")))
+    free_cpu = _cpu(fields.get("cpu", "0")) - _cpu(used.group(1))
+    free_mem = _gib(fields.get("memory", "0")) - _gib(used.group(2))
+    problems = []
+    if free_cpu < cpu_needed:
+        problems.append(f"the {pool} node has {free_cpu:.2f} CPU free after GKE's system pods; "
+                        f"the head pod requests {cpu_needed:g}: choose a larger head machine")
+    if free_mem < memory_gib_needed:
+        problems.append(f"the {pool} node has {free_mem:.1f} GiB free after GKE's system pods; "
+                        f"the head pod requests {memory_gib_needed:g} GiB")
+    return problems
+
+
+def _cpu(text: str) -> float:
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def _gib(text: str) -> float:
+    units = {"Ki": 2 ** -20, "Mi": 2 ** -10, "Gi": 1.0, "Ti": 1024.0, "k": 1e3 / 2 ** 30,
+             "M": 1e6 / 2 ** 30, "G": 1e9 / 2 ** 30}
+    match = re.fullmatch(r"([\d.]+)([A-Za-z]*)", text)
+    if not match:
+        return 0.0
+    return float(match.group(1)) * units.get(match.group(2), 2 ** -30)
+
+
+def gpu_problems(output: str, gpu_type: str) -> list[str]:
+    """TensorFlow in the head pod, asked how many GPUs it sees (the last line of output)."""
+    lines = output.strip().splitlines()
+    count = lines[-1].strip() if lines else ""
+    if count.isdigit() and int(count) >= 1:
+        return []
+    return [f"TensorFlow in the head pod sees {count or 'no'} GPU(s) although the head pool "
+            f"has a {gpu_type}: check the driver install (`kubectl describe node` lists "
+            "nvidia.com/gpu under Allocatable once GKE's driver installer has run) and that the "
+            "image has TensorFlow's CUDA wheels (Dockerfile, the lock file's # gpu: lines)"]
+
+
+def autoscaler_token_problems(value: str) -> list[str]:
+    """The env of the head pod's autoscaler container: KubeRay put RAY_AUTH_MODE=token there."""
+    if value.strip() == "token":
+        return []
+    return ["the head pod's autoscaler container has no RAY_AUTH_MODE=token: the running "
+            "operator ignored spec.authOptions (an older KubeRay under a newer CRD), so the "
+            f"autoscaler cannot reach the head ({KUBERAY_AUTH_SOURCE})"]
+
+
+# --- quotas --------------------------------------------------------------------------------
+
+@dataclass
+class QuotaNeed:
+    metric: str
+    amount: float
+    what: str  # how the amount adds up, for the message
+    per_actor_node: float = 0  # the part that grows with max_actor_nodes
+
+
+def quota_needs(settings, quotas: dict[str, dict]) -> list[QuotaNeed]:
+    """Regional quota the plan uses at full scale, by metric. `quotas` is the region's list by
+    metric: a machine family's own CPU metric (N2_CPUS, ...) counts when the region lists one,
+    else CPUS; Spot VMs count against PREEMPTIBLE_CPUS when it is granted (cloud.google.com/
+    compute/docs/instances/create-use-spot), else like on-demand VMs."""
+    from distrl.cost import machine
+    from distrl.gke import DISK_GB, SYSTEM_MACHINE
+    from distrl.manifests import pod_sizes
+
+    s = settings
+    needs: dict[str, QuotaNeed] = {}
+
+    def add(metric: str, amount: float, what: str, per_actor_node: float = 0):
+        need = needs.setdefault(metric, QuotaNeed(metric, 0, ""))
+        need.amount += amount
+        need.per_actor_node += per_actor_node
+        need.what = f"{need.what} + {what}" if need.what else what
+
+    def cpu_metric(machine_type: str, spot: bool) -> str:
+        if spot and quotas.get("PREEMPTIBLE_CPUS", {}).get("limit", 0) > 0:
+            return "PREEMPTIBLE_CPUS"
+        family = f"{machine_type.split('-')[0].upper()}_CPUS"
+        return family if family in quotas else "CPUS"
+
+    if s.mode == "standard":
+        nodes = [(SYSTEM_MACHINE, 1, False, "system node"), (s.head_machine_type, 1, False, "head"),
+                 (s.actor_machine_type, s.max_actor_nodes, True, "actor nodes")]
+        for machine_type, count, spot, label in nodes:
+            vcpus = machine(machine_type).vcpus
+            add(cpu_metric(machine_type, spot), vcpus * count,
+                f"{label} {count} x {vcpus}" if spot else f"{label} {vcpus}",
+                vcpus if spot else 0)
+        disks = 2 + s.max_actor_nodes
+        add(DISK_QUOTA, disks * DISK_GB, f"{disks} boot disks x {DISK_GB} GB", DISK_GB)
+    else:  # Autopilot sizes nodes to the pods: their requests are the least it will use
+        sizes = pod_sizes(s)
+        add("CPUS", sizes["head"].cpu + 1, "head pod")
+        add("CPUS", sizes["actor"].cpu * s.max_actor_nodes, f"{s.max_actor_nodes} actor pods",
+            sizes["actor"].cpu)
+    if s.gpu_type != "none":
+        add(GPU_QUOTAS[s.gpu_type], 1, f"one {s.gpu_type} for the head")
+    return list(needs.values())
+
+
+def _quota_list(describe_json: str) -> dict[str, dict]:
+    data = json.loads(describe_json or "{}")
+    return {q["metric"]: q for q in data.get("quotas", [])}
+
+
+def quota_problems(settings, region_json: str, project_json: str | None = None) -> list[str]:
+    """`gcloud compute regions describe REGION --format=json` (and `gcloud compute project-info
+    describe --format=json` for GPUS_ALL_REGIONS) against quota_needs(settings)."""
+    page = QUOTAS_PAGE.format(project=settings.project_id)
+    try:
+        quotas = _quota_list(region_json)
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return [f"cannot read the quotas of region {settings.region}"]
+    problems = []
+    for need in quota_needs(settings, quotas):
+        quota = quotas.get(need.metric)
+        if quota is None:
+            problems.append(f"region {settings.region} lists no {need.metric} quota; the plan "
+                            f"needs {need.amount:g} ({need.what}): pick another region")
+            continue
+        free = quota["limit"] - quota.get("usage", 0)
+        if free < need.amount:
+            fix = f"request more at {page}"
+            fits = (need.per_actor_node and
+                    int((free - need.amount) // need.per_actor_node) + settings.max_actor_nodes)
+            if fits and fits >= 1:
+                fix += f", or max_actor_nodes={fits}"
+            problems.append(f"region {settings.region}: {need.metric} quota {quota['limit']:g} "
+                            f"with {quota.get('usage', 0):g} in use leaves {free:g}; the plan "
+                            f"needs {need.amount:g} at full scale ({need.what}): {fix}")
+    if project_json is not None:
+        problems += gpu_quota_problems(settings, project_json)
+    return problems
+
+
+def gpu_quota_problems(settings, project_json: str) -> list[str]:
+    """`gcloud compute project-info describe --format=json`: GPUS_ALL_REGIONS caps GPUs
+    project-wide, whatever a region grants."""
+    if settings.gpu_type == "none":
+        return []
+    try:
+        quota = _quota_list(project_json).get("GPUS_ALL_REGIONS", {})
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return ["cannot read the project's GPUS_ALL_REGIONS quota"]
+    limit, usage = quota.get("limit", 0), quota.get("usage", 0)
+    if limit - usage >= 1:
+        return []
+    page = QUOTAS_PAGE.format(project=settings.project_id)
+    return [f"GPUS_ALL_REGIONS quota {limit:g} with {usage:g} in use leaves no GPU for the head "
+            f"(new projects start at 0): request 1 at {page}, or gpu_type='none'"]
+
+
+# --- before anything runs ------------------------------------------------------------------
+
+TOOLS = {"gcloud": "install the Google Cloud CLI: https://cloud.google.com/sdk/docs/install",
+         "kubectl": "run `gcloud components install kubectl`",
+         "gke-gcloud-auth-plugin": "run `gcloud components install gke-gcloud-auth-plugin`"}
+
+
+@dataclass
+class Prerequisites:
+    account: str
+    gcloud_version: str
+    missing_apis: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+def check_prerequisites(settings) -> Prerequisites:
+    """Everything the live plan needs that can be read without changing anything: the tools,
+    gcloud's version, the login, the project, billing, the APIs and (once the Compute Engine API
+    is on) the quotas. Raises PrerequisiteError listing every problem with its fix."""
+    from distrl.gke import APIS
+
+    project = f"--project={settings.project_id}"
+    problems = [f"{tool} is not on PATH: {fix}" for tool, fix in TOOLS.items()
+                if shutil.which(tool) is None]
+    if shutil.which("gcloud") is None:
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+    version_json = capture(["gcloud", "version", "--format=json"])[1]
+    problems += gcloud_problems(version_json)
+    account = capture(["gcloud", "auth", "list", "--filter=status:ACTIVE",
+                       "--format=value(account)"])[1].strip()
+    if not account:
+        problems.append("no authenticated gcloud account: run `gcloud auth login`")
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+    state = capture(["gcloud", "projects", "describe", settings.project_id,
+                     "--format=value(lifecycleState)"])[1].strip()
+    if state != "ACTIVE":
+        problems.append(f"project {settings.project_id!r} is not reachable as {account} "
+                        f"(state {state or 'unknown'}): check the id and your access with "
+                        f"`gcloud projects describe {settings.project_id}`")
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+    found = Prerequisites(account.splitlines()[0], _sdk_version(version_json))
+    code, billing = capture(["gcloud", "billing", "projects", "describe", settings.project_id,
+                             "--format=value(billingEnabled)"])
+    if code == 0 and billing.strip().lower() == "false":
+        problems.append(f"billing is off for {settings.project_id}: link a billing account "
+                        f"(`gcloud billing projects link {settings.project_id} "
+                        "--billing-account=ACCOUNT_ID`)")
+    elif code != 0:
+        found.notes.append("billing could not be read (`gcloud billing projects describe` "
+                           "needs the Cloud Billing API and billing.resourceAssociations.list); "
+                           "the first create step fails if billing is off")
+    enabled = set(capture(["gcloud", "services", "list", "--enabled", project,
+                           "--format=value(config.name)"])[1].split())
+    found.missing_apis = [f"{api}.googleapis.com" for api in APIS
+                          if f"{api}.googleapis.com" not in enabled]
+    if found.missing_apis:
+        found.notes.append(f"step 1 enables {', '.join(found.missing_apis)} "
+                           f"(`gcloud services enable {' '.join(found.missing_apis)} {project}`); "
+                           "new APIs can take a few minutes to answer")
+    if "compute.googleapis.com" in enabled:
+        region = capture(["gcloud", "compute", "regions", "describe", settings.region, project,
+                          "--format=json"])[1]
+        info = capture(["gcloud", "compute", "project-info", "describe", project,
+                        "--format=json"])[1] if settings.gpu_type != "none" else None
+        problems += quota_problems(settings, region, info)
+    else:
+        found.notes.append("quotas are checked by the plan's quota step, once step 1 has "
+                           "enabled the Compute Engine API")
+    if problems:
+        raise PrerequisiteError("cannot run the live plan:\n" +
+                                "\n".join(f"  - {p}" for p in problems))
+    return found
+
+
+def _sdk_version(version_json: str) -> str:
+    try:
+        return json.loads(version_json)["Google Cloud SDK"]
+    except (ValueError, KeyError, TypeError):
+        return "unknown"
