@@ -10,7 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STAND_IN = """#!{python}
 # Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
-# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them). A describe or
+# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl cp` from a
+# pod copies the directory when it exists on this machine (a rehearsed pod). A describe or
 # `get secret` that no response names finds nothing (exit 1) unless FAKE_EXISTS lists it;
 # FAKE_FAIL makes a matching command fail with a quota error.
 import json, os, sys
@@ -32,6 +33,12 @@ if " describe " in line or " get secret " in line:
         sys.exit(0)
     print("ERROR: NOT_FOUND", file=sys.stderr)
     sys.exit(1)
+if "{name}" == "kubectl" and argv[:1] == ["cp"] and ":" in argv[-2]:
+    # `kubectl cp NS/POD:DIR LOCAL` from a pod rehearsed on this machine: its files are here.
+    import shutil
+    source = argv[-2].split(":", 1)[1]
+    if os.path.isdir(source):
+        shutil.copytree(source, argv[-1], dirs_exist_ok=True)
 print("done:", line)
 """
 
@@ -100,6 +107,19 @@ def stand_ins(tmp_path, monkeypatch):
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
 
     return recorded
+
+
+@pytest.fixture(scope="session")
+def kernel():
+    """The project's own environment as a Jupyter kernel (make install registers it too)."""
+    import subprocess
+
+    from jupyter_client.kernelspec import KernelSpecManager
+
+    if "distrl" not in KernelSpecManager().find_kernel_specs():
+        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix",
+                        "--name", "distrl"], check=True, capture_output=True)
+    return "distrl"
 
 
 @pytest.fixture

@@ -1,8 +1,6 @@
 """Run the notebooks with papermill, small parameters, and check what they recorded."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,20 +8,6 @@ import pytest
 from distrl.tutorial import NOTEBOOKS_DIR, run_notebook
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-KERNEL = "distrl"
-
-
-@pytest.fixture(scope="session")
-def kernel():
-    """The project's own environment as a Jupyter kernel (make install registers it too)."""
-    from jupyter_client.kernelspec import KernelSpecManager
-
-    if KERNEL not in KernelSpecManager().find_kernel_specs():
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix",
-                        "--name", KERNEL], check=True, capture_output=True)
-    return KERNEL
-
-
 def test_notebooks_are_stored_without_outputs():
     import nbformat
 

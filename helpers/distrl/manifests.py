@@ -221,17 +221,29 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
 
 def num_actors(s: GkeSettings) -> int:
     """One Ape-X actor per actor-node CPU."""
-    return s.max_actor_nodes * pod_sizes(s)["actor"].cpu
+    return s.max_actor_nodes * int(pod_sizes(s)["actor"].cpu)
+
+
+def cluster_train_args(spec: dict) -> list[str]:
+    """What a training job needs from a RayCluster's spec (rendered here, or `kubectl get
+    raycluster -o json` of a live one): one actor per CPU of the worker groups at full size,
+    the learner on the head's GPU when its Ray container has one, and telemetry on, which the
+    pods' OTEL_* env sends to Managed OpenTelemetry (notebook 05 reads it from Cloud
+    Monitoring)."""
+    actors = sum(group["maxReplicas"] * int(group["rayStartParams"]["num-cpus"])
+                 for group in spec.get("workerGroupSpecs", []))
+    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
+    gpus = int(head.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
+    return ["--num-actors", str(actors), "--actor-cpus", "1",
+            "--num-gpus", "1" if gpus >= 1 else "0", "--telemetry", "true"]
 
 
 def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> list[str]:
-    argv = ["python", "-m", "distrl.train", "--env", "CartPole-v1",
-            "--num-actors", str(num_actors(s)), "--actor-cpus", "1",
-            "--num-gpus", "0" if s.gpu_type == "none" else "1",
-            "--telemetry", "true", "--output-dir", output_dir, "--progress", "false",
+    return ["python", "-m", "distrl.train", "--env", "CartPole-v1",
+            *cluster_train_args(ray_cluster_spec(s, autoscale=False)),
+            "--output-dir", output_dir, "--progress", "false",
             # Spot pods join over minutes (or not at all): wait for them, never refuse.
             "--autoscaling", "true"]
-    return argv
 
 
 def namespace_docs(s: GkeSettings) -> list[dict]:
