@@ -548,11 +548,11 @@ def test_monthly_costs_add_up_samples_spans_builds_images_volume_and_alerts():
                               export_interval_s=30.0)
     per_export = cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * num_actors(s)
     samples = per_export * 10 * 3600 / 30
-    spans = cost.SPANS_PER_SECOND * 10 * 3600
+    spans = (cost.SPANS_PER_SECOND_RUN + cost.SPANS_PER_SECOND_ACTOR * num_actors(s)) * 10 * 3600
     by_item = {line.item.split(":")[0]: line for line in month.lines}
     assert by_item["metric samples"].maximum == pytest.approx(
         samples / 1e6 * prices["metric_samples_per_million"])
-    assert by_item["spans"].minimum == pytest.approx(0.0)  # within the 2.5 M free spans
+    assert by_item["spans"].minimum == pytest.approx((spans - 2.5e6) / 1e6 * 0.20)
     assert by_item["spans"].maximum == pytest.approx(spans / 1e6 * prices["spans_per_million"])
     assert by_item["Cloud Build"].minimum == 0.0  # 60 of 2,500 free build-minutes
     assert by_item["Artifact Registry"].minimum == pytest.approx(15.5 * 0.10)

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from google.api import metric_pb2
 from google.api_core import exceptions
+from google.auth.credentials import AnonymousCredentials
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
@@ -493,3 +494,19 @@ def test_cloud_path_sends_the_local_requests_to_the_project(tmp_path):
     filters = [types[m].pb().FromString(b).filter for m, b, _ in cloud.calls]
     assert any('metric.labels."rl.run.id" = "r1"' in f for f in filters)
     assert any('metric.labels."rl.algorithm" = "apex-dqn"' in f for f in filters)
+
+
+def test_cloud_monitoring_refuses_an_alignment_under_60_s_before_sending_anything():
+    mon = explore.Monitoring(project_id="my-project", credentials=AnonymousCredentials(),
+                             client_options={"api_endpoint": "127.0.0.1:9"})  # nothing there
+    with pytest.raises(ValueError, match="alignment_s=10: Cloud Monitoring refuses alignment "
+                       "periods under 60 s"):
+        mon.time_series("rl.train.loss", aligner="ALIGN_MEAN", alignment_s=10)
+    with pytest.raises(ValueError, match="alignment_s=30"):
+        mon.query('metric.type = "x"', {"alignmentPeriod": "30s",
+                                         "perSeriesAligner": "ALIGN_MEAN"})
+    assert mon.request("rl.train.loss", aligner="ALIGN_MEAN", alignment_s=60)[
+        "aggregation"]["alignment_period"] == {"seconds": 60}
+    local = explore.Monitoring(endpoint="127.0.0.1:9")  # the local collector takes 10 s
+    assert local.request("rl.train.loss", aligner="ALIGN_MEAN", alignment_s=10)[
+        "aggregation"]["alignment_period"] == {"seconds": 10}

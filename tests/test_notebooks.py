@@ -4,6 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
+from conftest import respond
 
 from distrl.tutorial import NOTEBOOKS_DIR, run_notebook
 
@@ -102,7 +103,7 @@ def _outputs(executed: Path) -> str:
 
 
 def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
-    from distrl import manifests
+    from distrl import gke, manifests
 
     out_dir = tmp_path / "run"
     executed = run_notebook(
@@ -110,8 +111,15 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
         {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "PREFIX": "rl-demo",
          "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot"}, kernel=kernel)
     text = _outputs(executed)
-    assert "gcloud beta container clusters create-auto rl-demo-cluster --region=us-central1" in text
-    assert "all 16 steps printed" in text and "USD per hour" in text
+    assert "gcloud container clusters create-auto rl-demo-cluster --region=us-central1" in text
+    plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1", prefix="rl-demo",
+                                           gpu_type="nvidia-tesla-t4", mode="autopilot"),
+                           out_dir / "manifests")
+    for step in plan:  # every command of the plan, exactly as it would run
+        assert str(step) in text, step.title
+    assert f"all {len(plan)} steps printed" in text
+    assert "USD per hour" in text and "USD per month" in text and "free tier credit" in text
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text and "secretName: rl-demo-ray-token" in text
     docs = manifests.load_dir(out_dir / "manifests")
     assert {d["metadata"]["namespace"] for _, d in docs if d["kind"] != "Namespace"} == {"rl-demo"}
 
@@ -131,10 +139,20 @@ def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, st
                   "TEARDOWN": True}, kernel=kernel)
     plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1"), out_dir / "manifests",
                            home / ".ray" / "auth_token")
-    expected = [["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
+    p = "--project=demo-project-1"
+    expected = [["gcloud", "version", "--format=json"],
+                ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
                 ["gcloud", "projects", "describe", "demo-project-1",
-                 "--format=value(lifecycleState)"]]
-    expected += [list(s.argv) for s in plan] + [list(s.argv) for s in gke.teardown_plan(plan)]
+                 "--format=value(lifecycleState)"],
+                ["gcloud", "billing", "projects", "describe", "demo-project-1",
+                 "--format=value(billingEnabled)"],
+                ["gcloud", "services", "list", "--enabled", p, "--format=value(config.name)"],
+                ["gcloud", "compute", "regions", "describe", "us-central1", p, "--format=json"],
+                ["gcloud", "compute", "project-info", "describe", p, "--format=json"]]
+    for step in plan:  # describe before create, then the command
+        expected += [list(step.exists)] if step.exists else []
+        expected.append(list(step.argv))
+    expected += [list(s.argv) for s in gke.teardown_plan(plan)]
     assert stand_ins() == expected
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
 
@@ -143,12 +161,23 @@ def test_03_live_path_without_a_login_stops_before_any_command(kernel, tmp_path:
                                                                stand_ins, monkeypatch):
     from papermill.exceptions import PapermillExecutionError
 
-    monkeypatch.setenv("FAKE_ACCOUNT", "")
+    respond(monkeypatch, "auth list", "")
     with pytest.raises(PapermillExecutionError, match="gcloud auth login"):
         run_notebook(NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
                      {"OUTPUT_DIR": str(tmp_path / "run"), "PROJECT_ID": "demo-project-1",
                       "DRY_RUN": False}, kernel=kernel)
-    assert [argv[:3] for argv in stand_ins()] == [["gcloud", "auth", "list"]]
+    assert [argv[:3] for argv in stand_ins()] == [["gcloud", "version", "--format=json"],
+                                                  ["gcloud", "auth", "list"]]
+
+
+def test_05_refuses_an_alignment_cloud_monitoring_would_refuse(kernel, tmp_path: Path):
+    from papermill.exceptions import PapermillExecutionError
+
+    with pytest.raises(PapermillExecutionError, match="ALIGNMENT_S=10: Cloud Monitoring needs "
+                       "at least 60"):
+        run_notebook(NOTEBOOKS_DIR / "05-explore-metrics.ipynb", tmp_path,
+                     {"OUTPUT_DIR": str(tmp_path / "run"), "SOURCE": "cloud",
+                      "PROJECT_ID": "my-project", "ALIGNMENT_S": 10}, kernel=kernel)
 
 
 def test_04_distributed_training(kernel, tmp_path: Path):

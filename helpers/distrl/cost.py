@@ -115,8 +115,8 @@ class CostEstimate:
     def table(self) -> str:
         rows = [f"{'item':<60} {'count':>9} {'each':>8} {'max/' + self.per[0]:>8}"]
         for line in self.lines:
-            count = (f"{line.count_max:g}" if line.count_min == line.count_max
-                     else f"{line.count_min:g}-{line.count_max:g}")
+            count = (f"{line.count_max:.3g}" if line.count_min == line.count_max
+                     else f"{line.count_min:.3g}-{line.count_max:.3g}")
             rows.append(f"{line.item:<60} {count:>9} {line.unit_price:>8.3f} "
                         f"{line.maximum:>8.2f}")
         rows.append(f"about {self.min_per_hour:.2f}-{self.max_per_hour:.2f} {self.currency} per "
@@ -180,9 +180,10 @@ def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
 # export of a CartPole run carries (a gauge or counter series is one sample; a histogram series
 # is one per bucket plus its count and sum, as Managed Service for Prometheus counts them) and
 # the spans per second.
-SAMPLES_PER_EXPORT_RUN = 400  # driver, learner, replay shards and evaluator together
-SAMPLES_PER_EXPORT_ACTOR = 60
-SPANS_PER_SECOND = 8.0
+SAMPLES_PER_EXPORT_RUN = 138  # driver, learner, replay shard and evaluator together
+SAMPLES_PER_EXPORT_ACTOR = 114
+SPANS_PER_SECOND_RUN = 26.0
+SPANS_PER_SECOND_ACTOR = 8.0
 
 
 def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
@@ -199,27 +200,24 @@ def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
     actors = num_actors(settings)
     per_export = SAMPLES_PER_EXPORT_RUN + SAMPLES_PER_EXPORT_ACTOR * actors
     samples = per_export * hours_training * 3600 / export_interval_s
-    spans = SPANS_PER_SECOND * hours_training * 3600
+    spans = (SPANS_PER_SECOND_RUN + SPANS_PER_SECOND_ACTOR * actors) * hours_training * 3600
     paid_spans = max(0.0, spans - prices["free_spans_per_month"])
     minutes = builds * BUILD_MINUTES
     paid_minutes = max(0, minutes - prices["free_build_minutes"])
     paid_gb = max(0.0, image_gb * builds - prices["free_registry_gb"])
     lines = [
-        CostLine(f"metric samples: {per_export} per export ({actors} actors) every "
-                 f"{export_interval_s:g} s, {hours_training:g} h (millions)", samples / 1e6,
-                 samples / 1e6, prices["metric_samples_per_million"]),
-        CostLine(f"spans: {spans / 1e6:.2f} M, {prices['free_spans_per_month'] / 1e6:g} M "
-                 "free (millions billed)", paid_spans / 1e6, spans / 1e6,
-                 prices["spans_per_million"]),
-        CostLine(f"Cloud Build: {builds} builds x {BUILD_MINUTES} min (e2-standard-2; "
-                 f"{prices['free_build_minutes']} min free)", paid_minutes, minutes,
-                 prices["build_minute"]),
+        CostLine(f"metric samples: {per_export}/export, {actors} actors, {hours_training:g} h, "
+                 "millions", samples / 1e6, samples / 1e6, prices["metric_samples_per_million"]),
+        CostLine(f"spans: {spans / 1e6:.1f} M ({prices['free_spans_per_month'] / 1e6:g} M free), "
+                 "millions", paid_spans / 1e6, spans / 1e6, prices["spans_per_million"]),
+        CostLine(f"Cloud Build: {builds} x {BUILD_MINUTES} min ({prices['free_build_minutes']} "
+                 "min free), minutes", paid_minutes, minutes, prices["build_minute"]),
         CostLine(f"Artifact Registry: {builds} images x {image_gb:g} GB "
                  f"({prices['free_registry_gb']:g} GB free)", paid_gb, image_gb * builds,
                  prices["registry_gb_month"]),
         CostLine(f"run volume {RUNS_VOLUME_GB} GB pd-balanced", RUNS_VOLUME_GB, RUNS_VOLUME_GB,
                  prices["pd_balanced_gb_month"]),
-        CostLine(f"alerting: {alert_conditions} conditions (announced price; may be 0)", 0,
+        CostLine(f"alerting: {alert_conditions} conditions (announced, may be 0)", 0,
                  alert_conditions, prices["alert_condition_month"]),
     ]
     return CostEstimate(lines, prices["currency"], prices["date"], prices["source"],

@@ -224,6 +224,9 @@ def metric_type(name: str) -> str:
     return f"{PREFIX}{name}/{_KINDS[name]}"
 
 
+MIN_CLOUD_ALIGNMENT_S = 60
+
+
 class Monitoring:
     """google-cloud-monitoring's MetricServiceClient, and DataFrames of what it returns.
 
@@ -240,6 +243,7 @@ class Monitoring:
         if project_id is not None:
             check_project_id(project_id)  # (None: the local collector)
         self.project_name = f"projects/{project_id or LOCAL_PROJECT}"
+        self.cloud = project_id is not None
         if project_id is None:
             import grpc
             from google.cloud.monitoring_v3.services.metric_service.transports import (
@@ -310,6 +314,12 @@ class Monitoring:
                                 "end_time": end}}
         if aggregation is not None:
             period = int(str(aggregation.get("alignmentPeriod", "60s")).rstrip("s"))
+            if self.cloud and period < MIN_CLOUD_ALIGNMENT_S:
+                raise ValueError(
+                    f"alignment_s={period}: Cloud Monitoring refuses alignment periods under "
+                    f"{MIN_CLOUD_ALIGNMENT_S} s ('The value must be at least 60 seconds', "
+                    "cloud.google.com/monitoring/api/ref_v3/rest/v3/Aggregation); use 60 or "
+                    "more (the local collector takes shorter ones)")
             request["aggregation"] = {
                 "alignment_period": {"seconds": period},
                 "per_series_aligner": aggregation["perSeriesAligner"],
