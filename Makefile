@@ -40,6 +40,7 @@ bench: install
 	$(BIN)/python benchmarks/replay_headroom.py
 	$(BIN)/python benchmarks/multinode_throughput.py
 	$(BIN)/python benchmarks/autoscale_recovery.py
+	$(BIN)/python benchmarks/telemetry_volume.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network).
 lock:

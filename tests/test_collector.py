@@ -266,3 +266,71 @@ def test_points_are_filtered_by_attribute_values_in_sql(collector, stub):
     for bad in ({"arr": [1, "x"]}, {'we"ird': 1}):
         with pytest.raises(ValueError, match="where=.* is invalid"):
             store.points(points, bad)
+
+
+# --- OTLP/HTTP ------------------------------------------------------------------------------
+
+def _post(url: str, body: bytes, content_type: str = "application/x-protobuf",
+          length: str | None = None) -> tuple[int, bytes]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=10)
+    conn.putrequest("POST", parts.path)
+    conn.putheader("Content-Type", content_type)
+    if length != "omit":
+        conn.putheader("Content-Length", length or str(len(body)))
+    conn.endheaders()
+    if length in (None, str(len(body))):
+        conn.send(body)
+    response = conn.getresponse()
+    status, data = response.status, response.read()
+    conn.close()
+    return status, data
+
+
+def test_otlp_http_stores_what_grpc_stores_and_answers_partial_success(tmp_path):
+    """What GKE's managed collector documents (OTLP/HTTP, protobuf, port 4318), on this store."""
+    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+        assert c.http_endpoint.startswith("http://127.0.0.1:") and c.http_port != c.port
+        bad = metrics_pb2.Metric(name="h", histogram={"aggregation_temporality": 2,
+                                                      "data_points": [
+            metrics_pb2.HistogramDataPoint(time_unix_nano=10, count=3, explicit_bounds=[1.0],
+                                           bucket_counts=[1, 1, 1])]})
+        good = metrics_pb2.Metric(name="g", gauge={"data_points": [number(10, 1.5)]})
+        status, body = _post(f"{c.http_endpoint}/v1/metrics",
+                             request(bad, good).SerializeToString())
+        assert status == 200
+        response = metrics_service_pb2.ExportMetricsServiceResponse.FromString(body)
+        assert response.partial_success.rejected_data_points == 1
+        assert c.store().points(PREFIX + "g/gauge")[0]["value"] == 1.5
+        # Bad requests: each answered with its status; nothing stored, the receiver serves on.
+        for url, payload, kind, length, want in [
+                ("/v1/metrics", b"\xff\xff\xff\xff", "application/x-protobuf", None, 400),
+                ("/v1/metrics", b"{}", "application/json", None, 415),
+                ("/v1/logs", b"", "application/x-protobuf", None, 404),
+                ("/v1/metrics", b"", "application/x-protobuf", "omit", 411),
+                ("/v1/traces", b"", "application/x-protobuf", str(65 * 2 ** 20), 413)]:
+            assert _post(c.http_endpoint + url, payload, kind, length)[0] == want, url
+        status, _ = _post(f"{c.http_endpoint}/v1/metrics", request(metrics_pb2.Metric(
+            name="after", gauge={"data_points": [number(1, 2.0)]})).SerializeToString())
+        assert status == 200 and c.store().points(PREFIX + "after/gauge")
+
+
+def test_the_sdk_exports_over_http_when_the_protocol_says_so(tmp_path, monkeypatch):
+    from distrl.telemetry import setup_telemetry
+
+    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", c.http_endpoint)  # as the pods set it
+        tel = setup_telemetry("http-test", export_interval_ms=60_000)
+        tel.meter.create_counter("rl.test.count").add(3)
+        with tel.tracer.start_as_current_span("one"):
+            pass
+        tel.shutdown()
+        points = c.store().points(PREFIX + "rl.test.count/counter")
+        assert [p["value"] for p in points] == [3.0]
+        assert [s["name"] for s in c.store().spans()] == ["one"]
+    with pytest.raises(ValueError, match="protocol='http/json'"):
+        setup_telemetry("x", protocol="http/json")

@@ -114,9 +114,10 @@ class ApexConfig:
 
     # --- telemetry ---
     telemetry: bool = False
-    """export OpenTelemetry metrics and traces (OTLP/gRPC) from every process of the run"""
+    """export OpenTelemetry metrics and traces (OTLP: gRPC, or HTTP with
+    OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf) from every process of the run"""
     otlp_endpoint: str | None = None
-    """OTLP/gRPC endpoint (None: OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317)"""
+    """OTLP endpoint (None: OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317)"""
     metric_export_interval_s: float | None = None
     """seconds between metric exports (None: OTEL_METRIC_EXPORT_INTERVAL, else 10 s)"""
     run_id: str | None = None

@@ -1,6 +1,6 @@
 """OpenTelemetry for RL: semantic-convention names, set-up, golden-signal instruments, spans.
 
-    telemetry = setup_telemetry(service_name="rl-training-service")   # OTLP/gRPC, one place
+    telemetry = setup_telemetry(service_name="rl-training-service")   # OTLP, one place
     rl = RLInstruments(telemetry.meter, common_attributes(run_id="r1", algorithm="apex-dqn",
                                                           environment="CartPole-v1",
                                                           model="dueling-mlp-64x64"))
@@ -200,7 +200,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
                     export_timeout_s: float = 5.0,
                     resource_attributes: dict | None = None, metric_readers: list | None = None,
                     span_processors: list | None = None) -> Telemetry:
-    """Metrics and traces over OTLP/gRPC for this process, wired in one place.
+    """Metrics and traces over OTLP (gRPC or HTTP) for this process, wired in one place.
 
     service_name: argument, else OTEL_SERVICE_NAME, else "rl-training-service".
     endpoint: argument, else OTEL_EXPORTER_OTLP_{METRICS,TRACES}_ENDPOINT, else
