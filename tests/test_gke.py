@@ -505,7 +505,18 @@ def test_cli_create_and_teardown_run_live_against_the_stand_ins(stand_ins, tmp_p
     token = tmp_path / "token"  # made for the cluster's Secret, readable by its owner only
     assert len(token.read_text()) == 64 and token.stat().st_mode & 0o077 == 0
     assert gke.main(["teardown", *args]) == 0
-    assert stand_ins()[len(created) + len(PREREQS):] == expected_teardown(tmp_path / "m")
+    # A teardown checks tools, version, login and project only: no quota may block it.
+    assert stand_ins()[len(created):len(created) + 3] == PREREQS[:3]
+    assert stand_ins()[len(created) + 3:] == expected_teardown(tmp_path / "m")
+
+
+def test_a_teardown_is_not_blocked_by_quotas_or_billing(stand_ins, monkeypatch):
+    respond(monkeypatch, "compute project-info describe", json.dumps({"quotas": [
+        {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}))
+    respond(monkeypatch, "billing projects describe", "False")
+    assert gke.check_prerequisites(settings(), creating=False).account == "reader@example.com"
+    with pytest.raises(gke.PrerequisiteError, match="GPUS_ALL_REGIONS"):
+        gke.check_prerequisites(settings())
 
 
 # --- cost ----------------------------------------------------------------------------------

@@ -78,12 +78,15 @@ def test_the_rayjob_entrypoint_trains_on_the_pods_and_exports_to_the_collector(r
     store = collector.store()
     resources = [json.loads(r["attributes"]) for r in
                  store.query("SELECT attributes FROM resources")]
-    # Every process names its pod; Ray may place an actor on the head too (it has free CPUs).
-    pods = {r["k8s.pod.name"]: r["service.component"] for r in resources}
-    assert set(pods) <= {"distrl-train-head", "distrl-train-actors-worker-0"}, pods
+    # Every process names its pod: the head's CPUs all go to the learner, so the actors run on
+    # the Spot pod (Ray would place them on the head's idle CPUs otherwise).
+    by_pod = {}
+    for r in resources:
+        by_pod.setdefault(r["k8s.pod.name"], set()).add(r["service.component"])
+    assert by_pod == {"distrl-train-head": {"driver", "learner", "replay", "evaluator"},
+                      "distrl-train-actors-worker-0": {"actor"}}, by_pod
     assert {r["k8s.namespace.name"] for r in resources} == {"distrl"}
     assert {r["service.name"] for r in resources} == {"rl-training-service"}
-    assert {r["service.component"] for r in resources} >= {"driver", "learner", "actor"}
     types = {t["metric_type"] for t in store.metric_types()}
     assert "prometheus.googleapis.com/rl.sample.samples/counter" in types
     assert store.spans(), "no spans arrived over OTLP/HTTP"
@@ -109,8 +112,8 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
     nb = nbformat.read(executed, as_version=4)
     text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
                      for o in c.outputs if o.get("output_type") == "stream")
-    assert "from the RayCluster: --num-actors 2 --actor-cpus 1 --num-gpus 0 --telemetry true" \
-        in text
+    assert "from the RayCluster: --num-actors 2 --actor-cpus 1 --learner-cpus 5 --num-gpus 0 " \
+        "--telemetry true" in text
     first = json.loads((out_dir / "first-job-results.json").read_text())
     assert first["config"]["telemetry"] is True and first["config"]["num_actors"] == 2
     second = json.loads((out_dir / "fetched" / "results.json").read_text())
@@ -142,8 +145,8 @@ def test_a_gpu_head_gets_the_gpu_from_its_limits_and_the_job_uses_it():
     argv = ray_start_argv(gpu["spec"]["headGroupSpec"], head=True)
     assert "--num-gpus=1" in argv and "--num-cpus=5" in argv
     args = m.cluster_train_args(gpu["spec"])
-    assert args == ["--num-actors", "24", "--actor-cpus", "1", "--num-gpus", "1",
-                    "--telemetry", "true"]
+    assert args == ["--num-actors", "24", "--actor-cpus", "1", "--learner-cpus", "5",
+                    "--num-gpus", "1", "--telemetry", "true"]
     entrypoint = m.ray_job(m.DEFAULTS)["spec"]["entrypoint"]
     assert "--num-gpus 1 --telemetry true" in entrypoint
 

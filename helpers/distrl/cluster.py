@@ -293,6 +293,7 @@ class LocalCluster:
 
         if self.autoscaler is not None:
             self.autoscaler.stop()
+        forget_cluster(self.port)  # first: once the nodes are gone, nothing may point at them
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -307,7 +308,6 @@ class LocalCluster:
                 p.kill()
         psutil.wait_procs(alive, timeout=5)
         self.nodes = []
-        forget_cluster(self.port)
         if self._reaper is not None:  # nothing left for it to do
             _kill_group(self._reaper, signal.SIGKILL, 5.0)
             self._reaper = None
@@ -443,9 +443,11 @@ def reap(parent_pid: int, state_file: str, poll_s: float = 0.5) -> None:
 
 
 def stop_groups(groups: list[int], port: int, grace_s: float) -> None:
-    """Stop node process groups (newest first): SIGTERM, up to grace_s for them to end, then
-    SIGKILL; then forget the cluster's record. For a cluster no LocalCluster object holds
-    (`distrl cluster down`, the reaper)."""
+    """Forget the cluster's record, then stop its node process groups (newest first): SIGTERM,
+    up to grace_s for them to end, then SIGKILL. For a cluster no LocalCluster object holds
+    (`distrl cluster down`, the reaper). The record goes first: once the nodes are gone nothing
+    may still point ray.init() at them."""
+    forget_cluster(port)
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         for pgid in reversed(groups):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -453,7 +455,6 @@ def stop_groups(groups: list[int], port: int, grace_s: float) -> None:
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.2)
-    forget_cluster(port)
 
 
 def _group_alive(pgid: int) -> bool:

@@ -226,15 +226,20 @@ def num_actors(s: GkeSettings) -> int:
 
 def cluster_train_args(spec: dict) -> list[str]:
     """What a training job needs from a RayCluster's spec (rendered here, or `kubectl get
-    raycluster -o json` of a live one): one actor per CPU of the worker groups at full size,
-    the learner on the head's GPU when its Ray container has one, and telemetry on, which the
-    pods' OTEL_* env sends to Managed OpenTelemetry (notebook 05 reads it from Cloud
-    Monitoring)."""
+    raycluster -o json` of a live one): one actor per CPU of the worker groups at full size;
+    the head's CPUs to the learner (replay and evaluator take none), so that actors go to the
+    Spot pool instead of the head's idle CPUs, where they would compete with the learner (the
+    manifest rehearsal showed Ray placing them there); the head's GPU when its Ray container has
+    one; and telemetry on, which the pods' OTEL_* env sends to Managed OpenTelemetry (notebook
+    05 reads it from Cloud Monitoring)."""
     actors = sum(group["maxReplicas"] * int(group["rayStartParams"]["num-cpus"])
                  for group in spec.get("workerGroupSpecs", []))
-    head = spec["headGroupSpec"]["template"]["spec"]["containers"][0]
-    gpus = int(head.get("resources", {}).get("limits", {}).get("nvidia.com/gpu", 0))
-    return ["--num-actors", str(actors), "--actor-cpus", "1",
+    head_group = spec["headGroupSpec"]
+    head = head_group["template"]["spec"]["containers"][0]
+    limits = head.get("resources", {}).get("limits", {})
+    head_cpus = int(head_group.get("rayStartParams", {}).get("num-cpus", limits.get("cpu", 1)))
+    gpus = int(limits.get("nvidia.com/gpu", 0))
+    return ["--num-actors", str(actors), "--actor-cpus", "1", "--learner-cpus", str(head_cpus),
             "--num-gpus", "1" if gpus >= 1 else "0", "--telemetry", "true"]
 
 

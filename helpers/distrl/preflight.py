@@ -321,10 +321,11 @@ class Prerequisites:
     notes: list[str] = field(default_factory=list)
 
 
-def check_prerequisites(settings) -> Prerequisites:
+def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
     """Everything the live plan needs that can be read without changing anything: the tools,
-    gcloud's version, the login, the project, billing, the APIs and (once the Compute Engine API
-    is on) the quotas. Raises PrerequisiteError listing every problem with its fix."""
+    gcloud's version, the login, the project, and for creating (not for a teardown, which must
+    work whatever the quotas) billing, the APIs and, once the Compute Engine API is on, the
+    quotas. Raises PrerequisiteError listing every problem with its fix."""
     from distrl.gke import APIS
 
     project = f"--project={settings.project_id}"
@@ -347,6 +348,10 @@ def check_prerequisites(settings) -> Prerequisites:
                         f"`gcloud projects describe {settings.project_id}`")
         raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
     found = Prerequisites(account.splitlines()[0], _sdk_version(version_json))
+    if not creating:
+        if problems:
+            raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+        return found
     code, billing = capture(["gcloud", "billing", "projects", "describe", settings.project_id,
                              "--format=value(billingEnabled)"])
     if code == 0 and billing.strip().lower() == "false":

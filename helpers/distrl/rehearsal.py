@@ -141,8 +141,9 @@ class ManifestRehearsal(LocalCluster):
         if head:
             out += [f"--port={self.port}", f"--dashboard-port={self.dashboard_port}",
                     f"--ray-client-server-port={_free_port()}"]
-        out += [*_node_ports(index), "--disable-usage-stats"]
-        self.rewrites.append(f"node {index}: {shlex.join(argv)} -> {shlex.join(out)}")
+        out.append("--disable-usage-stats")
+        self.rewrites.append(f"node {index}: {shlex.join(argv)} -> {shlex.join(out)} "
+                             "+ free ports for its daemons, chosen as it starts")
         return out
 
     def plan_pods(self) -> list[PodCommand]:
@@ -189,6 +190,9 @@ class ManifestRehearsal(LocalCluster):
         self._reaper = _start_reaper(self._state_file())
         try:
             for i, pod in enumerate(self.plan_pods()):
+                # Ports of its own for every node on this machine, picked just before it starts:
+                # ports picked earlier may be taken by the nodes started in between.
+                pod.argv += _node_ports(i)
                 node = self._start_node(pod.name, pod.argv, pod.cpus, pod.env)
                 self.wait_for_nodes(i + 1)
                 settle_priority(node)
