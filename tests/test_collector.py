@@ -1,5 +1,6 @@
 """The local collector with real OTLP over gRPC: exact storage, bad input, restarts, many clients."""
 
+import datetime as dt
 import json
 import socket
 import subprocess
@@ -334,3 +335,109 @@ def test_the_sdk_exports_over_http_when_the_protocol_says_so(tmp_path, monkeypat
         assert [s["name"] for s in c.store().spans()] == ["one"]
     with pytest.raises(ValueError, match="protocol='http/json'"):
         setup_telemetry("x", protocol="http/json")
+
+
+# --- hostile input (issue 13) ---------------------------------------------------------------
+
+def test_non_finite_values_and_out_of_range_counts_are_refused_per_point(collector, stub):
+    """A NaN gauge used to be stored as NULL and break every read of its metric; a count above
+    2^63-1 failed the request half-way. Each is refused alone, named, and the rest is stored."""
+    nan = metrics_pb2.Metric(name="g", gauge={"data_points": [number(10, float("nan")),
+                                                              number(11, 2.0)]})
+    inf_sum = metrics_pb2.Metric(name="s", sum={"aggregation_temporality": 2, "data_points": [
+        number(10, float("inf"))]})
+    huge = metrics_pb2.Metric(name="h", histogram={"aggregation_temporality": 2, "data_points": [
+        metrics_pb2.HistogramDataPoint(time_unix_nano=10, count=2 ** 63, explicit_bounds=[1.0],
+                                       bucket_counts=[2 ** 63, 0])]})
+    nan_bounds = metrics_pb2.Metric(name="b", histogram={"aggregation_temporality": 2,
+                                                         "data_points": [
+        metrics_pb2.HistogramDataPoint(time_unix_nano=10, count=0,
+                                       explicit_bounds=[1.0, float("nan"), 0.0],
+                                       bucket_counts=[0, 0, 0, 0])]})
+    scale = metrics_pb2.Metric(name="e", exponential_histogram={
+        "aggregation_temporality": 2, "data_points": [
+            metrics_pb2.ExponentialHistogramDataPoint(time_unix_nano=10, scale=-2000)]})
+    far = metrics_pb2.Metric(name="t", gauge={"data_points": [number(2 ** 63, 1.0)]})
+    response = stub.Export(request(nan, inf_sum, huge, nan_bounds, scale, far))
+    assert response.partial_success.rejected_data_points == 6
+    assert response.partial_success.error_message.startswith("g: value=nan is not a finite")
+    assert len(response.partial_success.error_message) < 300
+    assert [p["value"] for p in collector.store().points(PREFIX + "g/gauge")] == [2.0]
+    from distrl import explore
+
+    mon = explore.Monitoring(endpoint=collector.endpoint)  # every read of the metric works
+    epoch = dt.datetime(1970, 1, 1, 0, 1, tzinfo=dt.UTC)  # the points are at 10 and 11 ns
+    assert list(mon.time_series(PREFIX + "g/gauge", end=epoch, minutes=5)["value"]) == [2.0]
+    for bad in (huge, nan_bounds, scale):
+        response = stub.Export(request(bad))
+        assert response.partial_success.rejected_data_points == 1, bad.name
+    messages = [stub.Export(request(m)).partial_success.error_message
+                for m in (huge, nan_bounds, scale, far)]
+    assert messages == ["h: count=9223372036854775808 is outside [0, 2^63-1]",
+                        "b: bound=nan is not a finite number",
+                        "e: exponential histogram scale -2000 is outside [-10, 20]",
+                        "t: time_unix_nano=9223372036854775808 is above 2^63-1"]
+
+
+def test_spans_without_ids_are_refused_not_stored_over_each_other(collector):
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    def span(name, trace_id=b"\x01" * 16, span_id=b"\x02" * 8):
+        return trace_pb2.Span(name=name, trace_id=trace_id, span_id=span_id,
+                              start_time_unix_nano=1, end_time_unix_nano=2)
+
+    spans = [span("ok"), span("no trace", trace_id=b""), span("no span", span_id=b""),
+             span("zero", trace_id=b"\x00" * 16)]
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.port}")
+    response = trace_service_pb2_grpc.TraceServiceStub(channel).Export(
+        trace_service_pb2.ExportTraceServiceRequest(resource_spans=[trace_pb2.ResourceSpans(
+            scope_spans=[trace_pb2.ScopeSpans(spans=spans)])]))
+    channel.close()
+    assert response.partial_success.rejected_spans == 3
+    assert "no trace" in response.partial_success.error_message
+    assert [s["name"] for s in collector.store().spans()] == ["ok"]
+
+
+def test_a_request_that_fails_half_way_stores_nothing(tmp_path):
+    """One savepoint per request: rows written before the failure are rolled back with it."""
+    store = CollectorStore(tmp_path / "otel.db", create=True)
+    try:
+        good = metrics_pb2.Metric(name="first", gauge={"data_points": [number(10, 1.0)]})
+        req = request(good)
+        original = store._metric_rows
+
+        def fail_after_first(metric, *args):
+            if metric.name == "second":
+                raise RuntimeError("storage broke half-way")
+            return original(metric, *args)
+
+        store._metric_rows = fail_after_first
+        req.resource_metrics[0].scope_metrics[0].metrics.append(
+            metrics_pb2.Metric(name="second", gauge={"data_points": [number(10, 2.0)]}))
+        with pytest.raises(RuntimeError, match="half-way"):
+            store.write_metrics(req)
+        store._metric_rows = original
+        assert store.points(PREFIX + "first/gauge") == []
+        assert store.write_metrics(request(good))[0] == 1  # the next request is stored
+        assert len(store.points(PREFIX + "first/gauge")) == 1
+    finally:
+        store.close()
+
+
+def test_a_where_key_cannot_reach_into_sql(collector, stub):
+    stub.Export(request(metrics_pb2.Metric(name="g", gauge={"data_points": [
+        number(10, 1.0, attrs=[kv("k'x", string_value="v")])]})))
+    store = collector.store()
+    sneaky = "x') IS NULL UNION SELECT name, 1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1 FROM sqlite_master --"
+    rows = store.points(PREFIX + "g/gauge", where={sneaky: "v"})
+    assert rows == []  # no table names leaked: the key is a bound value, matched as a key
+    assert len(store.points(PREFIX + "g/gauge", where={"k'x": "v"})) == 1
+    with pytest.raises(ValueError, match="attribute keys without double quotes"):
+        store.points(PREFIX + "g/gauge", where={'a"b': 1})
+
+
+def test_the_database_is_readable_by_its_owner_only(collector, stub):
+    stub.Export(request(metrics_pb2.Metric(name="g", gauge={"data_points": [number(1, 1.0)]})))
+    for path in collector.db_path.parent.glob(collector.db_path.name + "*"):
+        assert path.stat().st_mode & 0o077 == 0, path

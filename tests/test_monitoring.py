@@ -510,3 +510,23 @@ def test_cloud_monitoring_refuses_an_alignment_under_60_s_before_sending_anythin
     local = explore.Monitoring(endpoint="127.0.0.1:9")  # the local collector takes 10 s
     assert local.request("rl.train.loss", aligner="ALIGN_MEAN", alignment_s=10)[
         "aggregation"]["alignment_period"] == {"seconds": 10}
+
+
+def test_a_backtracking_regex_is_linear_and_a_bad_one_is_invalid_argument(tmp_path):
+    """Cloud Monitoring's regex dialect is RE2: "(a+)+" against a long label is linear there;
+    with Python's re it doubled its time with every character and froze ingestion (here:
+    2^41 steps, far past the call's 30-s deadline)."""
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [_gauge([(_series_attrs("a" * 40 + "b", "CartPole-v1"),
+                                             T0 + S, 1.0)])]), timeout=10)
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        request = mon.request("rl.train.loss", minutes=10 ** 7)
+        request["filter"] += ' AND metric.labels."rl.run.id" = monitoring.regex.full_match("(a+)+")'
+        assert list(mon.client.list_time_series(request=request, timeout=30)) == []
+        request["filter"] = request["filter"].replace("(a+)+", "(a+b)")
+        assert len(list(mon.client.list_time_series(request=request, timeout=30))) == 1
+        request["filter"] = request["filter"].replace("(a+b)", "(a+")
+        with pytest.raises(exceptions.InvalidArgument, match="bad RE2 regular expression"):
+            list(mon.client.list_time_series(request=request, timeout=30))

@@ -25,6 +25,8 @@ import argparse
 import base64
 import functools
 import json
+import math
+import os
 import queue
 import re
 import signal
@@ -134,8 +136,31 @@ class InvalidPoint(ValueError):
     pass
 
 
+INT64_MAX = 2 ** 63 - 1  # SQLite's integers are signed 64-bit; OTLP's counts and times uint64
+# Exponential histogram scales OTLP allows (opentelemetry.io/docs/specs/otel/metrics/
+# data-model/#exponentialhistogram: "scale ... is restricted to the range [-10, 20]").
+EXPONENTIAL_SCALES = range(-10, 21)
+
+
+def _check_point(p, *numbers: tuple[str, float]) -> None:
+    """The rules every stored point keeps: times and counts fit SQLite's signed 64 bits, and
+    the values are finite (a NaN would be stored as NULL and break every read of its metric)."""
+    for field in ("start_time_unix_nano", "time_unix_nano"):
+        if getattr(p, field) > INT64_MAX:
+            raise InvalidPoint(f"{field}={getattr(p, field)} is above 2^63-1")
+    for label, value in numbers:
+        if isinstance(value, int):
+            if not 0 <= value <= INT64_MAX:
+                raise InvalidPoint(f"{label}={value} is outside [0, 2^63-1]")
+        elif value is not None and not math.isfinite(value):
+            raise InvalidPoint(f"{label}={value} is not a finite number")
+
+
 def _histogram_fields(p) -> tuple:
     bounds, counts = list(p.explicit_bounds), list(p.bucket_counts)
+    _check_point(p, ("count", p.count), *(("bucket count", c) for c in counts),
+                 *(("bound", b) for b in bounds), *((f, getattr(p, f)) for f in
+                                                    ("sum", "min", "max") if p.HasField(f)))
     if counts and len(counts) != len(bounds) + 1:
         raise InvalidPoint(f"histogram point has {len(counts)} bucket counts for {len(bounds)} "
                            f"bounds; expected {len(bounds) + 1}")
@@ -154,6 +179,13 @@ def _bounds_json(bounds: tuple) -> str:
 
 
 def _exponential_fields(p) -> tuple:
+    if p.scale not in EXPONENTIAL_SCALES:
+        raise InvalidPoint(f"exponential histogram scale {p.scale} is outside [-10, 20]")
+    _check_point(p, ("count", p.count), ("zero_count", p.zero_count),
+                 *(("bucket count", c) for c in (*p.positive.bucket_counts,
+                                                 *p.negative.bucket_counts)),
+                 ("zero_threshold", p.zero_threshold),
+                 *((f, getattr(p, f)) for f in ("sum", "min", "max") if p.HasField(f)))
     total = (p.zero_count + sum(p.positive.bucket_counts) + sum(p.negative.bucket_counts))
     if total != p.count:
         raise InvalidPoint(f"exponential histogram count {p.count} != zero + bucket counts {total}")
@@ -174,6 +206,9 @@ class CollectorStore:
             raise FileNotFoundError(f"no collector database at {self.path}; start one with "
                                     f"`distrl collector --db {self.path}`")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if create and not self.path.exists():
+            # Readable by its owner only; SQLite gives the -wal and -shm files the same mode.
+            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
         self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
         self.conn.row_factory = sqlite3.Row
         if create:
@@ -226,8 +261,8 @@ class CollectorStore:
         """Store a request's points; returns (stored, rejected, error) once committed."""
         return self._submit(self._insert_metrics, request)
 
-    def write_spans(self, request) -> int:
-        """Store a request's spans; returns how many, once committed."""
+    def write_spans(self, request) -> tuple[int, int, str]:
+        """Store a request's spans; returns (stored, rejected, error) once committed."""
         return self._submit(self._insert_spans, request)
 
     # Group commit: one writer thread drains every request waiting at that moment and commits
@@ -253,10 +288,20 @@ class CollectorStore:
             with self.lock:
                 try:
                     for insert, request, future in jobs:
+                        # One savepoint per request: a request that fails half-way leaves
+                        # nothing stored, and the others in this commit are unaffected.
+                        self.conn.execute("SAVEPOINT request")
                         try:
-                            done.append((future, insert(request)))
-                        except Exception as err:  # a request we cannot read: only it fails
+                            value = insert(request)
+                        except Exception as err:  # a request we cannot store: only it fails
+                            self.conn.execute("ROLLBACK TO request")
+                            self.conn.execute("RELEASE request")
+                            self._resource_ids.clear()  # ids inserted in the rolled-back part
+                            self._descriptors.clear()
                             future.set_exception(err)
+                            continue
+                        self.conn.execute("RELEASE request")
+                        done.append((future, value))
                     self.conn.commit()
                 except BaseException as err:
                     self.conn.rollback()
@@ -307,10 +352,16 @@ class CollectorStore:
                 which = p.WhichOneof("value")
                 int_value = p.as_int if which == "as_int" else None
                 value = float(p.as_int) if which == "as_int" else p.as_double
+                try:
+                    _check_point(p, ("value", None if which == "as_int" else value))
+                except InvalidPoint as err:
+                    rejected += 1
+                    error = error or f"{name}: {err}"
+                    continue
                 rows.append((metric_type, rid, attributes_json(p.attributes), temporality,
                              p.start_time_unix_nano, p.time_unix_nano, value, int_value,
                              None, None, None, None, None, None, None, scope))
-            return 0, ""
+            return rejected, error
         if data in ("histogram", "exponential_histogram"):
             container = getattr(metric, data)
             metric_type = metric_type_of(name, "histogram")
@@ -340,12 +391,24 @@ class CollectorStore:
             return 0, ""
         return 1, f"{name}: metric without data"
 
-    def _insert_spans(self, request) -> int:
-        rows = []
+    def _insert_spans(self, request) -> tuple[int, int, str]:
+        rows, rejected, error = [], 0, ""
         for rs in request.resource_spans:
             rid = self.resource_id(attributes_json(rs.resource.attributes))
             for ss in rs.scope_spans:
                 for s in ss.spans:
+                    # OTLP: trace ids are 16 bytes, span ids 8, never all zero.
+                    problem = ("trace_id is not 16 bytes of which one is not zero"
+                               if len(s.trace_id) != 16 or not any(s.trace_id) else
+                               "span_id is not 8 bytes of which one is not zero"
+                               if len(s.span_id) != 8 or not any(s.span_id) else
+                               "a time is above 2^63-1"
+                               if max(s.start_time_unix_nano, s.end_time_unix_nano) > INT64_MAX
+                               else None)
+                    if problem:
+                        rejected += 1
+                        error = error or f"span {s.name[:60]!r}: {problem}"
+                        continue
                     events = [{"name": e.name, "time_ns": e.time_unix_nano,
                                "attributes": json.loads(attributes_json(e.attributes))}
                               for e in s.events]
@@ -356,7 +419,7 @@ class CollectorStore:
                                  json.dumps(events), rid, ss.scope.name))
         self.conn.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                               rows)
-        return len(rows)
+        return len(rows), rejected, error
 
     # ---- reading ----
 
@@ -387,11 +450,12 @@ class CollectorStore:
                "r.id = p.resource_id WHERE metric_type = ?")
         params: list = [metric_type]
         for key, value in (where or {}).items():
-            if '"' in key or not isinstance(value, (str, int, float, bool, type(None))):
+            if not isinstance(key, str) or '"' in key or "\\" in key or \
+                    not isinstance(value, (str, int, float, bool, type(None))):
                 raise ValueError(f"where={{{key!r}: {value!r}}} is invalid: expected attribute "
                                  "keys without double quotes and str, number, bool or None values")
-            sql += f""" AND json_extract(p.attributes, '$."{key}"') IS ?"""
-            params.append(value)
+            sql += " AND json_extract(p.attributes, ?) IS ?"  # the key is a bound value
+            params += [f'$."{key}"', value]
         rows = self.query(sql + " ORDER BY time_ns, p.id", tuple(params))
         for row in rows:
             row["attributes"] = json.loads(row["attributes"])
@@ -439,8 +503,12 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self.store = store
 
     def Export(self, request, context):  # noqa: N802
-        _stored(context, self.store.write_spans, request)
-        return trace_service_pb2.ExportTraceServiceResponse()
+        _, rejected, error = _stored(context, self.store.write_spans, request)
+        response = trace_service_pb2.ExportTraceServiceResponse()
+        if rejected:
+            response.partial_success.rejected_spans = rejected
+            response.partial_success.error_message = error
+        return response
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest request either receiver takes
@@ -480,8 +548,11 @@ def _http_handler(store: CollectorStore):
                         response.partial_success.rejected_data_points = rejected
                         response.partial_success.error_message = error
                 else:
-                    store.write_spans(request)
+                    _, rejected, error = store.write_spans(request)
                     response = trace_service_pb2.ExportTraceServiceResponse()
+                    if rejected:
+                        response.partial_success.rejected_spans = rejected
+                        response.partial_success.error_message = error
             except sqlite3.Error as err:
                 return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"storage failed: {err}".encode())
             self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")

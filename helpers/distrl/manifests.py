@@ -18,6 +18,7 @@ it is sent) and TensorBoard are reached with `kubectl port-forward` only.
 from __future__ import annotations
 
 import math
+import shlex
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -299,7 +300,7 @@ def ray_cluster(s: GkeSettings) -> dict:
 def ray_job(s: GkeSettings) -> dict:
     return {"apiVersion": "ray.io/v1", "kind": "RayJob",
             "metadata": _meta(s, f"{s.prefix}-train", "ray-job"),
-            "spec": {"entrypoint": " ".join(training_command(s)),
+            "spec": {"entrypoint": shlex.join(training_command(s)),
                      "shutdownAfterJobFinishes": True,
                      "ttlSecondsAfterFinished": 600,
                      "activeDeadlineSeconds": 4 * 3600,
