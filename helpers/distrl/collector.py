@@ -490,12 +490,7 @@ class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
         self.store = store
 
     def Export(self, request, context):  # noqa: N802 (gRPC method name)
-        _, rejected, error = _stored(context, self.store.write_metrics, request)
-        response = metrics_service_pb2.ExportMetricsServiceResponse()
-        if rejected:
-            response.partial_success.rejected_data_points = rejected
-            response.partial_success.error_message = error
-        return response
+        return _response("metrics", _stored(context, self.store.write_metrics, request))
 
 
 class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
@@ -503,12 +498,23 @@ class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
         self.store = store
 
     def Export(self, request, context):  # noqa: N802
-        _, rejected, error = _stored(context, self.store.write_spans, request)
+        return _response("traces", _stored(context, self.store.write_spans, request))
+
+
+def _response(kind: str, stored: tuple[int, int, str]):
+    """The Export reply of either receiver: partial_success names what was refused."""
+    _, rejected, error = stored
+    if kind == "metrics":
+        response = metrics_service_pb2.ExportMetricsServiceResponse()
+        if rejected:
+            response.partial_success.rejected_data_points = rejected
+    else:
         response = trace_service_pb2.ExportTraceServiceResponse()
         if rejected:
             response.partial_success.rejected_spans = rejected
-            response.partial_success.error_message = error
-        return response
+    if rejected:
+        response.partial_success.error_message = error
+    return response
 
 
 MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest request either receiver takes
@@ -541,18 +547,8 @@ def _http_handler(store: CollectorStore):
             except DecodeError as err:
                 return self._reply(HTTPStatus.BAD_REQUEST, f"not an OTLP message: {err}".encode())
             try:
-                if kind == "metrics":
-                    _, rejected, error = store.write_metrics(request)
-                    response = metrics_service_pb2.ExportMetricsServiceResponse()
-                    if rejected:
-                        response.partial_success.rejected_data_points = rejected
-                        response.partial_success.error_message = error
-                else:
-                    _, rejected, error = store.write_spans(request)
-                    response = trace_service_pb2.ExportTraceServiceResponse()
-                    if rejected:
-                        response.partial_success.rejected_spans = rejected
-                        response.partial_success.error_message = error
+                write = store.write_metrics if kind == "metrics" else store.write_spans
+                response = _response(kind, write(request))
             except sqlite3.Error as err:
                 return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"storage failed: {err}".encode())
             self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")

@@ -74,7 +74,6 @@ _ZONE_RE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
 # The prefix names the cluster, pools, repository, service accounts and namespace; 20
 # characters keep every derived name inside its own limit (service accounts: 30).
 _PREFIX_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,18}[a-z0-9])?")
-_MACHINE_RE = re.compile(r"[a-z][a-z0-9]*-[a-z]+(?:-[0-9]+)?")
 
 
 def check_project_id(project_id) -> str:
@@ -493,10 +492,6 @@ def ensure_auth_token(path: str | Path = DEFAULT_TOKEN_FILE) -> Path:
         path.touch(mode=0o600)
         path.write_text(secrets.token_hex(32))
     return path
-
-
-def settings_dict(settings: GkeSettings) -> dict:
-    return dataclasses.asdict(settings)
 
 
 def main(argv: list[str] | None = None) -> int:
