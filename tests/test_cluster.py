@@ -14,7 +14,16 @@ import psutil
 import pytest
 
 from distrl import jobs, manifests
-from distrl.cluster import RAY_CURRENT_CLUSTER, STATE_FILE, ClusterError, LocalCluster, main
+from distrl.cluster import (
+    RAY_CURRENT_CLUSTER,
+    STATE_FILE,
+    ClusterError,
+    LocalCluster,
+    _node_ports,
+    free_ports,
+    main,
+    pick_head_ports,
+)
 from distrl.gke import GkeSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -247,6 +256,19 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
 def test_bad_cluster_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LocalCluster(**kwargs)
+
+
+def test_a_nodes_ports_are_distinct_and_avoid_the_heads_ports():
+    """CI once gave a raylet and its dashboard the same port (picked one at a time, the OS
+    may hand one out twice), and Ray refused to start the head. Picked together, they differ."""
+    taken = {free_ports(1)[0], free_ports(1)[0]}
+    for _ in range(200):
+        argv = _node_ports(0, head_ports=tuple(taken))
+        ports = [int(a.split("=")[1]) for a in argv if "-worker-port" not in a]
+        assert len(ports) == 7  # six daemons and the Ray Client server
+        assert len(set(ports)) == len(ports) and not taken & set(ports), argv
+    assert len(_node_ports(1)) == 8 and "--min-worker-port=11002" in _node_ports(1)
+    assert pick_head_ports(6380, 0)[0] == 6380 and pick_head_ports(6380, 0)[1] not in (0, 6380)
 
 
 def test_command_line_up_status_down(capsys):

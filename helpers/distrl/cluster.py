@@ -30,7 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -43,10 +43,25 @@ class ClusterError(RuntimeError):
     """The cluster did not start (nothing it started is left running) or cannot be reached."""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(count: int, taken: Iterable[int] = ()) -> list[int]:
+    """`count` distinct free ports on 127.0.0.1, none of them in `taken`. Every socket stays
+    bound until all are picked: picked one at a time, the OS may hand out one port twice (CI
+    saw a raylet and its dashboard given the same port, and Ray refused to start the node)."""
+    taken = set(taken)
+    ports: list[int] = []
+    with contextlib.ExitStack() as stack:
+        while len(ports) < count:  # ends: a bound port is never handed out again
+            sock = stack.enter_context(socket.socket())
+            sock.bind(("127.0.0.1", 0))
+            if (port := sock.getsockname()[1]) not in taken:
+                ports.append(port)
+    return ports
+
+
+def pick_head_ports(port: int, dashboard_port: int) -> tuple[int, int]:
+    """The head's GCS and dashboard ports: the ones given, or free ones (0 = any free)."""
+    picked = iter(free_ports(2, taken=(port, dashboard_port)))
+    return port or next(picked), dashboard_port or next(picked)
 
 
 def node_env(extra: dict | None = None) -> dict:
@@ -152,8 +167,7 @@ class LocalCluster:
     def start(self) -> LocalCluster:
         if self.nodes:
             raise ClusterError("this cluster is already started; stop() it first")
-        self.port = self.port or _free_port()
-        self.dashboard_port = self.dashboard_port or _free_port()
+        self.port, self.dashboard_port = pick_head_ports(self.port, self.dashboard_port)
         logs = Path(self.log_dir or tempfile.mkdtemp(prefix="distrl-cluster-"))
         logs.mkdir(parents=True, exist_ok=True)
         self.log_dir = logs
@@ -165,7 +179,7 @@ class LocalCluster:
                 "ray", "start", "--head", "--block", f"--port={self.port}",
                 f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
-                f"--ray-client-server-port={_free_port()}", *_node_ports(0),
+                *_node_ports(0, head_ports=(self.port, self.dashboard_port)),
                 "--disable-usage-stats"], self.head_cpus, {})
             self.wait_for_nodes(1)
             settle_priority(self.nodes[0])
@@ -378,14 +392,19 @@ def forget_cluster(port: int) -> None:
             RAY_CURRENT_CLUSTER.unlink()
 
 
-def _node_ports(index: int) -> list[str]:
-    """Ports of their own for every node on this one machine: Ray's fixed defaults (the
-    dashboard agent's 52365, ...) would collide between nodes, as they never do across pods."""
+_NODE_PORTS = ("node-manager", "object-manager", "dashboard-agent-listen",
+               "dashboard-agent-grpc", "runtime-env-agent", "metrics-export")
+
+
+def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
+    """Ports of their own for every node on this one machine, all distinct and none of the
+    head's GCS and dashboard ports (`head_ports`, given for the head only, which also gets its
+    Ray Client port): Ray's fixed defaults (the dashboard agent's 52365, ...) would collide
+    between nodes, as they never do across pods."""
+    names = _NODE_PORTS + (("ray-client-server",) if head_ports else ())
     low = 10_002 + 1_000 * (index % 40)
-    return [f"--node-manager-port={_free_port()}", f"--object-manager-port={_free_port()}",
-            f"--dashboard-agent-listen-port={_free_port()}",
-            f"--dashboard-agent-grpc-port={_free_port()}",
-            f"--runtime-env-agent-port={_free_port()}", f"--metrics-export-port={_free_port()}",
+    return [*(f"--{name}-port={port}"
+              for name, port in zip(names, free_ports(len(names), taken=head_ports))),
             f"--min-worker-port={low}", f"--max-worker-port={low + 999}"]
 
 

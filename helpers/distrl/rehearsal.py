@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrl.cluster import LocalCluster, _free_port, _node_ports, settle_priority
+from distrl.cluster import LocalCluster, _node_ports, pick_head_ports, settle_priority
 
 
 @dataclass
@@ -139,8 +139,7 @@ class ManifestRehearsal(LocalCluster):
                 arg = "--dashboard-host=127.0.0.1"
             out.append(arg.replace(RUNS_DIR, str(self.runs_dir)))
         if head:
-            out += [f"--port={self.port}", f"--dashboard-port={self.dashboard_port}",
-                    f"--ray-client-server-port={_free_port()}"]
+            out += [f"--port={self.port}", f"--dashboard-port={self.dashboard_port}"]
         out.append("--disable-usage-stats")
         self.rewrites.append(f"node {index}: {shlex.join(argv)} -> {shlex.join(out)} "
                              "+ free ports for its daemons, chosen as it starts")
@@ -179,8 +178,7 @@ class ManifestRehearsal(LocalCluster):
 
         if self.nodes:
             raise ClusterError("this cluster is already started; stop() it first")
-        self.port = self.port or _free_port()
-        self.dashboard_port = self.dashboard_port or _free_port()
+        self.port, self.dashboard_port = pick_head_ports(self.port, self.dashboard_port)
         self.log_dir = Path(self.log_dir or tempfile.mkdtemp(prefix="distrl-rehearsal-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         Path(self.runs_dir or self.log_dir / "runs").mkdir(parents=True, exist_ok=True)
@@ -192,7 +190,8 @@ class ManifestRehearsal(LocalCluster):
             for i, pod in enumerate(self.plan_pods()):
                 # Ports of its own for every node on this machine, picked just before it starts:
                 # ports picked earlier may be taken by the nodes started in between.
-                pod.argv += _node_ports(i)
+                head_ports = (self.port, self.dashboard_port) if i == 0 else ()
+                pod.argv += _node_ports(i, head_ports=head_ports)
                 node = self._start_node(pod.name, pod.argv, pod.cpus, pod.env)
                 self.wait_for_nodes(i + 1)
                 settle_priority(node)
