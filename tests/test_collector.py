@@ -6,14 +6,19 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
+import urllib.error
+import urllib.request
+from concurrent import futures
 
 import grpc
+import psutil
 import pytest
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.collector import CollectorServer, CollectorStore, LocalCollector, main
+from distrl.collector import CollectorServer, CollectorStore, Limits, LocalCollector, MiB, main
 
 PREFIX = "prometheus.googleapis.com/"
 
@@ -441,3 +446,97 @@ def test_the_database_is_readable_by_its_owner_only(collector, stub):
     stub.Export(request(metrics_pb2.Metric(name="g", gauge={"data_points": [number(1, 1.0)]})))
     for path in collector.db_path.parent.glob(collector.db_path.name + "*"):
         assert path.stat().st_mode & 0o077 == 0, path
+
+
+def _gauges(name: str, n: int, t: int = 10):
+    return request(metrics_pb2.Metric(name=name, gauge={"data_points": [
+        number(t, float(i), attrs=[kv("i", int_value=i)]) for i in range(n)]}))
+
+
+def _export_with_retries(endpoint: str, req, attempts: int = 60) -> str:
+    """What an OTel exporter does: RESOURCE_EXHAUSTED and UNAVAILABLE are retried."""
+    channel = grpc.insecure_channel(endpoint, options=[("grpc.max_send_message_length", 2**28)])
+    try:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(channel)
+        for attempt in range(attempts):
+            try:
+                stub.Export(req, timeout=60)
+                return "OK"
+            except grpc.RpcError as err:
+                if err.code() not in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                      grpc.StatusCode.UNAVAILABLE) or attempt == attempts - 1:
+                    return err.code().name
+                threading.Event().wait(0.2 * (attempt + 1))
+        return "gave up"
+    finally:
+        channel.close()
+
+
+def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
+    """Four concurrent 40 MB exports once left 623 MB resident. Now a message is at most
+    max_message_bytes, and at most max_exports are read at once (more get RESOURCE_EXHAUSTED,
+    which exporters retry): eight concurrent exports near the limit all land, within bound."""
+    limits = Limits(max_message_bytes=2 * MiB, max_exports=2, max_queries=1)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+        endpoint = collector.endpoint.removeprefix("http://")
+        process = psutil.Process(collector.process.pid)
+        before = process.memory_info().rss
+        too_big = _gauges("big", 60_000)
+        assert too_big.ByteSize() > 2 * MiB
+        assert _export_with_retries(endpoint, too_big, attempts=1) == "RESOURCE_EXHAUSTED"
+        near = [_gauges(f"near{k}", 45_000) for k in range(8)]
+        assert all(1.5 * MiB < r.ByteSize() <= 2 * MiB for r in near)
+        with futures.ThreadPoolExecutor(8) as pool:
+            codes = list(pool.map(lambda r: _export_with_retries(endpoint, r), near))
+        assert codes == ["OK"] * 8
+        grown = process.memory_info().rss - before
+        bound = (2 * limits.max_exports * limits.max_message_bytes * 4 + limits.cache_bytes
+                 + limits.page_cache_bytes)
+        assert grown < bound, f"RSS grew {grown / MiB:.0f} MiB; bound {bound / MiB:.0f} MiB"
+        store = collector.store()
+        assert [store.query("SELECT COUNT(*) AS n FROM points WHERE metric_type = ?",
+                            (f"{PREFIX}near{k}/gauge",))[0]["n"] for k in range(8)] == [45_000] * 8
+        assert store.points(PREFIX + "big/gauge") == []
+
+
+def test_remote_listening_needs_an_explicit_option_and_honours_a_bearer_token(
+        tmp_path, capsys, monkeypatch):
+    with pytest.raises(ValueError, match="host='0.0.0.0' is not a loopback address"):
+        CollectorServer(tmp_path / "a.db", host="0.0.0.0", port=0)
+    with pytest.raises(ValueError, match="token_file=.* must hold one token"):
+        (tmp_path / "short").write_text("abc\n")
+        CollectorServer(tmp_path / "a.db", port=0, token_file=tmp_path / "short")
+    token = "t0ken-" + "x" * 26
+    (tmp_path / "token").write_text(token + "\n")
+    server = CollectorServer(tmp_path / "otel.db", host="0.0.0.0", port=0, http_port=0,
+                             allow_remote=True, token_file=tmp_path / "token").start()
+    try:
+        assert "WARNING" in capsys.readouterr().err
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{server.port}"))
+        gauge = request(metrics_pb2.Metric(name="g", gauge={"data_points": [number(5, 1.0)]}))
+        for metadata in ([], [("authorization", "Bearer wrong")]):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(gauge, metadata=metadata, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        body = gauge.SerializeToString()
+        http = urllib.request.Request(f"http://127.0.0.1:{server.http_port}/v1/metrics",
+                                      data=body, headers={"Content-Type": "application/x-protobuf"})
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(http, timeout=10)
+        assert err.value.code == 401
+        assert server.store.points(PREFIX + "g/gauge") == []
+        # The OTel SDK's exporter sends it from OTEL_EXPORTER_OTLP_HEADERS.
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_HEADERS", f"authorization=Bearer%20{token}")
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(
+            endpoint=f"127.0.0.1:{server.port}", insecure=True), export_interval_millis=60_000)
+        provider = MeterProvider(metric_readers=[reader])
+        provider.get_meter("t").create_counter("sdk.count").add(3)
+        provider.shutdown()
+        assert server.store.points(PREFIX + "sdk.count/counter")[0]["value"] == 3
+    finally:
+        server.stop()

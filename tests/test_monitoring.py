@@ -9,18 +9,20 @@ import pytest
 from google.api import metric_pb2
 from google.api_core import exceptions
 from google.auth.credentials import AnonymousCredentials
+from google.cloud import monitoring_v3
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl import explore
-from distrl.collector import LocalCollector
+from distrl import explore, monitoring
+from distrl.collector import CollectorStore, Limits, LocalCollector
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
 PREFIX = "prometheus.googleapis.com/"
 BOUNDS = [1.0, 2.0, 5.0, 10.0]
 Kind = metric_pb2.MetricDescriptor.MetricKind
+Aligner = monitoring.Aligner
 
 
 def _attrs(**kv):
@@ -530,3 +532,131 @@ def test_a_backtracking_regex_is_linear_and_a_bad_one_is_invalid_argument(tmp_pa
         request["filter"] = request["filter"].replace("(a+b)", "(a+")
         with pytest.raises(exceptions.InvalidArgument, match="bad RE2 regular expression"):
             list(mon.client.list_time_series(request=request, timeout=30))
+
+
+# ---- reads against hostile or heavy requests ----
+
+def _filled(tmp_path, series: int, points: int = 1, limits=None):
+    """A store with `series` gauge series of `points` points each (T0 + k s), in-process."""
+    store = CollectorStore(tmp_path / "otel.db", create=True, limits=limits)
+    for lo in range(0, series, 5_000):
+        store.write_metrics(_request("i1", [_gauge([
+            (_series_attrs(f"run-{i}", "CartPole-v1"), T0 + (k + 1) * S, float(k))
+            for i in range(lo, min(lo + 5_000, series)) for k in range(points)])]))
+    return store
+
+
+def _gauge_request(project="projects/local", start_s=0, end_s=130, **extra):
+    request = monitoring_v3.ListTimeSeriesRequest(
+        name=project, filter=f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+        interval={"start_time": _time(T0 + start_s * S), "end_time": _time(T0 + end_s * S)},
+        **extra)
+    return monitoring_v3.ListTimeSeriesRequest.pb(request)
+
+
+def test_reads_past_a_cost_ceiling_are_refused_by_name(tmp_path):
+    store = _filled(tmp_path, series=300, points=6,
+                    limits=Limits(max_rows_scanned=1_500, max_series_periods=500,
+                                  max_query_s=30))
+    try:
+        service = monitoring.MetricService(store)
+        with pytest.raises(monitoring.Refused, match="reads more than 1,500 points") as err:
+            service.list_time_series(_gauge_request())
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        aligned = _gauge_request(start_s=0, end_s=4, aggregation={
+            "alignment_period": {"seconds": 1}, "per_series_aligner": "ALIGN_MEAN"})
+        with pytest.raises(monitoring.Refused, match="300 series x 4 alignment periods") as err:
+            service.list_time_series(aligned)
+        assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        narrow = _gauge_request(start_s=0, end_s=2)  # 300 series x 2 points fit
+        assert sum(len(s.points) for s in service.list_time_series(narrow).time_series) == 600
+        slow = monitoring.MetricService(CollectorStore(store.path, limits=Limits(
+            max_query_s=1e-9)))
+        with pytest.raises(monitoring.Refused, match="deadline of 0.0 s") as err:
+            slow.list_time_series(narrow)
+        assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    finally:
+        store.close()
+
+
+def test_later_pages_come_from_the_first_pages_result_not_a_recomputation(tmp_path):
+    store = _filled(tmp_path, series=50, points=2)
+    try:
+        service = monitoring.MetricService(store)
+        first = service.list_time_series(_gauge_request(page_size=40))
+        assert first.next_page_token and sum(len(s.points) for s in first.time_series) == 40
+        # A point written after the first page is not in this result's later pages.
+        store.write_metrics(_request("i1", [_gauge([(_series_attrs("late", "CartPole-v1"),
+                                                     T0 + 5 * S, 9.0)])]))
+        pages, token = [first], first.next_page_token
+        while token:
+            pages.append(service.list_time_series(_gauge_request(page_size=40,
+                                                                 page_token=token)))
+            token = pages[-1].next_page_token
+        runs = [s.metric.labels["rl.run.id"] for p in pages for s in p.time_series]
+        assert "late" not in runs and sum(len(s.points) for p in pages
+                                          for s in p.time_series) == 100
+        # A new query sees the new point; a token whose result left the cache recomputes.
+        assert "late" in {s.metric.labels["rl.run.id"]
+                          for s in service.list_time_series(_gauge_request()).time_series}
+        service.pages = monitoring.PageCache(max_bytes=1)
+        again = service.list_time_series(_gauge_request(page_size=40,
+                                                        page_token=first.next_page_token))
+        assert sum(len(s.points) for s in again.time_series) == 40
+    finally:
+        store.close()
+
+
+def test_a_large_result_comes_in_pages_every_client_can_receive(tmp_path):
+    """gRPC clients refuse responses over 4 MiB by default: 40,000 series of 3 points came as
+    one 4.5 MB page, and google-cloud-monitoring's client failed with RESOURCE_EXHAUSTED."""
+    _filled(tmp_path, series=40_000, points=3).close()
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        pages = list(mon.client.list_time_series(request={
+            "name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+            "interval": {"start_time": _time(T0), "end_time": _time(T0 + 10 * S)}},
+            timeout=60).pages)
+        assert len(pages) >= 2
+        assert all(type(p).pb(p).ByteSize() <= monitoring.MAX_RESPONSE_BYTES + 10_000
+                   for p in pages)
+        assert sum(len(s.points) for p in pages for s in p.time_series) == 120_000
+
+
+def test_times_outside_a_timestamp_and_huge_filters_get_short_errors(mon):
+    huge = 'metric.type = "x" AND metric.labels.k = "' + "v" * 1_000_000 + '"'
+    with pytest.raises(exceptions.InvalidArgument) as err:
+        list(mon.client.list_time_series(request={
+            "name": mon.project_name, "filter": huge,
+            "interval": {"end_time": _time(T0)}}, timeout=30))
+    assert "longer than" in err.value.message and len(err.value.message) < 400
+    junk = "A" * 100_000
+    with pytest.raises(exceptions.InvalidArgument) as err:
+        list(mon.client.list_time_series(request={
+            "name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
+            "interval": {"end_time": _time(T0)}, "page_token": junk}, timeout=30))
+    assert "100,000 characters" in err.value.message and len(err.value.message) < 400
+    request = monitoring_v3.ListTimeSeriesRequest.pb(monitoring_v3.ListTimeSeriesRequest(
+        name=mon.project_name, filter=f'metric.type = "{PREFIX}rl.train.loss/gauge"'))
+    request.interval.end_time.seconds = 2**62
+    with pytest.raises(exceptions.InvalidArgument, match="9999-12-31"):
+        mon.client.list_time_series(request=monitoring_v3.ListTimeSeriesRequest(request))
+    request.interval.end_time.seconds = 253_402_300_799  # the last second a Timestamp holds
+    request.aggregation.alignment_period.seconds = 3 * 10**11  # reaches back before 1970
+    request.aggregation.per_series_aligner = Aligner.ALIGN_MEAN
+    series = list(mon.client.list_time_series(request=monitoring_v3.ListTimeSeriesRequest(
+        request), timeout=30))
+    assert series and all(len(s.points) == 1 for s in series)
+
+
+def test_identical_points_from_two_scopes_are_two_series(tmp_path):
+    store = CollectorStore(tmp_path / "otel.db", create=True)
+    try:
+        for scope in ("lib.a", "lib.b"):
+            req = _request("i1", [_gauge([(_series_attrs("r", "CartPole-v1"), T0 + S, 1.0)])])
+            req.resource_metrics[0].scope_metrics[0].scope.name = scope
+            assert store.write_metrics(req)[0] == 1
+        series = monitoring.MetricService(store).list_time_series(_gauge_request()).time_series
+        assert sorted(s.metric.labels["otel_scope_name"] for s in series) == ["lib.a", "lib.b"]
+    finally:
+        store.close()

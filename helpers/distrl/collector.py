@@ -24,6 +24,8 @@ from __future__ import annotations
 import argparse
 import base64
 import functools
+import hmac
+import ipaddress
 import json
 import math
 import os
@@ -35,6 +37,7 @@ import subprocess
 import sys
 import threading
 from concurrent import futures
+from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -47,6 +50,41 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 from distrl import monitoring
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
+MiB = 2**20
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What bounds a long-running collector's memory and the cost of each read; printed at
+    start. Memory peaks near (2 * max_exports) * max_message_bytes * ~4 (the wire bytes and
+    their parsed form, for both receivers) plus the caches."""
+
+    max_message_bytes: int = 16 * MiB  # one Export request, either receiver
+    max_exports: int = 16              # concurrent Export calls per receiver; more wait
+    max_queries: int = 2               # concurrent reads; more get RESOURCE_EXHAUSTED
+    cache_bytes: int = 16 * MiB        # attribute and resource caches of the writer
+    page_cache_bytes: int = 64 * MiB   # results kept for their next pages
+    max_rows_scanned: int = 2_000_000  # points one ListTimeSeries may read
+    max_series_periods: int = 5_000_000  # series x alignment periods of one ListTimeSeries
+    max_query_s: float = 30.0          # a read's own deadline (the client's, when shorter)
+
+    def __post_init__(self):
+        for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
+                     "page_cache_bytes", "max_rows_scanned", "max_series_periods"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}={value!r} is invalid: expected a positive integer")
+        if not isinstance(self.max_query_s, (int, float)) or not 0 < self.max_query_s < 3600:
+            raise ValueError(f"max_query_s={self.max_query_s!r} is invalid: expected seconds "
+                             "in (0, 3600)")
+
+    def describe(self) -> str:
+        return (f"limits: messages up to {self.max_message_bytes / MiB:g} MiB, "
+                f"{self.max_exports} concurrent exports per receiver, {self.max_queries} "
+                f"concurrent queries of at most {self.max_rows_scanned:,} points, "
+                f"{self.max_series_periods:,} series x periods and {self.max_query_s:g} s, "
+                f"caches {self.cache_bytes / MiB:g} MiB + pages {self.page_cache_bytes / MiB:g} "
+                "MiB")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS resources (
@@ -77,9 +115,15 @@ CREATE TABLE IF NOT EXISTS points (
     count INTEGER, sum REAL, min REAL, max REAL,   -- histograms
     bounds TEXT, bucket_counts TEXT,          -- explicit buckets, JSON arrays
     exponential TEXT,                         -- exponential buckets, JSON
-    scope TEXT,
-    UNIQUE (metric_type, resource_id, attributes, start_ns, time_ns)  -- a retry is stored once
+    scope TEXT NOT NULL DEFAULT '',           -- the instrumentation scope's name
+    -- a retry is stored once; two scopes may send the same attributes (two series)
+    UNIQUE (metric_type, resource_id, scope, attributes, start_ns, time_ns)
 );
+CREATE TABLE IF NOT EXISTS metric_labels (  -- the label keys of each metric type, kept as
+    metric_type TEXT NOT NULL,               -- points arrive (reading them from the points
+    key TEXT NOT NULL,                       -- took seconds over 200k points)
+    PRIMARY KEY (metric_type, key)
+) WITHOUT ROWID;
 CREATE INDEX IF NOT EXISTS points_by_type_time ON points (metric_type, time_ns);
 CREATE TABLE IF NOT EXISTS spans (
     trace_id TEXT NOT NULL, span_id TEXT NOT NULL, parent_span_id TEXT,
@@ -106,7 +150,30 @@ def any_value(value):
     return getattr(value, kind)
 
 
-_ATTRIBUTE_CACHE: dict[bytes, str] = {}
+class BoundedCache:
+    """A dict of str/bytes keys whose keys and values together stay under max_bytes: emptied
+    when full (a high-cardinality stream would otherwise grow it without end)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.bytes, self.items = max_bytes, 0, {}
+
+    def get(self, key):
+        return self.items.get(key)
+
+    def put(self, key, value) -> None:
+        size = len(key) + (len(value) if isinstance(value, (str, bytes)) else 8) + 100
+        if self.bytes + size > self.max_bytes:
+            self.items.clear()
+            self.bytes = 0
+        self.items[key] = value
+        self.bytes += size
+
+    def clear(self) -> None:
+        self.items.clear()
+        self.bytes = 0
+
+
+_ATTRIBUTE_CACHE = BoundedCache(8 * 2**20)
 
 
 def attributes_json(key_values) -> str:
@@ -117,9 +184,7 @@ def attributes_json(key_values) -> str:
     if cached is None:
         cached = json.dumps({kv.key: any_value(kv.value) for kv in key_values}, sort_keys=True,
                             separators=(",", ":"))
-        if len(_ATTRIBUTE_CACHE) >= 65_536:  # bound the memory of a high-cardinality stream
-            _ATTRIBUTE_CACHE.clear()
-        _ATTRIBUTE_CACHE[wire] = cached
+        _ATTRIBUTE_CACHE.put(wire, cached)
     return cached
 
 
@@ -200,8 +265,9 @@ def _exponential_fields(p) -> tuple:
 class CollectorStore:
     """The SQLite file: written by the collector, read by anyone (WAL allows both at once)."""
 
-    def __init__(self, path: str | Path, *, create: bool = False):
+    def __init__(self, path: str | Path, *, create: bool = False, limits: Limits | None = None):
         self.path = Path(path)
+        self.limits = limits or Limits()
         if not create and not self.path.exists():
             raise FileNotFoundError(f"no collector database at {self.path}; start one with "
                                     f"`distrl collector --db {self.path}`")
@@ -216,10 +282,19 @@ class CollectorStore:
             self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: commits need no fsync
             # Checkpoints (which do fsync) every ~80 MB of WAL instead of every 4 MB.
             self.conn.execute("PRAGMA wal_autocheckpoint=20000")
+            had_labels = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = "
+                                           "'metric_labels'").fetchone()
             self.conn.executescript(SCHEMA)
+            if not had_labels:  # a file written before the table existed
+                self.conn.execute("INSERT OR IGNORE INTO metric_labels SELECT DISTINCT "
+                                  "p.metric_type, j.key FROM points p, json_each(p.attributes) j")
             self.conn.commit()
         self.lock = threading.Lock()
-        self._resource_ids: dict[str, int] = {}
+        self._readers = threading.local()  # one read-only connection per reading thread
+        self._reader_conns: list[sqlite3.Connection] = []
+        _ATTRIBUTE_CACHE.max_bytes = self.limits.cache_bytes // 2
+        self._resource_ids = BoundedCache(self.limits.cache_bytes // 4)
+        self._labelled = BoundedCache(self.limits.cache_bytes // 4)  # (type, attributes) seen
         self._descriptors: set[str] = set()
         self._jobs: queue.Queue = queue.Queue()
         self._writer = None
@@ -233,6 +308,9 @@ class CollectorStore:
             self._jobs.put(None)  # the writer commits what is queued, then stops
             self._writer.join()
             self._writer = None
+        for conn in self._reader_conns:
+            conn.close()
+        self._reader_conns.clear()
         self.conn.close()
 
     # ---- writing (the collector) ----
@@ -247,7 +325,7 @@ class CollectorStore:
                                       parsed.get("service.instance.id")))
             rid = self.conn.execute("SELECT id FROM resources WHERE attributes = ?",
                                     (attributes,)).fetchone()[0]
-            self._resource_ids[attributes] = rid
+            self._resource_ids.put(attributes, rid)
         return rid
 
     def _descriptor(self, metric_type, name, kind, metric_kind, value_type, unit, description):
@@ -296,8 +374,7 @@ class CollectorStore:
                         except Exception as err:  # a request we cannot store: only it fails
                             self.conn.execute("ROLLBACK TO request")
                             self.conn.execute("RELEASE request")
-                            self._resource_ids.clear()  # ids inserted in the rolled-back part
-                            self._descriptors.clear()
+                            self._forget()  # rows inserted in the rolled-back part
                             future.set_exception(err)
                             continue
                         self.conn.execute("RELEASE request")
@@ -305,8 +382,7 @@ class CollectorStore:
                     self.conn.commit()
                 except BaseException as err:
                     self.conn.rollback()
-                    self._resource_ids.clear()  # ids inserted in the rolled-back transaction
-                    self._descriptors.clear()
+                    self._forget()  # rows inserted in the rolled-back transaction
                     for future, _ in done:
                         future.set_exception(err)
                     done = []
@@ -314,6 +390,19 @@ class CollectorStore:
                 future.set_result(value)
             if stop:
                 return
+
+    def _forget(self) -> None:
+        self._resource_ids.clear()
+        self._labelled.clear()
+        self._descriptors.clear()
+
+    def _labels(self, metric_type: str, attributes: str) -> None:
+        """Record the label keys of a point's attributes (once per attribute set)."""
+        key = f"{metric_type}\n{attributes}"
+        if self._labelled.get(key) is None:
+            self.conn.executemany("INSERT OR IGNORE INTO metric_labels VALUES (?, ?)",
+                                  [(metric_type, k) for k in json.loads(attributes)])
+            self._labelled.put(key, 1)
 
     def _insert_metrics(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
@@ -325,6 +414,8 @@ class CollectorStore:
                     bad, msg = self._metric_rows(metric, rid, scope, rows)
                     rejected += bad
                     error = error or msg
+        for row in rows:
+            self._labels(row[0], row[2])
         self.conn.executemany(
             "INSERT OR IGNORE INTO points (metric_type, resource_id, attributes, "
             "temporality, start_ns, time_ns, value, int_value, count, sum, min, max, "
@@ -423,9 +514,32 @@ class CollectorStore:
 
     # ---- reading ----
 
-    def query(self, sql: str, params: tuple = ()) -> list[dict]:
-        with self.lock:
-            return [dict(r) for r in self.conn.execute(sql, params).fetchall()]
+    def _reader(self) -> sqlite3.Connection:
+        conn = getattr(self._readers, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(f"{self.path.resolve().as_uri()}?mode=ro", uri=True,
+                                   check_same_thread=False, timeout=30)
+            conn.row_factory = sqlite3.Row
+            self._readers.conn = conn
+            self._reader_conns.append(conn)
+        return conn
+
+    def rows(self, sql: str, params: tuple = (), interrupt=None):
+        """Rows as dicts, read on this thread's own read-only connection: with WAL a read
+        never holds up the writer. interrupt(), when given, is asked every few thousand SQLite
+        steps; a true answer ends the query with sqlite3.OperationalError("interrupted")."""
+        conn = self._reader()
+        conn.set_progress_handler(interrupt, 5_000)
+        cursor = conn.execute(sql, params)
+        try:
+            for row in cursor:
+                yield dict(row)
+        finally:
+            cursor.close()  # ends the read transaction, also when the caller stops early
+            conn.set_progress_handler(None, 0)
+
+    def query(self, sql: str, params: tuple = (), interrupt=None) -> list[dict]:
+        return list(self.rows(sql, params, interrupt))
 
     def metric_types(self) -> list[dict]:
         """Every metric type with its kind, unit, label keys and point count."""
@@ -437,11 +551,16 @@ class CollectorStore:
 
     def label_keys(self, metric_type: str) -> list[str]:
         """Every attribute key the points of a metric type carry, sorted."""
-        keys: set = set()
-        for r in self.query("SELECT DISTINCT attributes FROM points WHERE metric_type = ?",
-                            (metric_type,)):
-            keys |= set(json.loads(r["attributes"]))
-        return sorted(keys)
+        try:
+            return [r["key"] for r in self.query(
+                "SELECT key FROM metric_labels WHERE metric_type = ? ORDER BY key",
+                (metric_type,))]
+        except sqlite3.OperationalError:  # a file from before the table: read the points
+            keys: set = set()
+            for r in self.rows("SELECT DISTINCT attributes FROM points WHERE metric_type = ?",
+                               (metric_type,)):
+                keys |= set(json.loads(r["attributes"]))
+            return sorted(keys)
 
     def points(self, metric_type: str, where: dict | None = None) -> list[dict]:
         """Points of one metric type (attributes and resource decoded), oldest first, filtered
@@ -517,18 +636,33 @@ def _response(kind: str, stored: tuple[int, int, str]):
     return response
 
 
-MAX_MESSAGE_BYTES = 64 * 1024 * 1024  # the largest request either receiver takes
-
-
-def _http_handler(store: CollectorStore):
+def _http_handler(store: CollectorStore, token: str | None):
     """OTLP/HTTP, binary protobuf (opentelemetry.io/docs/specs/otlp/#otlphttp): the same
-    writes as the gRPC services; 400 for a body that does not parse, 503 (the exporter retries)
-    when storage failed."""
+    writes as the gRPC services; 400 for a body that does not parse, 401 without the bearer
+    token (when one is set), 503 with Retry-After (the exporter retries) when storage failed
+    or max_exports requests are already being read."""
     routes = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
               "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
+    limits = store.limits
+    turns = threading.BoundedSemaphore(limits.max_exports)
+    expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
+        timeout = 30  # a client that stops sending mid-request does not hold a thread forever
+
         def do_POST(self):  # noqa: N802 (http.server's method name)
+            if expected and not hmac.compare_digest(
+                    self.headers.get("Authorization", "").encode(), expected):
+                return self._reply(HTTPStatus.UNAUTHORIZED, b"missing or wrong bearer token")
+            if not turns.acquire(timeout=5):
+                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"{limits.max_exports} exports are being read; retry".encode())
+            try:
+                self._export()
+            finally:
+                turns.release()
+
+        def _export(self):
             route = routes.get(self.path.split("?")[0])
             if route is None:
                 return self._reply(HTTPStatus.NOT_FOUND, b"POST /v1/metrics or /v1/traces")
@@ -536,10 +670,11 @@ def _http_handler(store: CollectorStore):
                 return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    b"Content-Type must be application/x-protobuf")
             length = self.headers.get("Content-Length", "")
-            if not length.isdigit() or int(length) > MAX_MESSAGE_BYTES:
+            if not length.isdigit() or int(length) > limits.max_message_bytes:
                 return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length.isdigit()
                                    else HTTPStatus.LENGTH_REQUIRED,
-                                   f"Content-Length up to {MAX_MESSAGE_BYTES} bytes".encode())
+                                   f"Content-Length up to {limits.max_message_bytes} bytes"
+                                   .encode())
             message_type, kind = route
             request = message_type()
             try:
@@ -555,6 +690,8 @@ def _http_handler(store: CollectorStore):
 
         def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
             self.send_response(status)
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                self.send_header("Retry-After", "1")
             self.send_header("Content-Type", content_type)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -564,6 +701,45 @@ def _http_handler(store: CollectorStore):
             pass
 
     return Handler
+
+
+class _BearerToken(grpc.ServerInterceptor):
+    """Every gRPC call needs `authorization: Bearer <token>` metadata (what OTel exporters send
+    with OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>)."""
+
+    def __init__(self, token: str):
+        self.expected = f"Bearer {token}".encode()
+        self.deny = grpc.unary_unary_rpc_method_handler(
+            lambda request, context: context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                                   "missing or wrong bearer token"))
+
+    def intercept_service(self, continuation, details):
+        got = dict(details.invocation_metadata).get("authorization", "")
+        if hmac.compare_digest(str(got).encode(), self.expected):
+            return continuation(details)
+        return self.deny
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def read_token(token_file: str | Path) -> str:
+    """A bearer token from a file (a file, not an argument: arguments show in `ps`)."""
+    path = Path(token_file)
+    try:
+        token = path.read_text().strip()
+    except OSError as err:
+        raise ValueError(f"token_file={str(path)!r} cannot be read: {err.strerror}") from None
+    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
+        raise ValueError(f"token_file={str(path)!r} must hold one token of at least 16 "
+                         "printable characters without spaces")
+    return token
 
 
 def _check_port(port) -> None:
@@ -580,13 +756,20 @@ class CollectorServer:
     """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
-                 port: int = 4317, max_workers: int = 8, http_port: int | None = None):
+                 port: int = 4317, http_port: int | None = None, allow_remote: bool = False,
+                 token_file: str | Path | None = None, limits: Limits | None = None):
         _check_port(port)
         if http_port is not None:
             _check_port(http_port)
+        if not is_loopback(host) and allow_remote is not True:
+            raise ValueError(f"host={host!r} is not a loopback address: the collector has no "
+                             "TLS, and anyone who reaches the port could write and read it; "
+                             "pass allow_remote=True (--allow-remote), ideally with a "
+                             "token_file, to listen there anyway")
         self.db_path = Path(db_path)
-        self.host, self.port, self.max_workers = host, port, max_workers
-        self.http_port = http_port
+        self.host, self.port, self.http_port = host, port, http_port
+        self.token = read_token(token_file) if token_file is not None else None
+        self.limits = limits or Limits()
         self.store: CollectorStore | None = None
         self.server = None
         self.http_server: ThreadingHTTPServer | None = None
@@ -601,9 +784,18 @@ class CollectorServer:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> CollectorServer:
-        self.store = CollectorStore(self.db_path, create=True)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.max_workers),
-                             options=[("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
+        if not is_loopback(self.host):
+            print(f"WARNING: the collector listens on {self.host}, beyond this machine, without "
+                  "TLS; " + ("every call needs the bearer token" if self.token else
+                             "WITHOUT a token: anyone who reaches it can write and read"),
+                  file=sys.stderr, flush=True)
+        self.store = CollectorStore(self.db_path, create=True, limits=self.limits)
+        calls = self.limits.max_exports + self.limits.max_queries + 2
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=calls),
+                             interceptors=[_BearerToken(self.token)] if self.token else [],
+                             maximum_concurrent_rpcs=calls,  # past it: RESOURCE_EXHAUSTED
+                             options=[("grpc.max_receive_message_length",
+                                       self.limits.max_message_bytes),
                                       ("grpc.so_reuseport", 0)])
         metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
             _MetricsService(self.store), server)
@@ -624,7 +816,7 @@ class CollectorServer:
         if self.http_port is not None:
             try:
                 self.http_server = ThreadingHTTPServer((self.host, self.http_port),
-                                                       _http_handler(self.store))
+                                                       _http_handler(self.store, self.token))
             except OSError as err:
                 self.stop()
                 raise OSError(f"cannot listen for OTLP/HTTP on {self.host}:{self.http_port}: "
@@ -655,12 +847,16 @@ class LocalCollector:
     """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
-                 port: int = 4317, start_timeout_s: float = 30.0, http_port: int | None = None):
-        _check_port(port)
-        if http_port is not None:
-            _check_port(http_port)
+                 port: int = 4317, start_timeout_s: float = 30.0, http_port: int | None = None,
+                 allow_remote: bool = False, token_file: str | Path | None = None,
+                 limits: Limits | None = None):
+        # The server checks the same again; checked here too, so the error is raised here.
+        CollectorServer(db_path, host=host, port=port, http_port=http_port,
+                        allow_remote=allow_remote, token_file=token_file)
         self.db_path = Path(db_path)
         self.host, self.port, self.http_port = host, port, http_port
+        self.allow_remote, self.token_file = allow_remote, token_file
+        self.limits = limits or Limits()
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
 
@@ -685,6 +881,13 @@ class LocalCollector:
                "--host", self.host, "--port", str(self.port)]
         if self.http_port is not None:
             cmd += ["--http-port", str(self.http_port)]
+        if self.allow_remote:
+            cmd.append("--allow-remote")
+        if self.token_file is not None:
+            cmd += ["--token-file", str(self.token_file)]
+        cmd += ["--max-message-mib", f"{self.limits.max_message_bytes / MiB!r}",
+                "--max-exports", str(self.limits.max_exports),
+                "--max-queries", str(self.limits.max_queries)]
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         line = _read_line(self.process.stdout, self.start_timeout_s)
@@ -740,20 +943,40 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=4317, help="port to listen on (0: any free)")
     parser.add_argument("--http-port", type=int, default=None,
                         help="also take OTLP/HTTP (protobuf) on this port (0: any free)")
+    parser.add_argument("--allow-remote", action="store_true",
+                        help="allow a --host other than loopback (no TLS: use --token-file)")
+    parser.add_argument("--token-file", default=None,
+                        help="file holding a bearer token every call must send "
+                             "(OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>)")
+    defaults = Limits()
+    parser.add_argument("--max-message-mib", type=float,
+                        default=defaults.max_message_bytes / MiB,
+                        help="largest Export request taken, MiB")
+    parser.add_argument("--max-exports", type=int, default=defaults.max_exports,
+                        help="concurrent Export calls per receiver")
+    parser.add_argument("--max-queries", type=int, default=defaults.max_queries,
+                        help="concurrent Cloud Monitoring queries")
     args = parser.parse_args(argv)
+    # Reads are Python work holding the interpreter lock; a shorter switch interval than the
+    # default 5 ms hands it to the writer and the export threads sooner (export p99 under
+    # query load: benchmarks/collector_under_load.py).
+    sys.setswitchinterval(0.001)
     # Handlers first: whoever reads the "listening" line may send SIGTERM at once.
     stopped = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     try:
+        limits = Limits(max_message_bytes=int(args.max_message_mib * MiB),
+                        max_exports=args.max_exports, max_queries=args.max_queries)
         collector = CollectorServer(args.db, host=args.host, port=args.port,
-                                    http_port=args.http_port).start()
+                                    http_port=args.http_port, allow_remote=args.allow_remote,
+                                    token_file=args.token_file, limits=limits).start()
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     http = f" and OTLP/HTTP on {collector.http_endpoint}" if collector.http_endpoint else ""
     print(f"collector listening on {collector.endpoint}{http}, storing into "
-          f"{Path(args.db).resolve()}", flush=True)
+          f"{Path(args.db).resolve()}; {limits.describe()}", flush=True)
     stopped.wait()
     collector.stop()
     print("collector stopped", flush=True)

@@ -31,9 +31,20 @@ view, paging, aggregation). The semantics are Cloud Monitoring's documented ones
   start time) the new value counts from zero, so the deltas of all periods add up to all
   that was counted.
 
+- A series is also told apart by its instrumentation scope, shown as the metric label
+  `otel_scope_name` (OpenTelemetry's Prometheus compatibility rule, opentelemetry.io/docs/specs/
+  otel/compatibility/prometheus_and_openmetrics/), so two libraries' identical points are
+  two series.
+
 Two deliberate differences: alignment periods may be as short as 1 s (Cloud Monitoring
 requires 60 s; local runs are short), and anything not listed above is refused with
 UNIMPLEMENTED (or INVALID_ARGUMENT where Cloud Monitoring also refuses it), naming it.
+
+Every read has a cost ceiling (collector.Limits): at most max_queries at once, a deadline (the
+client's, or max_query_s when shorter), max_rows_scanned points read and max_series_periods
+aligned cells; past one it ends with DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED. A response stays
+under 3.5 MiB (gRPC clients refuse more than 4 MiB by default), and the later pages of a
+result are served from the first page's computation while it stays in the page cache.
 """
 
 from __future__ import annotations
@@ -46,6 +57,11 @@ import json
 import math
 import operator
 import re
+import secrets
+import sqlite3
+import threading
+import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import grpc
@@ -58,6 +74,11 @@ RESOURCE_TYPE = "prometheus_target"
 MAX_PAGE_SIZE = 100_000
 MAX_DESCRIPTOR_PAGE_SIZE = 10_000
 MAX_PERIODS = 100_000
+MAX_RESPONSE_BYTES = 3_500_000  # under gRPC's default 4 MiB receive limit of every client
+MAX_FILTER_CHARS = 65_536       # this collector's own ceiling on a filter's length
+# google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
+TIMESTAMP_SECONDS = range(-62_135_596_800, 253_402_300_800)
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 _pb = {name: getattr(monitoring_v3, name).pb() for name in (
     "ListTimeSeriesRequest", "ListTimeSeriesResponse", "ListMetricDescriptorsRequest",
@@ -75,6 +96,14 @@ class Refused(Exception):
     def __init__(self, code: grpc.StatusCode, message: str):
         super().__init__(message)
         self.code = code
+
+
+def _excerpt(text: str, limit: int = 60) -> str:
+    """A client's text quoted in an error, never more than about `limit` characters: a 1 MB
+    filter echoed back would make the error itself too large for the client."""
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
 def _invalid(message: str) -> Refused:
@@ -149,31 +178,35 @@ def _selector(text: str) -> tuple[str, str | None]:
         key = ".".join(_unquote(p) for p in parts[2:])
         return head.rstrip("s"), key
     if parts[0] in ("metadata", "project", "group"):  # real selectors, not answered here
-        raise _unimplemented(f"filter selector {text!r} is not supported; use metric.type, "
+        raise _unimplemented(f"filter selector {_excerpt(text)} is not supported; use metric.type, "
                              "resource.type, metric.labels.KEY or resource.labels.KEY")
-    raise _invalid(f"filter selector {text!r} is not a Cloud Monitoring selector (expected "
+    raise _invalid(f"filter selector {_excerpt(text)} is not a Cloud Monitoring selector (expected "
                    "metric.type, resource.type, metric.labels.KEY or resource.labels.KEY)")
 
 
 def parse_filter(text: str) -> list[Term]:
     """The terms of a Cloud Monitoring filter (all must hold), or Refused."""
+    if len(text) > MAX_FILTER_CHARS:
+        raise _invalid(f"filter {_excerpt(text)} is longer than this collector's "
+                       f"{MAX_FILTER_CHARS:,} characters")
+    shown = _excerpt(text)
     tokens = []
     for m in _TOKEN.finditer(text):
         kind = m.lastgroup
         value = m.group(kind)
         if kind == "bad":
-            raise _invalid(f"filter {text!r}: unexpected character {value!r}")
+            raise _invalid(f"filter {shown}: unexpected character {_excerpt(value)}")
         tokens.append((kind, value))
     terms, i = [], 0
 
     def take(expected_kind=None):
         nonlocal i
         if i >= len(tokens):
-            raise _invalid(f"filter {text!r} ends early")
+            raise _invalid(f"filter {shown} ends early")
         token = tokens[i]
         i += 1
         if expected_kind and token[0] != expected_kind:
-            raise _invalid(f"filter {text!r}: expected a {expected_kind}, got {token[1]!r}")
+            raise _invalid(f"filter {shown}: expected a {expected_kind}, got {_excerpt(token[1])}")
         return token
 
     while i < len(tokens):
@@ -185,19 +218,19 @@ def parse_filter(text: str) -> list[Term]:
                 raise _unimplemented(f"filter operator {value} is not supported; join "
                                      "comparisons with AND")
             else:
-                raise _invalid(f"filter {text!r}: expected AND between comparisons, got "
-                               f"{value!r}")
+                raise _invalid(f"filter {shown}: expected AND between comparisons, got "
+                               f"{_excerpt(value)}")
         kind, value = take()
         if value in ("NOT", "OR", "AND") or value == "(":
             raise _unimplemented(f"filter {'parentheses' if value == '(' else value} "
                                  "is not supported; join comparisons with AND")
         if kind != "selector":
-            raise _invalid(f"filter {text!r}: expected a selector such as metric.type, got "
-                           f"{value!r}")
+            raise _invalid(f"filter {shown}: expected a selector such as metric.type, got "
+                           f"{_excerpt(value)}")
         scope, key = _selector(value)
         _, op = take("op")
         if op not in ("=", "!="):
-            raise _unimplemented(f"filter operator {op!r} is not supported; use = or != "
+            raise _unimplemented(f"filter operator {_excerpt(op)} is not supported; use = or != "
                                  "(with a function such as starts_with or "
                                  "monitoring.regex.full_match for patterns)")
         kind, value = take()
@@ -205,10 +238,10 @@ def parse_filter(text: str) -> list[Term]:
             terms.append(Term(scope, key, op == "!=", None, (_unquote(value),)))
             continue
         if kind != "selector":
-            raise _invalid(f"filter {text!r}: expected a quoted string or a function after "
-                           f"{op}, got {value!r}")
+            raise _invalid(f"filter {shown}: expected a quoted string or a function after "
+                           f"{op}, got {_excerpt(value)}")
         if value not in _FUNCTIONS:
-            raise _unimplemented(f"filter function {value!r} is not supported; supported: "
+            raise _unimplemented(f"filter function {_excerpt(value)} is not supported; supported: "
                                  f"{', '.join(_FUNCTIONS)}")
         function = value
         take("punct")  # (
@@ -219,14 +252,14 @@ def parse_filter(text: str) -> list[Term]:
             if punct == ")":
                 break
             if punct != ",":
-                raise _invalid(f"filter {text!r}: expected , or ) in {function}(...)")
+                raise _invalid(f"filter {shown}: expected , or ) in {function}(...)")
         if function != "one_of" and len(args) != 1:
-            raise _invalid(f"filter {text!r}: {function} takes one string, got {len(args)}")
+            raise _invalid(f"filter {shown}: {function} takes one string, got {len(args)}")
         if function == "monitoring.regex.full_match":
             try:
                 _re2(args[0])
             except re2.error as err:
-                raise _invalid(f"filter: bad RE2 regular expression {args[0][:80]!r}: "
+                raise _invalid(f"filter: bad RE2 regular expression {_excerpt(args[0])}: "
                                f"{err.args[0] if err.args else err}") from None
         terms.append(Term(scope, key, op == "!=", function, tuple(args)))
     return terms
@@ -315,38 +348,108 @@ def _kind_of(descriptor: dict) -> int:
     return Kind.Value(descriptor["metric_kind"])
 
 
+class Budget:
+    """The cost ceiling of one read: a deadline (the server's max_query_s, or the client's when
+    shorter), whether the client still waits, and how many points it may read."""
+
+    def __init__(self, limits, context=None):
+        remaining = context.time_remaining() if context is not None else None
+        self.seconds = limits.max_query_s if remaining is None else min(limits.max_query_s,
+                                                                        max(remaining, 0.0))
+        self.deadline = time.monotonic() + self.seconds
+        self.context, self.max_rows, self.rows = context, limits.max_rows_scanned, 0
+        self.max_series_periods = limits.max_series_periods
+        self.cancelled = False
+
+    def stopped(self) -> bool:
+        """True once the deadline passed or the client went away (also SQLite's progress
+        handler: a true answer interrupts the running statement)."""
+        if self.context is not None and not self.context.is_active():
+            self.cancelled = True
+        return self.cancelled or time.monotonic() > self.deadline
+
+    def refusal(self) -> Refused:
+        if self.cancelled:
+            return Refused(grpc.StatusCode.CANCELLED, "the client stopped waiting")
+        return Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
+                       f"the query ran past its deadline of {self.seconds:.1f} s; narrow the "
+                       "interval or the filter, or align over longer periods")
+
+    def check(self) -> None:
+        if self.stopped():
+            raise self.refusal()
+
+    def row(self) -> None:
+        self.rows += 1
+        if self.rows > self.max_rows:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the query reads more than {self.max_rows:,} points; narrow the "
+                          "interval or the filter")
+        if self.rows % 4096 == 0:
+            self.check()
+
+    def cells(self, series: int, periods: int) -> None:
+        if series * periods > self.max_series_periods:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{series:,} series x {periods:,} alignment periods is more than "
+                          f"{self.max_series_periods:,}; align over longer periods, narrow "
+                          "the interval, or filter or group the series")
+
+
+def _sql_int(ns: int) -> int:
+    return min(max(ns, INT64_MIN), INT64_MAX)  # SQLite integers are signed 64-bit
+
+
 def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns: int,
-                since_ns: int | None = None) -> list[Series]:
+                since_ns: int | None = None, budget: Budget | None = None) -> list[Series]:
     """The descriptor's series that match the filter terms, with their points up to end_ns
     (for a gauge, only those after since_ns), in the descriptor's kind (delta points of a
     cumulative metric are summed up, cumulative points of a delta metric differenced)."""
     kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
     sql = ("SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
            "r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
-    params: tuple = (descriptor["metric_type"], end_ns)
+    params: tuple = (descriptor["metric_type"], _sql_int(end_ns))
     if kind == Kind.GAUGE and since_ns is not None:  # counters need the points before, too
         sql += " AND time_ns > ?"
-        params += (since_ns,)
+        params += (_sql_int(since_ns),)
     series: dict = {}
-    for row in store.query(sql + " ORDER BY time_ns, p.id", params):
-        key = (row["resource_id"], row["attributes"])
-        if key not in series:  # a new series: decide once whether the filter keeps it
-            attributes = json.loads(row["attributes"])
-            s = Series({k: _label(v) for k, v in attributes.items()},
-                       resource_labels(json.loads(row["resource"]), project), kind, value_type)
-            series[key] = s if _matches(terms, s) else None
-        s = series[key]
-        if s is None:
-            continue
-        for name in ("bounds", "bucket_counts", "exponential"):
-            if row[name] is not None:
-                row[name] = json.loads(row[name])
-        s.points.append((row["start_ns"], row["time_ns"], _value_of(row, value_type)))
-        s.temporalities.append(row["temporality"])
+    rows = store.rows(sql + " ORDER BY time_ns, p.id", params,
+                      budget.stopped if budget else None)
+    try:
+        for row in rows:
+            if budget:
+                budget.row()
+            _add_row(series, row, project, terms, kind, value_type)
+    except sqlite3.OperationalError as err:
+        if budget and budget.stopped():
+            raise budget.refusal() from None
+        raise Refused(grpc.StatusCode.UNAVAILABLE, f"the store could not be read: {err}") from None
+    finally:
+        rows.close()
     out = [s for s in series.values() if s is not None]
     for s in out:
         s.points = _as_kind(s.points, s.temporalities, kind)
     return out
+
+
+def _add_row(series: dict, row: dict, project: str, terms: list[Term], kind: int,
+             value_type: int) -> None:
+    key = (row["resource_id"], row["scope"], row["attributes"])
+    if key not in series:  # a new series: decide once whether the filter keeps it
+        labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
+        if row["scope"]:
+            labels.setdefault("otel_scope_name", row["scope"])
+        s = Series(labels, resource_labels(json.loads(row["resource"]), project), kind,
+                   value_type)
+        series[key] = s if _matches(terms, s) else None
+    s = series[key]
+    if s is None:
+        return
+    for name in ("bounds", "bucket_counts", "exponential"):
+        if row[name] is not None:
+            row[name] = json.loads(row[name])
+    s.points.append((row["start_ns"], row["time_ns"], _value_of(row, value_type)))
+    s.temporalities.append(row["temporality"])
 
 
 def _matches(terms: list[Term], s: Series) -> bool:
@@ -492,7 +595,7 @@ def _group_field(text: str) -> tuple[str, str]:
         return "resource.type", ""
     scope, key = _selector(text)
     if key is None:
-        raise _invalid(f"group_by_fields entry {text!r}: expected metric.labels.KEY, "
+        raise _invalid(f"group_by_fields entry {_excerpt(text)}: expected metric.labels.KEY, "
                        "resource.labels.KEY or resource.type")
     return scope, key
 
@@ -604,13 +707,22 @@ def _in_interval(t: int, start_ns: int, end_ns: int) -> bool:
 def _project(name: str, what: str) -> str:
     match = re.fullmatch(r"projects/([^/]+)", name)
     if not match:
-        raise _invalid(f"{what} {name!r} is invalid: expected projects/PROJECT_ID")
+        raise _invalid(f"{what} {_excerpt(name)} is invalid: expected projects/PROJECT_ID")
     return match.group(1)
 
 
 def _ns(message) -> int:
     """A protobuf Timestamp or Duration in nanoseconds."""
     return message.seconds * 10**9 + message.nanos
+
+
+def _time_ns(message, what: str) -> int:
+    """A request's Timestamp in nanoseconds, refused outside Timestamp's own range (a time near
+    2^62 s once overflowed SQLite's integers and came back as UNKNOWN)."""
+    if message.seconds not in TIMESTAMP_SECONDS or not 0 <= message.nanos < 10**9:
+        raise _invalid(f"{what} {message.seconds} s + {message.nanos} ns is invalid: expected "
+                       "a time from 0001-01-01 to 9999-12-31 (google.protobuf.Timestamp)")
+    return _ns(message)
 
 
 def _timestamp(message, ns: int) -> None:
@@ -626,24 +738,63 @@ def _fingerprint(request) -> str:
 
 
 def _page_offset(request) -> int:
+    return _page(request)[0]
+
+
+def _page(request) -> tuple[int, str]:
+    """(offset, id of the cached result or "") of a request's page token."""
     if not request.page_token:
-        return 0
+        return 0, ""
     try:
         token = json.loads(base64.urlsafe_b64decode(request.page_token.encode()))
         offset = int(token["offset"])
         fingerprint = token["request"]
+        result = str(token.get("result", ""))
     except Exception:
-        raise _invalid(f"page_token {request.page_token!r} is not one this collector gave "
+        raise _invalid(f"page_token {_excerpt(request.page_token)} is not one this collector gave "
                        "out") from None
     if fingerprint != _fingerprint(request) or offset < 0:
-        raise _invalid(f"page_token {request.page_token!r} belongs to a different request "
+        raise _invalid(f"page_token {_excerpt(request.page_token)} belongs to a different request "
                        "(name, filter, interval, aggregation and view must stay the same)")
-    return offset
+    return offset, result
 
 
-def _page_token(request, offset: int) -> str:
-    token = json.dumps({"offset": offset, "request": _fingerprint(request)})
+def _page_token(request, offset: int, result: str = "") -> str:
+    token = json.dumps({"offset": offset, "request": _fingerprint(request), "result": result})
     return base64.urlsafe_b64encode(token.encode()).decode()
+
+
+class PageCache:
+    """Results kept for their next pages, the least recently used dropped past max_bytes
+    (an estimate of their size) or after ttl_s."""
+
+    def __init__(self, max_bytes: int, ttl_s: float = 300.0):
+        self.max_bytes, self.ttl_s, self.bytes = max_bytes, ttl_s, 0
+        self.items: OrderedDict = OrderedDict()  # id -> (expires, size, value)
+        self.lock = threading.Lock()
+
+    def get(self, key: str):
+        with self.lock:
+            item = self.items.get(key)
+            if item is None or item[0] < time.monotonic():
+                return None
+            self.items.move_to_end(key)
+            return item[2]
+
+    def put(self, value, size: int) -> str:
+        """Keep value; returns its id ("" when it is larger than the whole cache)."""
+        if size > self.max_bytes:
+            return ""
+        key = secrets.token_hex(8)
+        with self.lock:
+            now = time.monotonic()
+            for old in [k for k, (expires, _, _) in self.items.items() if expires < now]:
+                self.bytes -= self.items.pop(old)[1]
+            while self.items and self.bytes + size > self.max_bytes:
+                self.bytes -= self.items.popitem(last=False)[1][1]
+            self.items[key] = (now + self.ttl_s, size, value)
+            self.bytes += size
+        return key
 
 
 def _page_size(size: int, maximum: int) -> int:
@@ -681,10 +832,13 @@ def _header(s: Series, metric_type: str, unit: str):
 
 
 class MetricService:
-    """Answers MetricService requests (protobuf messages) from a CollectorStore."""
+    """Answers MetricService requests (protobuf messages) from a CollectorStore, within the
+    store's limits (collector.Limits)."""
 
     def __init__(self, store):
         self.store = store
+        self.limits = store.limits
+        self.pages = PageCache(self.limits.page_cache_bytes)
 
     def _descriptors(self) -> list[dict]:
         return self.store.query("SELECT * FROM metric_descriptors ORDER BY metric_type")
@@ -727,14 +881,15 @@ class MetricService:
     def get_metric_descriptor(self, request):
         match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", request.name)
         if not match:
-            raise _invalid(f"name {request.name!r} is invalid: expected "
+            raise _invalid(f"name {_excerpt(request.name)} is invalid: expected "
                            "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
         descriptor = self._descriptor(match.group(2))
         if descriptor is not None:
             return self._descriptor_pb(descriptor, match.group(1))
-        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {match.group(2)!r}")
+        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {_excerpt(match.group(2))}")
 
-    def list_time_series(self, request):
+    def list_time_series(self, request, context=None):
+        budget = Budget(self.limits, context)
         project = _project(request.name, "name")
         if not request.filter:
             raise _invalid("filter is required and must name one metric type: "
@@ -742,14 +897,14 @@ class MetricService:
         terms = parse_filter(request.filter)
         types = [t for t in terms if t.scope == "metric.type"]
         if len(types) != 1 or types[0].negate or types[0].function is not None:
-            raise _invalid(f"filter {request.filter!r} must name exactly one metric type with "
+            raise _invalid(f"filter {_excerpt(request.filter)} must name exactly one metric type with "
                            'metric.type = "..."')
         metric_type = types[0].args[0]
         if not request.interval.HasField("end_time"):
             raise _invalid("interval.end_time is required")
-        end_ns = _ns(request.interval.end_time)
-        start_ns = _ns(request.interval.start_time) if request.interval.HasField(
-            "start_time") else end_ns
+        end_ns = _time_ns(request.interval.end_time, "interval.end_time")
+        start_ns = _time_ns(request.interval.start_time, "interval.start_time") if \
+            request.interval.HasField("start_time") else end_ns
         if start_ns > end_ns:
             raise _invalid(f"interval start_time {start_ns} ns is after end_time {end_ns} ns")
         if request.HasField("secondary_aggregation") and (
@@ -757,10 +912,10 @@ class MetricService:
                 or request.secondary_aggregation.cross_series_reducer):
             raise _unimplemented("secondary_aggregation is not supported")
         if request.order_by:
-            raise _unimplemented(f"order_by {request.order_by!r} is not supported")
+            raise _unimplemented(f"order_by {_excerpt(request.order_by)} is not supported")
         headers_only = request.view == HEADERS
         size = _page_size(request.page_size, MAX_PAGE_SIZE)
-        offset = _page_offset(request)
+        offset, result_id = _page(request)
         descriptor = self._descriptor(metric_type)
         check_aggregation(request.aggregation, start_ns, end_ns, metric_type,
                           _kind_of(descriptor) if descriptor else None,
@@ -768,37 +923,61 @@ class MetricService:
         response = _pb["ListTimeSeriesResponse"]()
         if descriptor is None:
             return response
-        aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
-        # Nothing older than the first period (or the interval) can matter to a gauge.
-        since_ns = (start_ns - _ns(request.aggregation.alignment_period) if aligned
-                    else min(start_ns, end_ns - 1))
-        series = read_series(self.store, descriptor, project, terms, end_ns, since_ns)
-        series = aggregate(series, request.aggregation, start_ns, end_ns)
-        series = [s for s in series if s.points]
         unit = descriptor["unit"] or ""
         if request.aggregation.per_series_aligner == Aligner.ALIGN_RATE:
             unit = f"{unit}/s" if unit else "1/s"
-        if headers_only:
-            for s in series[offset:offset + size]:
-                response.time_series.append(_header(s, metric_type, unit))
-            if offset + size < len(series):
-                response.next_page_token = _page_token(request, offset + size)
-            return response
-        # FULL: page_size counts points; a series may continue on the next page.
-        flat = [(i, p) for i, s in enumerate(series) for p in reversed(s.points)]
-        current, current_index = None, None
-        for i, (start, end, value) in flat[offset:offset + size]:
+        result = self.pages.get(result_id) if result_id else None
+        if result is None:  # the first page, or a page whose result left the cache
+            result = self._series(request, descriptor, project, terms, start_ns, end_ns,
+                                  budget)
+        series, flat = result
+        # HEADERS: page_size counts series; FULL: points, and a series may go on next page.
+        entries = series if headers_only else flat
+        taken, response_bytes, current, current_index = 0, 0, None, None
+        for entry in entries[offset:offset + size]:
+            if response_bytes > MAX_RESPONSE_BYTES:
+                break
+            taken += 1
+            if headers_only:
+                header = _header(entry, metric_type, unit)
+                response_bytes += header.ByteSize()
+                response.time_series.append(header)
+                continue
+            i, (start, end, value) = entry
             if i != current_index:  # (append copies; add() returns the stored message)
                 current, current_index = response.time_series.add(), i
                 current.CopyFrom(_header(series[i], metric_type, unit))
+                response_bytes += current.ByteSize()
             point = current.points.add()
             _timestamp(point.interval.end_time, end)
             if series[i].kind != Kind.GAUGE:
                 _timestamp(point.interval.start_time, start)
             _typed_value(point.value, value, series[i].value_type)
-        if offset + size < len(flat):
-            response.next_page_token = _page_token(request, offset + size)
+            response_bytes += point.ByteSize() + 4
+        if offset + taken < len(entries):
+            if not result_id:
+                points = len(flat) if flat else sum(len(s.points) for s in series)
+                result_id = self.pages.put(result, 200 * points + 1000 * len(series))
+            response.next_page_token = _page_token(request, offset + taken, result_id)
         return response
+
+    def _series(self, request, descriptor, project, terms, start_ns, end_ns, budget):
+        """The request's series after aggregation, and for FULL their points as
+        (series index, point), newest first."""
+        aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
+        period_ns = _ns(request.aggregation.alignment_period) if aligned else 0
+        # Nothing older than the first period (or the interval) can matter to a gauge.
+        since_ns = start_ns - period_ns if aligned else min(start_ns, end_ns - 1)
+        series = read_series(self.store, descriptor, project, terms, end_ns, since_ns, budget)
+        if aligned:
+            budget.cells(len(series), max(1, -(-(end_ns - start_ns) // period_ns)))
+        budget.check()
+        series = aggregate(series, request.aggregation, start_ns, end_ns)
+        budget.check()
+        series = [s for s in series if s.points]
+        flat = ([] if request.view == HEADERS else
+                [(i, p) for i, s in enumerate(series) for p in reversed(s.points)])
+        return series, flat
 
 
 _METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
@@ -808,8 +987,11 @@ _METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor"
 
 
 def grpc_handler(store) -> grpc.GenericRpcHandler:
-    """google.monitoring.v3.MetricService for a gRPC server, answered from the store."""
+    """google.monitoring.v3.MetricService for a gRPC server, answered from the store: at most
+    store.limits.max_queries at once (a query waits up to 1 s for a turn, then gets
+    RESOURCE_EXHAUSTED), so reads never take every thread from the exports."""
     service = MetricService(store)
+    turns = threading.BoundedSemaphore(store.limits.max_queries)
     answered = {
         "ListMetricDescriptors": (service.list_metric_descriptors,
                                   _pb["ListMetricDescriptorsRequest"]),
@@ -824,10 +1006,19 @@ def grpc_handler(store) -> grpc.GenericRpcHandler:
                 context.abort(grpc.StatusCode.UNIMPLEMENTED,
                               f"MetricService.{method} is not answered by the local collector "
                               f"(it answers {', '.join(answered)}; metrics arrive over OTLP)")
+            if not turns.acquire(timeout=1.0):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{store.limits.max_queries} queries are running; retry shortly")
             try:
+                if function is service.list_time_series:
+                    return function(request, context)
                 return function(request)
             except Refused as err:
-                context.abort(err.code, str(err))
+                message = str(err)
+                context.abort(err.code, message if len(message) <= 400 else
+                              message[:400] + "...")
+            finally:
+                turns.release()
         return handle
 
     handlers = {}
