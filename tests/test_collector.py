@@ -2,6 +2,7 @@
 
 import datetime as dt
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -10,14 +11,18 @@ import threading
 import urllib.error
 import urllib.request
 from concurrent import futures
+from pathlib import Path
 
 import grpc
+import numpy as np
 import psutil
 import pytest
+from google.api_core.exceptions import ResourceExhausted
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
+from distrl import explore
 from distrl.collector import CollectorServer, CollectorStore, Limits, LocalCollector, MiB, main
 
 PREFIX = "prometheus.googleapis.com/"
@@ -540,3 +545,89 @@ def test_remote_listening_needs_an_explicit_option_and_honours_a_bearer_token(
         assert server.store.points(PREFIX + "sdk.count/counter")[0]["value"] == 3
     finally:
         server.stop()
+
+
+SOAK_EXPORTERS = textwrap.dedent("""
+    # Five exporter threads of one process, each exporting small requests back to back until
+    # the deadline; prints the acknowledged points and each export's latency as JSON.
+    import json, sys, threading, time
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from test_collector import _gauges
+    endpoint, first, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+    acked, latencies = {}, []
+    def run(index):
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        end, t = time.monotonic() + seconds, 0
+        while time.monotonic() < end:
+            t += 1
+            start = time.perf_counter()
+            for attempt in range(20):  # retried as an OTel exporter does
+                try:
+                    stub.Export(_gauges(f"soak{index}", 10, t=t), timeout=30)
+                    break
+                except grpc.RpcError as err:
+                    if err.code() not in (grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                          grpc.StatusCode.UNAVAILABLE):
+                        raise
+                    time.sleep(0.1)
+            else:
+                continue
+            latencies.append(time.perf_counter() - start)
+            acked[index] = acked.get(index, 0) + 10
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(first, first + 5)]
+    [t.start() for t in threads]
+    [t.join() for t in threads]
+    print(json.dumps({"acked": acked, "latencies": latencies}))
+""")
+SOAK_P99_BOUND_S = 2.0  # measured p99 on 2 busy cores: see the stop note of issue 13
+
+
+def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
+    """20 exporters for 60 s while a client reads 20,000 series in a loop: every acknowledged
+    point is stored, and export latency p99 stays under SOAK_P99_BOUND_S."""
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        endpoint = collector.endpoint.removeprefix("http://")
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        for lo in range(0, 20_000, 5_000):
+            stub.Export(_gauges("bulk", 5_000, t=lo + 1), timeout=60)
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+        stop, reads, busy = threading.Event(), [], []
+
+        def read_loop():
+            while not stop.is_set():
+                try:
+                    pages = client.list_time_series(request={
+                        "name": "projects/local", "filter": f'metric.type = "{PREFIX}bulk/gauge"',
+                        "interval": {"start_time": dt.datetime.fromtimestamp(0, dt.UTC),
+                                     "end_time": dt.datetime.now(dt.UTC)}}, timeout=60)
+                    reads.append(sum(len(s.points) for s in pages))
+                except ResourceExhausted:  # the exports had every slot: ingestion goes first
+                    busy.append(1)
+                    stop.wait(0.1)
+
+        reader = threading.Thread(target=read_loop)
+        reader.start()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
+                                                           os.environ.get("PYTHONPATH", "")])}
+        procs = [subprocess.Popen([sys.executable, "-c", SOAK_EXPORTERS, endpoint, str(5 * k),
+                                   "60"], stdout=subprocess.PIPE, text=True, env=env)
+                 for k in range(4)]
+        try:
+            results = [json.loads(p.communicate(timeout=240)[0]) for p in procs]
+        finally:
+            stop.set()
+            reader.join(timeout=120)
+        assert reads and set(reads) == {20_000}  # every heavy read was whole
+        store = collector.store()
+        for result in results:
+            for index, acked in result["acked"].items():
+                stored = store.query("SELECT COUNT(*) AS n FROM points WHERE metric_type = ?",
+                                     (f"{PREFIX}soak{index}/gauge",))[0]["n"]
+                assert stored == acked, (index, stored, acked)
+        latencies = np.concatenate([r["latencies"] for r in results])
+        p99 = float(np.percentile(latencies, 99))
+        print(f"soak: {len(latencies):,} exports, p50 {np.percentile(latencies, 50) * 1e3:.0f} "
+              f"ms, p99 {p99 * 1e3:.0f} ms, {len(reads)} whole reads of 20,000 series, "
+              f"{len(busy)} reads told to retry")
+        assert p99 < SOAK_P99_BOUND_S
