@@ -1,6 +1,8 @@
-"""distrl.jobs pieces that need no cluster: the entrypoint, fetching, kubectl cp from the head."""
+"""distrl.jobs pieces that need no cluster: the entrypoint, fetching, copying from the head."""
 
+import io
 import json
+import tarfile
 
 import pytest
 
@@ -29,16 +31,67 @@ def test_fetch_copies_results_and_checkpoints_from_a_uri(tmp_path):
         jobs.fetch(str(tmp_path / "nothing"), tmp_path / "local2")
 
 
-def test_copy_from_head_finds_the_head_pod_and_runs_kubectl_cp(stand_ins, tmp_path):
-    jobs.copy_from_head("/home/ray/runs/04/job", tmp_path / "job", namespace="rl")
+def test_copy_from_head_streams_a_tar_from_the_head_pod(stand_ins, tmp_path):
+    remote = tmp_path / "pod" / "job"
+    (remote / "tb").mkdir(parents=True)
+    (remote / "results.json").write_text('{"env_steps": 5}')
+    (remote / "tb" / "events").write_bytes(b"\x00" * 1000)
+    local = jobs.copy_from_head(str(remote), tmp_path / "job", namespace="rl")
+    assert json.loads((local / "results.json").read_text()) == {"env_steps": 5}
+    assert (local / "tb" / "events").stat().st_size == 1000
     assert stand_ins() == [
         ["kubectl", "get", "pods", "--namespace=rl", "--selector=ray.io/node-type=head",
          "--output=jsonpath={.items[0].metadata.name}"],
-        ["kubectl", "cp", "--container=ray-head", "rl/distrl-head-x7k2p:/home/ray/runs/04/job",
-         str(tmp_path / "job")]]
+        ["kubectl", "exec", "--namespace=rl", "distrl-head-x7k2p", "--container=ray-head", "--",
+         "tar", "cf", "-", "-C", str(remote), "."]]
 
 
 def test_copy_from_head_reports_a_failing_kubectl(stand_ins, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_FAIL", "kubectl cp")
-    with pytest.raises(RuntimeError, match="kubectl cp .* failed: ERROR"):
+    monkeypatch.setenv("FAKE_FAIL", "kubectl exec")
+    with pytest.raises(RuntimeError, match="kubectl exec .* failed: ERROR"):
         jobs.copy_from_head("/x", tmp_path / "job")
+
+
+def _tar(*members) -> io.BytesIO:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for info, data in members:
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    buffer.seek(0)
+    return buffer
+
+
+def _member(name, data=b"x", **fields):
+    info = tarfile.TarInfo(name)
+    info.size = len(data) if fields.get("type", tarfile.REGTYPE) == tarfile.REGTYPE else 0
+    for key, value in fields.items():
+        setattr(info, key, value)
+    return info, data if info.size else None
+
+
+@pytest.mark.parametrize("member, error", [
+    (_member("../escape"), tarfile.OutsideDestinationError),
+    (_member("link", type=tarfile.SYMTYPE, linkname="/etc/passwd"), tarfile.AbsoluteLinkError),
+    (_member("link", type=tarfile.SYMTYPE, linkname="../../x"), tarfile.LinkOutsideDestinationError),
+    (_member("dev", type=tarfile.CHRTYPE, devmajor=1, devminor=3), tarfile.SpecialFileError),
+])
+def test_an_archive_from_the_pod_cannot_write_outside_the_destination(tmp_path, member, error):
+    destination = tmp_path / "out"
+    destination.mkdir()
+    with pytest.raises(error):
+        jobs.unpack_tar(_tar(_member("ok.json", b"{}"), member), destination)
+    assert (destination / "ok.json").read_bytes() == b"{}"  # what came before is kept
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["ok.json", "out"]
+
+
+def test_an_archive_past_the_size_or_file_limits_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="more than 2 files"):
+        jobs.unpack_tar(_tar(*[_member(f"f{i}") for i in range(3)]), tmp_path, max_files=2)
+    with pytest.raises(ValueError, match="more than 10 bytes"):
+        jobs.unpack_tar(_tar(_member("big", b"y" * 11)), tmp_path / "b", max_bytes=10)
+    assert jobs.unpack_tar(_tar(_member("a/b.txt", b"hi")), tmp_path / "c") == 1
+    jobs.unpack_tar(_tar(_member("/etc/evil", b"e")), tmp_path / "abs")  # lands inside
+    assert (tmp_path / "abs" / "etc" / "evil").read_bytes() == b"e"
+    set_uid = _member("tool", b"#!", mode=0o4755)
+    jobs.unpack_tar(_tar(set_uid), tmp_path / "d")
+    assert (tmp_path / "d" / "tool").stat().st_mode & 0o4000 == 0

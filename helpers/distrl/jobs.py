@@ -15,8 +15,11 @@ Output directories may be local paths or URIs (gs://bucket/path) read through fs
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 import subprocess
+import tarfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -99,12 +102,22 @@ def fetch(output_dir: str, local_dir: str | Path) -> Path:
     return local
 
 
+MAX_COPY_BYTES = 4 * 2**30   # what copy_from_head unpacks at most (a run's results, logs,
+MAX_COPY_FILES = 100_000     # checkpoints); more is refused, not written
+
+
 def copy_from_head(remote_dir: str, local_dir: str | Path, namespace: str = "distrl",
-                   container: str = "ray-head") -> Path:
-    """GKE: copy a job's output directory from the Ray head pod (`kubectl cp`), e.g. the
-    results.json and TensorBoard logs a job wrote under the head's run volume."""
+                   container: str = "ray-head", timeout_s: float = 1800.0) -> Path:
+    """GKE: copy a job's output directory from the Ray head pod, e.g. the results.json and
+    TensorBoard logs a job wrote under the head's run volume.
+
+    The pod runs code of anyone with Jobs API access, so what it sends is untrusted: the tar
+    it streams (`kubectl exec ... tar cf -`) is unpacked here with Python's "data" filter
+    (absolute paths made relative, no `..`, no links out of local_dir, no devices, no set-uid bits) and
+    within MAX_COPY_BYTES and MAX_COPY_FILES, rather than by `kubectl cp`."""
     def kubectl(*args: str) -> str:
-        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True)
+        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True,
+                              timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"kubectl {shlex.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout.strip()
@@ -115,5 +128,46 @@ def copy_from_head(remote_dir: str, local_dir: str | Path, namespace: str = "dis
         raise RuntimeError(f"no Ray head pod in namespace {namespace!r}")
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
-    kubectl("cp", f"--container={container}", f"{namespace}/{pod}:{remote_dir}", str(local))
+    args = ["exec", f"--namespace={namespace}", pod, f"--container={container}", "--",
+            "tar", "cf", "-", "-C", remote_dir, "."]
+    with subprocess.Popen(["kubectl", *args], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        timer = threading.Timer(timeout_s, proc.kill)  # nothing waits forever
+        timer.start()
+        try:
+            unpack_tar(proc.stdout, local)
+        except (tarfile.TarError, ValueError) as problem:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=10)  # a kubectl that failed sent no tar: report its error
+            if proc.returncode is None or proc.returncode == 0:
+                proc.kill()
+                raise
+            raise RuntimeError(f"kubectl {shlex.join(args)} failed: "
+                               f"{proc.stderr.read().decode(errors='replace').strip()}"
+                               ) from problem
+        finally:
+            timer.cancel()
+        err = proc.stderr.read().decode(errors="replace").strip()
+        if proc.wait() != 0:
+            raise RuntimeError(f"kubectl {shlex.join(args)} failed: {err}")
     return local
+
+
+def unpack_tar(stream, destination: Path, max_bytes: int = MAX_COPY_BYTES,
+               max_files: int = MAX_COPY_FILES) -> int:
+    """Unpack an untrusted tar stream into destination; returns the files written. A member
+    that would land outside it, a link out of it, a device, or more than max_bytes or
+    max_files in all raise tarfile.FilterError or ValueError (members before it stay)."""
+    files = total = 0
+    with tarfile.open(fileobj=stream, mode="r|") as archive:
+        for member in archive:
+            files += 1
+            total += member.size
+            if files > max_files:
+                raise ValueError(f"the archive holds more than {max_files:,} files; refused "
+                                 f"at {member.name[:100]!r}")
+            if total > max_bytes:
+                raise ValueError(f"the archive holds more than {max_bytes:,} bytes; refused "
+                                 f"at {member.name[:100]!r}")
+            archive.extract(member, destination, filter="data")
+    return files
