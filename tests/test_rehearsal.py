@@ -121,7 +121,7 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
     # The GKE commands it ran: the RayCluster read, the head pod found, its output copied.
     ran = [argv for argv in stand_ins() if argv[0] == "kubectl"]
     assert ["kubectl", "get", "raycluster", "distrl", "--namespace=distrl", "--output=json"] \
-        in ran and any(argv[1] == "cp" for argv in ran)
+        in ran and any(argv[1] == "exec" and "tar" in argv for argv in ran)
     runs = {p["attributes"] for p in collector.store().query(
         "SELECT DISTINCT attributes FROM points WHERE metric_type LIKE '%rl.sample.samples%'")}
     assert any(first["config"]["run_id"] in a for a in runs)  # 05 finds this run's metrics
