@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -23,6 +24,9 @@ from distrl.cluster import (
     free_ports,
     main,
     pick_head_ports,
+    read_state,
+    stop_groups,
+    write_state,
 )
 from distrl.gke import GkeSettings
 
@@ -289,6 +293,45 @@ def test_command_line_up_status_down(capsys):
                           psutil.Process(p).status() != psutil.STATUS_ZOMBIE], 30,
              "the cluster's processes to end")
     assert not STATE_FILE.exists()
+
+
+def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):
+    """`distrl cluster down` kills the process groups its state file names: the file lives in
+    the user's own directory, and a link, a file others may write, or a group whose leader
+    is not the recorded process (a reused pid, another user's) is refused."""
+    assert STATE_FILE.is_relative_to(Path.home()) or "XDG_STATE_HOME" in os.environ
+    state = tmp_path / "state" / "cluster.json"
+    write_state(state, {})
+    state.unlink()
+    (tmp_path / "elsewhere").write_text("{}")
+    state.symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(ValueError, match="cannot be trusted"):
+        read_state(state)
+    victim = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    try:
+        write_state(state, {"port": 1, "groups": [victim.pid], "created": [0.0]})
+        assert (tmp_path / "elsewhere").read_text() == "{}"  # the link was replaced
+        assert state.stat().st_mode & 0o077 == 0 and state.parent.stat().st_mode & 0o077 == 0
+        planted = read_state(state)  # a pid with another start time: a reused pid
+        stop_groups(planted["groups"], planted["port"], grace_s=0.5, created=planted["created"])
+        assert victim.poll() is None
+        state.chmod(0o666)
+        with pytest.raises(ValueError, match="another user or others may write"):
+            read_state(state)
+        write_state(state, {"port": 1, "groups": ["1; rm"], "created": [0.0]})
+        with pytest.raises(ValueError, match="not a cluster state"):
+            read_state(state)
+        started = psutil.Process(victim.pid).create_time()
+        stop_groups([victim.pid], 1, grace_s=1.0, created=[started])  # the recorded one
+        assert victim.wait(timeout=10) is not None
+    finally:
+        victim.kill()
+        victim.wait()
+    assert read_state(tmp_path / "missing.json") is None
+    (tmp_path / "shared").mkdir(mode=0o777)
+    (tmp_path / "shared").chmod(0o777)
+    with pytest.raises(ValueError, match="others may write it"):
+        write_state(tmp_path / "shared" / "cluster.json", {})
 
 
 def test_killed_node_names_are_checked(tmp_path):

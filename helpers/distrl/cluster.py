@@ -35,7 +35,10 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
-STATE_FILE = Path(tempfile.gettempdir()) / "distrl-cluster.json"
+# `distrl cluster up`'s record, in this user's own state directory: a fixed name in the shared
+# temporary directory could be planted by another user (and `down` would kill what it names).
+STATE_FILE = (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+              / "distrl" / "cluster.json")
 RAY_CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
 
 
@@ -242,11 +245,7 @@ class LocalCluster:
 
     def _save_state(self) -> None:
         """What the reaper stops if this process dies: every node's process group."""
-        path = self._state_file()
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"port": self.port,
-                                   "groups": [n.process.pid for n in self.nodes]}))
-        tmp.replace(path)
+        write_state(self._state_file(), {"port": self.port, **node_groups(self.nodes)})
 
     def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> list[dict]:
         """Block until `count` nodes are alive in the cluster; returns them (ray.util.state)."""
@@ -449,24 +448,104 @@ def _start_reaper(state_file: Path) -> subprocess.Popen:
                             start_new_session=True)
 
 
+def node_groups(nodes: list[Node]) -> dict:
+    """The nodes' process groups and their leaders' start times (a state file's groups)."""
+    import psutil
+
+    created = []
+    for node in nodes:
+        try:
+            created.append(psutil.Process(node.process.pid).create_time())
+        except psutil.Error:
+            created.append(0.0)  # already gone: never matches a live process
+    return {"groups": [n.process.pid for n in nodes], "created": created}
+
+
+def write_state(path: Path, state: dict) -> None:
+    """Write a state file atomically, readable by its owner only, in a directory only its
+    owner can enter; a link at the path is replaced, never written through."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.parent.stat()
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise ValueError(f"{path.parent} belongs to another user or others may write it")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # 0600, O_EXCL
+    with os.fdopen(fd, "w") as f:
+        json.dump(state, f)
+    os.replace(tmp, path)
+
+
+def read_state(path: Path) -> dict | None:
+    """A state file this user wrote, or None when there is none. A link, a file of another
+    user or one others may write, or content that is not a state raise ValueError."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # ELOOP: a symbolic link
+        raise ValueError(f"{path} cannot be trusted ({err.strerror}); remove it") from None
+    with os.fdopen(fd) as f:
+        info = os.fstat(f.fileno())
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise ValueError(f"{path} belongs to another user or others may write it; "
+                             "remove it")
+        try:
+            state = json.load(f)
+        except ValueError:
+            state = None
+    groups, created = (state or {}).get("groups"), (state or {}).get("created")
+    if not (isinstance(groups, list) and isinstance(created, list)
+            and len(groups) == len(created)
+            and all(isinstance(g, int) and not isinstance(g, bool) and g > 1 for g in groups)
+            and all(isinstance(c, (int, float)) for c in created)
+            and isinstance(state.get("port"), int)):
+        raise ValueError(f"{path} is not a cluster state (groups, created, port); remove it")
+    return state
+
+
 def reap(parent_pid: int, state_file: str, poll_s: float = 0.5) -> None:
     """Wait until `parent_pid` has exited (this process is then re-parented), then stop every
     node group listed in `state_file` and forget the cluster."""
     while os.getppid() == parent_pid:
         time.sleep(poll_s)
     try:
-        state = json.loads(Path(state_file).read_text())
+        state = read_state(Path(state_file))
     except (OSError, ValueError):
         return
-    stop_groups(state.get("groups", []), state.get("port", 0), grace_s=5.0)
+    if state:
+        stop_groups(state["groups"], state["port"], grace_s=5.0, created=state["created"])
 
 
-def stop_groups(groups: list[int], port: int, grace_s: float) -> None:
+def _ours(pgid: int, created: float) -> bool:
+    """Whether process group pgid is still the one recorded: its leader (or, once the leader
+    has gone, a member started after it) belongs to this user and started at `created`. A
+    reused pid, or another user's process, is never signalled."""
+    import psutil
+
+    try:
+        leader = psutil.Process(pgid)
+        return leader.uids().real == os.getuid() and abs(leader.create_time() - created) < 1
+    except psutil.NoSuchProcess:
+        pass
+    except psutil.Error:
+        return False
+    for p in psutil.process_iter(["uids", "create_time"]):
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(p.pid) == pgid and p.info["uids"].real == os.getuid() \
+                    and p.info["create_time"] >= created - 1:
+                return True
+    return False
+
+
+def stop_groups(groups: list[int], port: int, grace_s: float,
+                created: list[float] | None = None) -> None:
     """Forget the cluster's record, then stop its node process groups (newest first): SIGTERM,
     up to grace_s for them to end, then SIGKILL. For a cluster no LocalCluster object holds
     (`distrl cluster down`, the reaper). The record goes first: once the nodes are gone nothing
-    may still point ray.init() at them."""
+    may still point ray.init() at them. With `created` (the leaders' start times), only the
+    groups still the recorded ones are signalled."""
     forget_cluster(port)
+    if created is not None:
+        groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         for pgid in reversed(groups):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -513,8 +592,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpus-per-worker", type=float, default=1)
     parser.add_argument("--head-cpus", type=float, default=1)
     args = parser.parse_args(argv)
+    try:
+        state = read_state(STATE_FILE)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     if args.action == "up":
-        if STATE_FILE.exists():
+        if state is not None:
             print(f"error: a cluster is already up ({STATE_FILE}); `distrl cluster down` first",
                   file=sys.stderr)
             return 1
@@ -524,22 +608,20 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ClusterError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        STATE_FILE.write_text(json.dumps({
+        write_state(STATE_FILE, {
             "address": cluster.address, "dashboard_url": cluster.dashboard_url,
-            "port": cluster.port, "groups": [n.process.pid for n in cluster.nodes],
-            "log_dir": str(cluster.log_dir)}))
+            "port": cluster.port, **node_groups(cluster.nodes), "log_dir": str(cluster.log_dir)})
         print(f"Ray cluster up: {1 + args.workers} nodes\n  address   {cluster.address}\n"
               f"  dashboard {cluster.dashboard_url}   (Jobs API; 127.0.0.1 only)\n"
               f"  logs      {cluster.log_dir}\nstop it with: distrl cluster down")
         return 0
-    if not STATE_FILE.exists():
+    if state is None:
         print("no cluster started by `distrl cluster up` is running", file=sys.stderr)
         return 1 if args.action == "status" else 0
-    state = json.loads(STATE_FILE.read_text())
     if args.action == "status":
         print(json.dumps(state, indent=2))
         return 0
-    stop_groups(state["groups"], state["port"], grace_s=10.0)
+    stop_groups(state["groups"], state["port"], grace_s=10.0, created=state["created"])
     STATE_FILE.unlink()
     print("Ray cluster down")
     return 0
