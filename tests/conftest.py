@@ -10,8 +10,8 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 STAND_IN = """#!{python}
 # Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
-# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl exec` runs
-# its command here (a rehearsed pod's files are on this machine). A describe or
+# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl exec ... --
+# tar` runs tar here (a rehearsed pod's files are on this machine). A describe or
 # `get secret` that no response names finds nothing (exit 1) unless FAKE_EXISTS lists it;
 # FAKE_FAIL makes a matching command fail with a quota error.
 import json, os, sys
@@ -33,10 +33,11 @@ if " describe " in line or " get secret " in line:
         sys.exit(0)
     print("ERROR: NOT_FOUND", file=sys.stderr)
     sys.exit(1)
-if "{name}" == "kubectl" and argv[:1] == ["exec"] and "--" in argv:
+if "{name}" == "kubectl" and argv[:1] == ["exec"] and "--" in argv \
+        and argv[argv.index("--") + 1:][:1] == ["tar"]:
     # `kubectl exec POD -- tar cf - -C DIR .` in a pod rehearsed on this machine: its files
     # are here, so the real tar runs.
-    os.execvp(argv[argv.index("--") + 1], argv[argv.index("--") + 1:])
+    os.execvp("tar", argv[argv.index("--") + 1:])
 print("done:", line)
 """
 

@@ -4,6 +4,7 @@ file, Dockerfile and manifests on versions, hadolint, and the wait-for-head scri
 import copy
 import os
 import re
+import secrets
 import signal
 import socket
 import subprocess
@@ -126,11 +127,91 @@ def test_kuberay_gets_the_token_from_auth_options_and_telemetry_goes_to_the_mana
            grpc["spec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["OTEL_EXPORTER_OTLP_ENDPOINT"].endswith(":4317")
     assert env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "grpc"
-    # Without the operator, the plain manifests set the token themselves.
-    plain_head = next(d for _, d in m.load_dir(K8S / "plain") if d["kind"] == "Pod")
-    env = {e["name"]: e for e in plain_head["spec"]["containers"][0]["env"]}
-    assert env["RAY_AUTH_MODE"]["value"] == "token"
-    assert env["RAY_AUTH_TOKEN"]["valueFrom"]["secretKeyRef"]["name"] == "distrl-ray-token"
+    # Without the operator, the plain manifests mount the token as a file (no env variable
+    # that every process and job of the pod inherits).
+    plain = {d["kind"]: d for _, d in m.load_dir(K8S / "plain")}
+    for spec in (plain["Pod"]["spec"], plain["Deployment"]["spec"]["template"]["spec"]):
+        container = spec["containers"][0]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert env["RAY_AUTH_MODE"] == "token" and "RAY_AUTH_TOKEN" not in env
+        assert env["RAY_AUTH_TOKEN_PATH"] == f"{m.TOKEN_DIR}/auth_token"
+        assert {"name": "ray-token", "mountPath": m.TOKEN_DIR, "readOnly": True} in \
+            container["volumeMounts"]
+        assert {"name": "ray-token", "secret": {"secretName": "distrl-ray-token",
+                                                "defaultMode": 0o440}} in spec["volumes"]
+
+
+def test_every_pod_meets_the_restricted_pod_security_standard():
+    docs = [d for _, d in m.load_dir(K8S)]
+    pods = [(d["kind"], where, spec) for d in docs for where, spec in m._pod_specs(d)]
+    assert {kind for kind, _, _ in pods} == {"RayCluster", "RayJob", "Pod", "Deployment"}
+    for kind, where, spec in pods:
+        assert m.restricted_problems(spec, where) == [], (kind, where)
+        assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        for c in spec["containers"]:
+            assert c["securityContext"]["readOnlyRootFilesystem"] is True
+            assert {"name": "tmp", "mountPath": "/tmp"} in c["volumeMounts"]  # Ray writes here
+    # Only the head with KubeRay's autoscaler gets the service account's token.
+    tokens = {(kind, where): spec["automountServiceAccountToken"] for kind, where, spec in pods}
+    assert [key for key, mounted in tokens.items() if mounted] == [
+        ("RayCluster", "spec.headGroupSpec.template.spec")]
+    namespace = next(d for d in docs if d["kind"] == "Namespace")["metadata"]["labels"]
+    assert namespace["pod-security.kubernetes.io/warn"] == "restricted"
+    assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+@pytest.mark.parametrize("break_it, rule", [
+    (lambda spec: spec["securityContext"].pop("seccompProfile"), "seccompProfile: must be"),
+    (lambda spec: spec["containers"][0]["securityContext"].update(privileged=True),
+     "privileged containers"),
+    (lambda spec: spec["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+     "allowPrivilegeEscalation: must be set to false"),
+    (lambda spec: spec["containers"][0]["securityContext"]["capabilities"].update(
+        add=["SYS_ADMIN"]), "only NET_BIND_SERVICE"),
+    (lambda spec: spec["volumes"].append({"name": "host", "hostPath": {"path": "/"}}),
+     "type hostPath is not allowed"),
+    (lambda spec: spec.update(hostNetwork=True), "host namespaces"),
+    (lambda spec: spec["securityContext"].update(runAsNonRoot=False, runAsUser=0),
+     "runAsNonRoot: must be true"),
+    (lambda spec: spec["containers"][0]["ports"].append({"containerPort": 1, "hostPort": 80}),
+     "hostPort is not allowed"),
+])
+def test_a_pod_below_the_restricted_standard_is_refused_by_rule(break_it, rule):
+    cluster = m.ray_cluster(m.DEFAULTS)
+    break_it(cluster["spec"]["headGroupSpec"]["template"]["spec"])
+    with pytest.raises(ValueError, match=f"restricted Pod Security Standard.*{rule}"):
+        m.validate(cluster)
+    cluster = m.ray_cluster(m.DEFAULTS)
+    cluster["spec"]["autoscalerOptions"].pop("securityContext")
+    with pytest.raises(ValueError, match="autoscaler sidecar must meet"):
+        m.validate(cluster)
+
+
+def test_pods_reach_only_what_they_need():
+    policy = next(d for _, d in m.load_dir(K8S) if d["kind"] == "NetworkPolicy"
+                  and d["spec"]["policyTypes"] == ["Egress"])
+    assert policy["spec"]["podSelector"] == {}  # every pod of the namespace
+    rules = policy["spec"]["egress"]
+    reach = {(tuple(sorted(str(t) for t in r["to"])),
+              tuple((p["port"], p["protocol"]) for p in r.get("ports", []))) for r in rules}
+    assert (("{'podSelector': {}}",), ()) in reach  # Ray between its pods, every port
+    dns = next(r for r in rules if {"port": 53, "protocol": "UDP"} in r.get("ports", []))
+    assert {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}} in dns["to"]
+    otel = next(r for r in rules if {"port": 4318, "protocol": "TCP"} in r.get("ports", []))
+    assert otel["to"] == [{"namespaceSelector": {"matchLabels": {
+        "kubernetes.io/metadata.name": "gke-managed-otel"}}}]
+    https = next(r for r in rules if r.get("ports") == [{"port": 443, "protocol": "TCP"}])
+    assert https["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0"}}]
+    ports = {p["port"] for r in rules for p in r.get("ports", [])}
+    assert ports == {53, 80, 443, 988, 4317, 4318}  # nothing else leaves the namespace
+    private = m.egress_policy(GkeSettings(project_id="demo-project-1",
+                                          https_egress_cidrs="199.36.153.8/30, 34.1.2.3/32"))
+    assert private["spec"]["egress"][-1]["to"] == [{"ipBlock": {"cidr": "199.36.153.8/30"}},
+                                                   {"ipBlock": {"cidr": "34.1.2.3/32"}}]
+    m.validate(private)
+    with pytest.raises(ValueError, match="https_egress_cidrs='anywhere'"):
+        GkeSettings(project_id="demo-project-1", https_egress_cidrs="anywhere")
 
 
 def test_the_head_pod_leaves_room_for_gke_system_pods():
@@ -255,24 +336,29 @@ def _stop(proc: subprocess.Popen) -> None:
             return
 
 
-def _nodes(address: str) -> int:
+def _nodes(address: str, token_env: dict) -> int:
     proc = subprocess.run(["ray", "status", "--address", address], capture_output=True,
-                          text=True, env=_env(), timeout=60)
+                          text=True, env=_env(**token_env), timeout=60)
     active = proc.stdout.split("Active:")[-1].split("Pending:")[0] if "Active:" in proc.stdout else ""
     return active.count("node_")
 
 
 @pytest.mark.slow
-def test_wait_for_head_script_joins_a_real_head(tmp_path):
+def test_wait_for_head_script_joins_a_real_head_with_the_token_file(tmp_path):
+    """As the plain manifests run it: the worker starts first and waits, and both nodes read
+    the Ray token from the file RAY_AUTH_TOKEN_PATH names (the mounted Secret), not from env."""
     port = _free_port()
     address = f"127.0.0.1:{port}"
-    script = m.wait_for_head_script()
-    (tmp_path / "wait-for-head.sh").write_text(script)
-    # The worker starts first: the script must wait for the head, then join it.
+    (tmp_path / "wait-for-head.sh").write_text(m.wait_for_head_script())
+    (tmp_path / "auth_token").write_text(secrets.token_hex(32))
+    pod_env = {e["name"]: e["value"] for e in m.plain_docs(m.DEFAULTS)[3]["spec"]["template"][
+        "spec"]["containers"][0]["env"] if e["name"].startswith("RAY_AUTH")}
+    assert pod_env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": f"{m.TOKEN_DIR}/auth_token"}
+    token_env = {**pod_env, "RAY_AUTH_TOKEN_PATH": str(tmp_path / "auth_token")}
     worker = subprocess.Popen(
         ["sh", str(tmp_path / "wait-for-head.sh"), "--block"],
         env=_env(RAY_HEAD_ADDRESS=address, RAY_NUM_CPUS="1", WAIT_FOR_HEAD_INTERVAL_S="1",
-                 WAIT_FOR_HEAD_TIMEOUT_S="120"),
+                 WAIT_FOR_HEAD_TIMEOUT_S="120", **token_env),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     head = None
     try:
@@ -280,13 +366,14 @@ def test_wait_for_head_script_joins_a_real_head(tmp_path):
         assert worker.poll() is None, worker.stdout.read()
         head = subprocess.Popen(
             ["ray", "start", "--head", "--block", f"--port={port}", "--num-cpus=1",
-             "--include-dashboard=false"], env=_env(), stdout=subprocess.DEVNULL,
+             "--include-dashboard=false"], env=_env(**token_env), stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, start_new_session=True)
         deadline = time.monotonic() + 120
-        while _nodes(address) < 2:
+        while _nodes(address, token_env) < 2:
             assert time.monotonic() < deadline, "the worker never joined the head"
             assert worker.poll() is None, worker.stdout.read()
             time.sleep(2)
+        assert _nodes(address, {}) == 0  # without the file's token the cluster says nothing
     finally:
         _stop(worker)
         if head is not None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import ipaddress
 import re
 import sys
 from dataclasses import dataclass
@@ -50,7 +51,8 @@ MANAGED_OTEL_SCOPE = "COLLECTION_AND_INSTRUMENTATION_COMPONENTS"
 # (cloud.google.com/kubernetes-engine/docs/concepts/managed-otel-gke); gRPC export is stated
 # only from GKE 1.37.1-gke.1697000 (docs/how-to/managed-otel-gke, Requirements), so HTTP is the
 # default and the plan checks the Service's ports and the GKE version before anything uses them.
-MANAGED_OTEL_HOST = "opentelemetry-collector.gke-managed-otel.svc.cluster.local"
+MANAGED_OTEL_NAMESPACE = "gke-managed-otel"
+MANAGED_OTEL_HOST = f"opentelemetry-collector.{MANAGED_OTEL_NAMESPACE}.svc.cluster.local"
 OTLP_PORTS = {"http/protobuf": 4318, "grpc": 4317}
 SYSTEM_MACHINE = "e2-standard-4"  # the default pool's one node, for GKE's system pods
 DISK_GB = 50  # every node's pd-balanced boot disk (GKE's default is 100 GB): the image is ~8 GB
@@ -104,6 +106,11 @@ class GkeSettings:
     image_tag: str = f"{__version__}-ray{RAY_VERSION}"
     otlp_protocol: str = "http/protobuf"
     operator_namespace: str = ""
+    # Where pods may open HTTPS (TCP 443): Google APIs (checkpoints in a bucket) and, for the
+    # head's autoscaler, the Kubernetes API server. Google publishes no fixed range for its
+    # public API addresses, so the default is any address, on 443 only; with Private Google
+    # Access, give e.g. "199.36.153.8/30,<control plane endpoint>/32" (private.googleapis.com).
+    https_egress_cidrs: str = "0.0.0.0/0"
 
     def __post_init__(self):
         problems = []
@@ -144,6 +151,13 @@ class GkeSettings:
                                                              self.operator_namespace)):
             problems.append(f"operator_namespace={self.operator_namespace!r}: a Kubernetes "
                             "namespace name, or '' to admit the dashboard port from any source")
+        try:
+            cidrs = [ipaddress.ip_network(c.strip()) for c in self.https_egress_cidrs.split(",")]
+            if not cidrs:
+                raise ValueError
+        except (AttributeError, ValueError):
+            problems.append(f"https_egress_cidrs={self.https_egress_cidrs!r}: comma-separated "
+                            "CIDRs such as '0.0.0.0/0' or '199.36.153.8/30,34.1.2.3/32'")
         if problems:
             raise ValueError("invalid GKE settings: " + "; ".join(problems))
 

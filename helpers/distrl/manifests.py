@@ -17,6 +17,7 @@ it is sent) and TensorBoard are reached with `kubectl port-forward` only.
 
 from __future__ import annotations
 
+import copy
 import math
 import shlex
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from importlib import resources
 from pathlib import Path
 
 from distrl.cost import machine
-from distrl.gke import RAY_VERSION, GkeSettings
+from distrl.gke import MANAGED_OTEL_NAMESPACE, OTLP_PORTS, RAY_VERSION, GkeSettings
 
 KUBERNETES_VERSION = "1.34.0"  # schemas to validate against (GKE rapid channel or older)
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}
@@ -124,19 +125,38 @@ def _env(s: GkeSettings) -> list[dict]:
     ]
 
 
-def _token_env(s: GkeSettings) -> list[dict]:
-    """The Ray token as KubeRay injects it; the plain manifests (no operator) set it themselves."""
-    return [{"name": "RAY_AUTH_MODE", "value": "token"},
-            {"name": "RAY_AUTH_TOKEN", "valueFrom": {"secretKeyRef": {
-                "name": token_secret_name(s), "key": "auth_token"}}}]
+def _token_file(s: GkeSettings) -> tuple[list[dict], dict, dict]:
+    """The plain manifests' token (no operator there): env, volume and mount of the file."""
+    env = [{"name": "RAY_AUTH_MODE", "value": "token"},
+           {"name": "RAY_AUTH_TOKEN_PATH", "value": f"{TOKEN_DIR}/auth_token"}]
+    volume = {"name": "ray-token", "secret": {"secretName": token_secret_name(s),
+                                              "defaultMode": 0o440}}  # group 100 (fsGroup)
+    return env, volume, {"name": "ray-token", "mountPath": TOKEN_DIR, "readOnly": True}
 
 
-_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100}
+# The "restricted" Pod Security Standard (kubernetes.io/docs/concepts/security/
+# pod-security-standards; checks: kubernetes/pod-security-admission policy/check_*.go) plus a
+# read-only root file system: Ray writes under /tmp (sessions, logs, spilled objects), an
+# emptyDir here.
+_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+             "readOnlyRootFilesystem": True}
+# The autoscaler sidecar KubeRay adds shares only /tmp/ray with the head, so its root stays
+# writable; the restricted rules hold for it too.
+_SIDECAR_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
+_POD_SECURITY = {"runAsNonRoot": True, "runAsUser": 1000, "runAsGroup": 100, "fsGroup": 100,
+                 "seccompProfile": {"type": "RuntimeDefault"}}
+_TMP_VOLUME = {"name": "tmp", "emptyDir": {}}
+_TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
+# The plain manifests' Ray token: a file from the Secret (Ray reads RAY_AUTH_TOKEN_PATH, in
+# ray-project/ray src/ray/rpc/authentication/authentication_token_loader.cc), not an env
+# variable that every process and job of the pod inherits. KubeRay's authOptions (the
+# RayCluster, the RayJob) only ever injects it as RAY_AUTH_TOKEN (kuberay v1.6 pod.go).
+TOKEN_DIR = "/var/run/secrets/ray-token"
 _STOP_RAY = {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
 
 
-def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
+def _head_pod_spec(s: GkeSettings, command: list[str] | None = None,
+                   autoscaler: bool = False) -> dict:
     size = pod_sizes(s)["head"]
     selector = {}
     if s.mode == "standard":
@@ -148,7 +168,7 @@ def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
         "ports": [{"name": n, "containerPort": p} for n, p in RAY_PORTS.items()],
         "env": _env(s), "resources": _resources(size), "securityContext": _SECURITY,
         "lifecycle": _STOP_RAY,
-        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR}],
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR}, _TMP_MOUNT],
     }
     if command:
         ray_head["command"] = command
@@ -158,11 +178,14 @@ def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
                     f"--port={TENSORBOARD_PORT}"],
         "ports": [{"name": "tensorboard", "containerPort": TENSORBOARD_PORT}],
         "resources": _resources(TENSORBOARD_SIZE), "securityContext": _SECURITY,
-        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}],
+        "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}, _TMP_MOUNT],
     }
-    spec = {"serviceAccountName": s.service_account, "securityContext": _POD_SECURITY,
-            "containers": [ray_head, tensorboard],
-            "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{s.prefix}-runs"}}]}
+    # Only KubeRay's autoscaler sidecar talks to the Kubernetes API; without it no container
+    # of the pod gets the service account's token.
+    spec = {"serviceAccountName": s.service_account, "automountServiceAccountToken": autoscaler,
+            "securityContext": _POD_SECURITY, "containers": [ray_head, tensorboard],
+            "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{s.prefix}-runs"}},
+                        _TMP_VOLUME]}
     if selector:
         spec["nodeSelector"] = selector
     return spec
@@ -170,15 +193,17 @@ def _head_pod_spec(s: GkeSettings, command: list[str] | None = None) -> dict:
 
 def _actor_pod_spec(s: GkeSettings, container: dict) -> dict:
     """Actor pods: Spot nodes only, gone before the node is (SPOT_GRACE_S < 30 s notice)."""
-    return {"serviceAccountName": s.service_account, "securityContext": _POD_SECURITY,
+    return {"serviceAccountName": s.service_account, "automountServiceAccountToken": False,
+            "securityContext": _POD_SECURITY,
             "nodeSelector": dict(SPOT_SELECTOR), "terminationGracePeriodSeconds": SPOT_GRACE_S,
-            "containers": [container]}
+            "containers": [container], "volumes": [_TMP_VOLUME]}
 
 
-def _actor_container(s: GkeSettings, **extra) -> dict:
+def _actor_container(s: GkeSettings, mounts: tuple[dict, ...] = (), **extra) -> dict:
     return {"name": "ray-worker", "image": s.image, "imagePullPolicy": "IfNotPresent",
             "env": _env(s), "resources": _resources(pod_sizes(s)["actor"]),
-            "securityContext": _SECURITY, "lifecycle": _STOP_RAY, **extra}
+            "securityContext": _SECURITY, "lifecycle": _STOP_RAY,
+            "volumeMounts": [_TMP_MOUNT, *mounts], **extra}
 
 
 def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
@@ -198,7 +223,7 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
             "serviceType": "ClusterIP",
             "rayStartParams": head_params,
             "template": {"metadata": {"labels": _labels(s, "ray-head")},
-                         "spec": _head_pod_spec(s)},
+                         "spec": _head_pod_spec(s, autoscaler=autoscale)},
         },
         "workerGroupSpecs": [{
             "groupName": "actors",
@@ -212,12 +237,13 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
     }
     if autoscale:
         spec["autoscalerOptions"] = {"upscalingMode": "Default", "idleTimeoutSeconds": 60,
-                                     "resources": _resources(AUTOSCALER_SIZE)}
+                                     "resources": _resources(AUTOSCALER_SIZE),
+                                     "securityContext": _SIDECAR_SECURITY}
     # KubeRay >= 1.6 hands the token in this Secret (key auth_token) to the Ray containers,
     # the autoscaler sidecar, the RayJob submitter and its own dashboard client
     # (ray-project/kuberay ray-operator/controllers/ray/common/pod.go, rayjob_controller.go).
     spec["authOptions"] = {"mode": "token", "secretName": token_secret_name(s)}
-    return spec
+    return copy.deepcopy(spec)  # the shared pieces (_SECURITY, ...) stay unchanged by edits
 
 
 def num_actors(s: GkeSettings) -> int:
@@ -252,10 +278,22 @@ def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> 
             "--autoscaling", "true"]
 
 
+def _namespace_meta(s: GkeSettings) -> dict:
+    """Pod Security Admission: the API server refuses pods below "baseline" and warns about
+    (and audits) any below "restricted", which all of ours meet. Not "enforce: restricted":
+    pods KubeRay makes itself (the RayJob's submitter) are outside our templates, and a refused
+    submitter would fail the job (kubernetes.io/docs/concepts/security/pod-security-admission)."""
+    meta = _meta(s, s.namespace, "namespace", namespaced=False)
+    meta["labels"] = {**meta["labels"], "pod-security.kubernetes.io/enforce": "baseline",
+                      "pod-security.kubernetes.io/warn": "restricted",
+                      "pod-security.kubernetes.io/audit": "restricted"}
+    return meta
+
+
 def namespace_docs(s: GkeSettings) -> list[dict]:
     return [
         {"apiVersion": "v1", "kind": "Namespace",
-         "metadata": _meta(s, s.namespace, "namespace", namespaced=False)},
+         "metadata": _namespace_meta(s)},
         {"apiVersion": "v1", "kind": "ServiceAccount",
          "metadata": {**_meta(s, s.service_account, "identity"),
                       "annotations": {"iam.gke.io/gcp-service-account": s.gsa_email}}},
@@ -275,6 +313,32 @@ def network_policy(s: GkeSettings) -> dict:
             "metadata": _meta(s, f"{s.prefix}-ingress", "network-policy"),
             "spec": {"podSelector": {}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {}}]}, dashboard]}}
+
+
+def egress_policy(s: GkeSettings) -> dict:
+    """What the pods may reach, and only that: the namespace's own pods (Ray), DNS (kube-dns,
+    and the node-local addresses NodeLocal DNSCache and Cloud DNS answer on, which no pod
+    selector matches), GKE's managed collector, the GKE metadata server (Workload Identity's
+    tokens: 169.254.169.254:80, or 169.254.169.252:988 on clusters without Dataplane V2), and
+    HTTPS to settings.https_egress_cidrs (Google APIs, the API server for the autoscaler).
+    Code sent through the Jobs API can then reach nothing else."""
+    tcp = lambda *ports: [{"port": p, "protocol": "TCP"} for p in ports]  # noqa: E731
+    dns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},
+           {"ipBlock": {"cidr": "169.254.20.10/32"}}, {"ipBlock": {"cidr": "169.254.169.254/32"}}]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _meta(s, f"{s.prefix}-egress", "network-policy"),
+            "spec": {"podSelector": {}, "policyTypes": ["Egress"], "egress": [
+                {"to": [{"podSelector": {}}]},
+                {"to": dns, "ports": [{"port": 53, "protocol": "UDP"}, *tcp(53)]},
+                {"to": [{"namespaceSelector": {"matchLabels": {
+                    "kubernetes.io/metadata.name": MANAGED_OTEL_NAMESPACE}}}],
+                 "ports": tcp(*sorted(OTLP_PORTS.values()))},
+                {"to": [{"ipBlock": {"cidr": "169.254.169.254/32"}}], "ports": tcp(80)},
+                {"to": [{"ipBlock": {"cidr": "169.254.169.252/32"}}], "ports": tcp(988)},
+                {"to": [{"ipBlock": {"cidr": c.strip()}} for c in s.https_egress_cidrs.split(",")],
+                 "ports": tcp(443)},
+            ]}}
 
 
 def runs_volume(s: GkeSettings) -> dict:
@@ -320,25 +384,29 @@ def plain_docs(s: GkeSettings) -> list[dict]:
                 f"--port={RAY_PORTS['gcs-server']}", f"--num-cpus={sizes['head'].cpu}"]
     if sizes["head"].gpus:
         head_cmd.append(f"--num-gpus={sizes['head'].gpus}")
+    token_env, token_volume, token_mount = _token_file(s)
     head_spec = _head_pod_spec(s, command=head_cmd)
-    head_spec["containers"][0]["env"] += _token_env(s)
+    head_spec["containers"][0]["env"] += token_env
+    head_spec["containers"][0]["volumeMounts"].append(token_mount)
+    head_spec["volumes"].append(token_volume)
     head_pod = {"apiVersion": "v1", "kind": "Pod",
                 "metadata": _meta(s, head_name, "plain-head"), "spec": head_spec}
     script = {"apiVersion": "v1", "kind": "ConfigMap",
               "metadata": _meta(s, f"{s.prefix}-wait-for-head", "plain-actors"),
               "data": {"wait-for-head.sh": wait_for_head_script()}}
     container = _actor_container(
-        s, command=["/bin/sh", "/opt/distrl/wait-for-head.sh", "--block"],
-        volumeMounts=[{"name": "scripts", "mountPath": "/opt/distrl", "readOnly": True}])
-    container["env"] = [*container["env"], *_token_env(s),
+        s, mounts=({"name": "scripts", "mountPath": "/opt/distrl", "readOnly": True},
+                   token_mount),
+        command=["/bin/sh", "/opt/distrl/wait-for-head.sh", "--block"])
+    container["env"] = [*container["env"], *token_env,
                         {"name": "RAY_HEAD_ADDRESS",
                          "value": f"{head_name}.{s.namespace}.svc.cluster.local:"
                                   f"{RAY_PORTS['gcs-server']}"},
                         {"name": "RAY_NUM_CPUS", "value": str(sizes["actor"].cpu)},
                         {"name": "WAIT_FOR_HEAD_TIMEOUT_S", "value": "600"}]
     actor_spec = _actor_pod_spec(s, container)
-    actor_spec["volumes"] = [{"name": "scripts", "configMap": {
-        "name": f"{s.prefix}-wait-for-head", "defaultMode": 0o555}}]
+    actor_spec["volumes"] += [{"name": "scripts", "configMap": {
+        "name": f"{s.prefix}-wait-for-head", "defaultMode": 0o555}}, token_volume]
     actors = {"apiVersion": "apps/v1", "kind": "Deployment",
               "metadata": _meta(s, f"{s.prefix}-actors", "plain-actors"),
               "spec": {"replicas": s.max_actor_nodes,
@@ -350,20 +418,20 @@ def plain_docs(s: GkeSettings) -> list[dict]:
                 "spec": {"clusterIP": "None", "selector": _labels(s, "plain-head"),
                          "ports": [{"name": n, "port": p, "targetPort": p}
                                    for n, p in RAY_PORTS.items()]}}
-    return [headless, head_pod, script, actors]
+    return copy.deepcopy([headless, head_pod, script, actors])
 
 
 def render(s: GkeSettings) -> dict[str, list[dict]]:
     """Relative file path -> the documents in it."""
     return {
         "cluster/00-namespace.yaml": namespace_docs(s),
-        "cluster/10-network-policy.yaml": [network_policy(s)],
+        "cluster/10-network-policy.yaml": [network_policy(s), egress_policy(s)],
         "cluster/20-runs-volume.yaml": [runs_volume(s)],
         "cluster/30-raycluster.yaml": [ray_cluster(s)],
         "cluster/40-tensorboard.yaml": [tensorboard_service(s)],
         "job/rayjob.yaml": [ray_job(s)],
         "plain/00-namespace.yaml": namespace_docs(s),
-        "plain/10-network-policy.yaml": [network_policy(s)],
+        "plain/10-network-policy.yaml": [network_policy(s), egress_policy(s)],
         "plain/20-runs-volume.yaml": [runs_volume(s)],
         "plain/30-head.yaml": plain_docs(s)[:2],
         "plain/40-actors.yaml": plain_docs(s)[2:],
@@ -418,7 +486,8 @@ def load_dir(directory: str | Path) -> list[tuple[Path, dict]]:
 def validate(doc: dict, kubernetes_version: str = KUBERNETES_VERSION) -> None:
     """Raise ValueError naming the problem: core kinds against the Kubernetes OpenAPI schema in
     strict mode (unknown fields are errors), KubeRay kinds against the fields KubeRay requires,
-    including their pod templates as strict Pods."""
+    including their pod templates as strict Pods; every pod against the restricted Pod Security
+    Standard."""
     if not isinstance(doc, dict) or "kind" not in doc or "apiVersion" not in doc:
         raise ValueError(f"not a Kubernetes object (needs apiVersion and kind): {doc!r:.200}")
     name = f"{doc['kind']} {doc.get('metadata', {}).get('name', '?')}"
@@ -426,9 +495,101 @@ def validate(doc: dict, kubernetes_version: str = KUBERNETES_VERSION) -> None:
         _check_kuberay(doc, name, kubernetes_version)
     else:
         _strict(doc, name, kubernetes_version)
+    for where, pod_spec in _pod_specs(doc):
+        if problems := restricted_problems(pod_spec, where):
+            raise ValueError(f"{name} does not meet the restricted Pod Security Standard: "
+                             + "; ".join(problems))
+    autoscaler = doc.get("spec", {}).get("autoscalerOptions")
+    if autoscaler is not None and restricted_problems(
+            {"containers": [{"name": "autoscaler", **autoscaler}],
+             "securityContext": _pod_specs(doc)[0][1].get("securityContext", {})}):
+        raise ValueError(f"{name}: spec.autoscalerOptions.securityContext: KubeRay's autoscaler "
+                         "sidecar must meet the restricted Pod Security Standard too "
+                         "(allowPrivilegeEscalation false, capabilities drop ALL)")
     if doc["kind"] == "Service" and doc.get("spec", {}).get("type") in ("LoadBalancer", "NodePort"):
         raise ValueError(f"{name}: spec.type={doc['spec']['type']} exposes the service outside the "
                          "cluster; use ClusterIP and kubectl port-forward")
+
+
+# The "restricted" Pod Security Standard, rule by rule (kubernetes/pod-security-admission
+# policy/check_*.go, the checks the API server runs; kubernetes.io/docs/concepts/security/
+# pod-security-standards). Restricted includes baseline.
+RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral",
+                      "persistentVolumeClaim", "projected", "secret", "image"}
+SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range",
+                "net.ipv4.ip_unprivileged_port_start", "net.ipv4.tcp_syncookies",
+                "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
+                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout",
+                "net.ipv4.tcp_keepalive_intvl", "net.ipv4.tcp_keepalive_probes"}
+
+
+def restricted_problems(pod_spec: dict, where: str = "spec") -> list[str]:
+    """Where a pod spec falls short of the restricted Pod Security Standard, one line per rule
+    broken (empty: it passes)."""
+    problems = []
+    pod_security = pod_spec.get("securityContext", {})
+    for key in ("hostNetwork", "hostPID", "hostIPC"):
+        if pod_spec.get(key):
+            problems.append(f"{where}.{key}: host namespaces are not allowed")
+    for volume in pod_spec.get("volumes", []):
+        kind = next((k for k in volume if k != "name"), None)
+        if kind not in RESTRICTED_VOLUMES:
+            problems.append(f"{where}.volumes[{volume.get('name')}]: type {kind} is not allowed")
+    for sysctl in pod_security.get("sysctls", []):
+        if sysctl.get("name") not in SAFE_SYSCTLS:
+            problems.append(f"{where}.securityContext.sysctls: {sysctl.get('name')} is not safe")
+    if pod_security.get("runAsUser") == 0:
+        problems.append(f"{where}.securityContext.runAsUser: 0 (root) is not allowed")
+    seccomp_ok = {"RuntimeDefault", "Localhost"}
+    pod_seccomp = pod_security.get("seccompProfile", {}).get("type")
+    if pod_seccomp is not None and pod_seccomp not in seccomp_ok:
+        problems.append(f"{where}.securityContext.seccompProfile: {pod_seccomp} is not allowed")
+    for group in ("initContainers", "containers", "ephemeralContainers"):
+        for c in pod_spec.get(group, []):
+            at = f"{where}.{group}[{c.get('name')}].securityContext"
+            sc = c.get("securityContext", {})
+            if sc.get("privileged"):
+                problems.append(f"{at}.privileged: privileged containers are not allowed")
+            if sc.get("allowPrivilegeEscalation") is not False:
+                problems.append(f"{at}.allowPrivilegeEscalation: must be set to false")
+            caps = sc.get("capabilities", {})
+            if "ALL" not in caps.get("drop", []):
+                problems.append(f"{at}.capabilities.drop: must include ALL")
+            if set(caps.get("add", [])) - {"NET_BIND_SERVICE"}:
+                problems.append(f"{at}.capabilities.add: only NET_BIND_SERVICE is allowed")
+            if not sc.get("runAsNonRoot", pod_security.get("runAsNonRoot")):
+                problems.append(f"{at}.runAsNonRoot: must be true (here or for the pod)")
+            if sc.get("runAsUser") == 0:
+                problems.append(f"{at}.runAsUser: 0 (root) is not allowed")
+            seccomp = sc.get("seccompProfile", {}).get("type", pod_seccomp)
+            if seccomp not in seccomp_ok:
+                problems.append(f"{at}.seccompProfile: must be RuntimeDefault or Localhost "
+                                "(here or for the pod)")
+            if sc.get("procMount", "Default") != "Default":
+                problems.append(f"{at}.procMount: must be Default")
+            if any(p.get("hostPort") for p in c.get("ports", [])):
+                problems.append(f"{where}.{group}[{c.get('name')}].ports: hostPort is not allowed")
+    return problems
+
+
+def _pod_specs(doc: dict) -> list[tuple[str, dict]]:
+    """(where, pod spec) of every pod a document makes: Pods, workload templates, the head and
+    worker groups of RayClusters and RayJobs."""
+    spec = doc.get("spec", {})
+    if doc["kind"] == "Pod":
+        return [("spec", spec)]
+    if "template" in spec:
+        return [("spec.template.spec", spec["template"].get("spec", {}))]
+    cluster, where = (spec.get("rayClusterSpec", {}), "spec.rayClusterSpec") \
+        if doc["kind"] == "RayJob" else (spec, "spec")
+    out = []
+    if "headGroupSpec" in cluster:
+        out.append((f"{where}.headGroupSpec.template.spec",
+                    cluster["headGroupSpec"]["template"].get("spec", {})))
+    for i, group in enumerate(cluster.get("workerGroupSpecs", [])):
+        out.append((f"{where}.workerGroupSpecs[{i}].template.spec",
+                    group["template"].get("spec", {})))
+    return out
 
 
 def _strict(doc: dict, name: str, kubernetes_version: str) -> None:

@@ -9,8 +9,9 @@
 #   WAIT_FOR_HEAD_TIMEOUT_S    give up after this many seconds (default 300)
 #   WAIT_FOR_HEAD_INTERVAL_S   seconds between tries (default 2)
 #   RAY_NUM_CPUS               CPUs this node offers to Ray (default: Ray detects them)
-#   RAY_AUTH_MODE              token (default) or disabled; the token comes from RAY_AUTH_TOKEN
-#                              or ~/.ray/auth_token
+#   RAY_AUTH_MODE              token (default) or disabled; the token comes from RAY_AUTH_TOKEN,
+#                              the file RAY_AUTH_TOKEN_PATH names (the plain manifests mount the
+#                              Secret there), or ~/.ray/auth_token
 # Arguments are passed on to `ray start` (e.g. --block to keep the pod's main process alive).
 set -eu
 export RAY_AUTH_MODE="${RAY_AUTH_MODE:-token}"
