@@ -36,6 +36,7 @@ bench: install
 	$(BIN)/python benchmarks/time_to_solve.py
 	$(BIN)/python benchmarks/collector_ingest.py
 	$(BIN)/python benchmarks/monitoring_query.py
+	$(BIN)/python benchmarks/collector_under_load.py
 	$(BIN)/python benchmarks/telemetry_overhead.py
 	$(BIN)/python benchmarks/replay_headroom.py
 	$(BIN)/python benchmarks/multinode_throughput.py

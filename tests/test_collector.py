@@ -370,7 +370,8 @@ def test_non_finite_values_and_out_of_range_counts_are_refused_per_point(collect
     far = metrics_pb2.Metric(name="t", gauge={"data_points": [number(2 ** 63, 1.0)]})
     response = stub.Export(request(nan, inf_sum, huge, nan_bounds, scale, far))
     assert response.partial_success.rejected_data_points == 6
-    assert response.partial_success.error_message.startswith("g: value=nan is not a finite")
+    assert response.partial_success.error_message.startswith(
+        "'g' point 0 (time_unix_nano=10): value=nan is not a finite")
     assert len(response.partial_success.error_message) < 300
     assert [p["value"] for p in collector.store().points(PREFIX + "g/gauge")] == [2.0]
     from distrl import explore
@@ -383,10 +384,20 @@ def test_non_finite_values_and_out_of_range_counts_are_refused_per_point(collect
         assert response.partial_success.rejected_data_points == 1, bad.name
     messages = [stub.Export(request(m)).partial_success.error_message
                 for m in (huge, nan_bounds, scale, far)]
-    assert messages == ["h: count=9223372036854775808 is outside [0, 2^63-1]",
-                        "b: bound=nan is not a finite number",
-                        "e: exponential histogram scale -2000 is outside [-10, 20]",
-                        "t: time_unix_nano=9223372036854775808 is above 2^63-1"]
+    assert messages == [
+        "'h' point 0 (time_unix_nano=10): count=9223372036854775808 is outside [0, 2^63-1]",
+        "'b' point 0 (time_unix_nano=10): bound=nan is not a finite number",
+        "'e' point 0 (time_unix_nano=10): exponential histogram scale -2000 is outside [-10, 20]",
+        "'t' point 0 (time_unix_nano=9223372036854775808): time_unix_nano=9223372036854775808 "
+        "is above 2^63-1"]
+    # A client's megabyte of name and bounds comes back as a few hundred characters.
+    long = metrics_pb2.Metric(name="n" * 1_000_000, histogram={
+        "aggregation_temporality": 2, "data_points": [metrics_pb2.HistogramDataPoint(
+            time_unix_nano=10, count=0, explicit_bounds=[float(-i) for i in range(10_000)],
+            bucket_counts=[0] * 10_001)]})
+    message = stub.Export(request(long)).partial_success.error_message
+    assert message.startswith("'nnnn") and "not strictly increasing" in message
+    assert len(message) <= 300
 
 
 def test_spans_without_ids_are_refused_not_stored_over_each_other(collector):

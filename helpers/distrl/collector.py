@@ -201,6 +201,16 @@ class InvalidPoint(ValueError):
     pass
 
 
+MAX_ERROR_CHARS = 300  # a client's names and values are cut, so a refusal stays short
+
+
+def _refusal(name: str, index: int, point, err: Exception) -> str:
+    """partial_success.error_message for the first refused point: which point, which rule."""
+    where = f"{name[:80]!r}{'...' if len(name) > 80 else ''} point {index} " \
+            f"(time_unix_nano={point.time_unix_nano})"
+    return f"{where}: {err}"[:MAX_ERROR_CHARS]
+
+
 INT64_MAX = 2 ** 63 - 1  # SQLite's integers are signed 64-bit; OTLP's counts and times uint64
 # Exponential histogram scales OTLP allows (opentelemetry.io/docs/specs/otel/metrics/
 # data-model/#exponentialhistogram: "scale ... is restricted to the range [-10, 20]").
@@ -232,7 +242,7 @@ def _histogram_fields(p) -> tuple:
     if counts and sum(counts) != p.count:
         raise InvalidPoint(f"histogram point count {p.count} != sum of bucket counts {sum(counts)}")
     if any(lo >= hi for lo, hi in zip(bounds, bounds[1:])):
-        raise InvalidPoint(f"histogram bounds {bounds} are not strictly increasing")
+        raise InvalidPoint(f"histogram bounds {str(bounds)[:120]} are not strictly increasing")
     return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
             p.max if p.HasField("max") else None, _bounds_json(tuple(bounds)), json.dumps(counts),
             None)
@@ -439,7 +449,7 @@ class CollectorStore:
             self._descriptor(metric_type, name, kind, metric_kind,
                              "INT64" if is_int and kind == "gauge" else "DOUBLE", unit,
                              description)
-            for p in points:
+            for i, p in enumerate(points):
                 which = p.WhichOneof("value")
                 int_value = p.as_int if which == "as_int" else None
                 value = float(p.as_int) if which == "as_int" else p.as_double
@@ -447,7 +457,7 @@ class CollectorStore:
                     _check_point(p, ("value", None if which == "as_int" else value))
                 except InvalidPoint as err:
                     rejected += 1
-                    error = error or f"{name}: {err}"
+                    error = error or _refusal(name, i, p, err)
                     continue
                 rows.append((metric_type, rid, attributes_json(p.attributes), temporality,
                              p.start_time_unix_nano, p.time_unix_nano, value, int_value,
@@ -460,12 +470,12 @@ class CollectorStore:
                              _metric_kind(container.aggregation_temporality), "DISTRIBUTION",
                              unit, description)
             fields = _histogram_fields if data == "histogram" else _exponential_fields
-            for p in container.data_points:
+            for i, p in enumerate(container.data_points):
                 try:
                     extra = fields(p)
                 except InvalidPoint as err:
                     rejected += 1
-                    error = error or f"{name}: {err}"
+                    error = error or _refusal(name, i, p, err)
                     continue
                 rows.append((metric_type, rid, attributes_json(p.attributes),
                              container.aggregation_temporality, p.start_time_unix_nano,
@@ -480,7 +490,7 @@ class CollectorStore:
                              p.start_time_unix_nano, p.time_unix_nano, None, None, p.count,
                              p.sum, None, None, None, None, json.dumps(quantiles), scope))
             return 0, ""
-        return 1, f"{name}: metric without data"
+        return 1, f"{name[:80]!r}: metric without data"
 
     def _insert_spans(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
@@ -498,7 +508,7 @@ class CollectorStore:
                                else None)
                     if problem:
                         rejected += 1
-                        error = error or f"span {s.name[:60]!r}: {problem}"
+                        error = error or f"span {s.name[:60]!r}: {problem}"[:MAX_ERROR_CHARS]
                         continue
                     events = [{"name": e.name, "time_ns": e.time_unix_nano,
                                "attributes": json.loads(attributes_json(e.attributes))}
