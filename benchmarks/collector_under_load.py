@@ -3,12 +3,13 @@ large exports.
 
     python benchmarks/collector_under_load.py [--series 20000] [--exporters 4] [--seconds 20]
 
-Fills a collector with `--series` gauge series, then runs `--exporters` processes that each
+Fills a collector with `--series` gauge series (and `--descriptor-points` more points, over
+which ListMetricDescriptors is timed), then runs `--exporters` processes that each
 export small requests back to back (what a training's processes do) for `--seconds`, first
 alone and then beside two processes that read every series (ListTimeSeries) and list the
 metric descriptors in a loop. Prints export latency p50/p99 for both, their ratio, the queries
-answered or refused, and the collector's resident memory after four concurrent exports of
-the largest message it takes.
+answered or refused, and the collector's resident memory after max_exports concurrent exports
+of nearly the largest message it takes.
 """
 
 import argparse
@@ -26,7 +27,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.collector import LocalCollector
+from distrl.collector import Limits, LocalCollector
 
 S = 10**9
 
@@ -105,6 +106,7 @@ def main() -> None:
     parser.add_argument("--series", type=int, default=20_000)
     parser.add_argument("--exporters", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
+    parser.add_argument("--descriptor-points", type=int, default=200_000)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
@@ -114,6 +116,15 @@ def main() -> None:
         for lo in range(0, args.series, 5_000):
             stub.Export(gauge_request("bench.filled", range(lo, min(lo + 5_000, args.series)),
                                       t), timeout=120)
+        for lo in range(0, args.descriptor_points, 5_000):  # a series per point (worst case)
+            stub.Export(gauge_request("bench.history", range(lo, lo + 5_000), t), timeout=120)
+        client = monitoring_v3.MetricServiceClient(
+            transport=monitoring_v3.services.metric_service.transports.MetricServiceGrpcTransport(
+                channel=grpc.insecure_channel(endpoint)))
+        start = time.perf_counter()
+        descriptors = list(client.list_metric_descriptors(name="projects/bench", timeout=120))
+        print(f"ListMetricDescriptors over {args.series + args.descriptor_points:,} points: "
+              f"{time.perf_counter() - start:.2f} s ({len(descriptors)} descriptors)")
         print(f"filled {args.series:,} series; {args.exporters} exporter processes, "
               f"{args.seconds:g} s each", flush=True)
         quiet, _ = export_latencies(endpoint, args.exporters, args.seconds, queries=0)
@@ -127,13 +138,16 @@ def main() -> None:
               f"{sum(c[1] for c in counts)} {next((c[2] for c in counts if c[2]), '')}")
         process = psutil.Process(collector.process.pid)
         before = process.memory_info().rss
-        big = gauge_request("bench.big", range(110_000), time.time_ns())
+        limits = Limits()
+        big = gauge_request("bench.big", range(95_000), time.time_ns())  # just under the limit
         size = big.ByteSize()
-        with mp.get_context("spawn").Pool(4) as pool:
-            codes = pool.starmap(_export_code, [(endpoint, big)] * 4)
+        n = limits.max_exports
+        with mp.get_context("spawn").Pool(n) as pool:
+            codes = pool.starmap(_export_code, [(endpoint, big)] * n)
         print(f"collector RSS {before / 2**20:.0f} MiB before and "
-              f"{process.memory_info().rss / 2**20:.0f} MiB after 4 concurrent exports of "
-              f"{size / 2**20:.1f} MiB ({', '.join(codes)})")
+              f"{process.memory_info().rss / 2**20:.0f} MiB after {n} concurrent exports of "
+              f"{size / 2**20:.1f} MiB ({', '.join(sorted(set(codes)))}); the limits' bound "
+              f"above the baseline: {limits.memory_bound_bytes() / 2**20:.0f} MiB")
 
 
 def _export_code(endpoint: str, request) -> str:

@@ -506,8 +506,7 @@ def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
             codes = list(pool.map(lambda r: _export_with_retries(endpoint, r), near))
         assert codes == ["OK"] * 8
         grown = process.memory_info().rss - before
-        bound = (2 * limits.max_exports * limits.max_message_bytes * 4 + limits.cache_bytes
-                 + limits.page_cache_bytes)
+        bound = limits.memory_bound_bytes()
         assert grown < bound, f"RSS grew {grown / MiB:.0f} MiB; bound {bound / MiB:.0f} MiB"
         store = collector.store()
         assert [store.query("SELECT COUNT(*) AS n FROM points WHERE metric_type = ?",

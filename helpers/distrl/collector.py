@@ -56,11 +56,14 @@ MiB = 2**20
 @dataclass(frozen=True)
 class Limits:
     """What bounds a long-running collector's memory and the cost of each read; printed at
-    start. Memory peaks near (2 * max_exports) * max_message_bytes * ~4 (the wire bytes and
-    their parsed form, for both receivers) plus the caches."""
+    start. Memory peaks near memory_bound_bytes(): for each Export in flight on either receiver
+    about 8 times its size (wire bytes, the parsed message, the rows; measured with
+    benchmarks/collector_under_load.py), plus the caches."""
 
-    max_message_bytes: int = 16 * MiB  # one Export request, either receiver
-    max_exports: int = 16              # concurrent Export calls per receiver; more wait
+    # 4 MiB: gRPC's and the OpenTelemetry Collector's default; an SDK export is kilobytes.
+    max_message_bytes: int = 4 * MiB   # one Export request, either receiver
+    max_exports: int = 8               # concurrent Export calls per receiver; more are refused
+                                       # (RESOURCE_EXHAUSTED, HTTP 503), which exporters retry
     max_queries: int = 2               # concurrent reads; more get RESOURCE_EXHAUSTED
     cache_bytes: int = 16 * MiB        # attribute and resource caches of the writer
     page_cache_bytes: int = 64 * MiB   # results kept for their next pages
@@ -78,8 +81,13 @@ class Limits:
             raise ValueError(f"max_query_s={self.max_query_s!r} is invalid: expected seconds "
                              "in (0, 3600)")
 
+    def memory_bound_bytes(self) -> int:
+        return (2 * self.max_exports * self.max_message_bytes * 8 + self.cache_bytes
+                + self.page_cache_bytes)
+
     def describe(self) -> str:
-        return (f"limits: messages up to {self.max_message_bytes / MiB:g} MiB, "
+        return (f"limits: memory about {self.memory_bound_bytes() / MiB:,.0f} MiB at most above "
+                f"the baseline; messages up to {self.max_message_bytes / MiB:g} MiB, "
                 f"{self.max_exports} concurrent exports per receiver, {self.max_queries} "
                 f"concurrent queries of at most {self.max_rows_scanned:,} points, "
                 f"{self.max_series_periods:,} series x periods and {self.max_query_s:g} s, "

@@ -957,7 +957,8 @@ class MetricService:
         if offset + taken < len(entries):
             if not result_id:
                 points = len(flat) if flat else sum(len(s.points) for s in series)
-                result_id = self.pages.put(result, 200 * points + 1000 * len(series))
+                # Python's size of a point tuple and of a series with its label dicts.
+                result_id = self.pages.put(result, 300 * points + 3000 * len(series))
             response.next_page_token = _page_token(request, offset + taken, result_id)
         return response
 
