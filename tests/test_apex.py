@@ -129,6 +129,11 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, tm
     for p in _points(tmp_path, prefix + "rl.sample.samples/counter"):
         last[p["resource"]["service.instance.id"]] = p["int_value"]
     assert sum(last.values()) == result.env_steps
+    # Every env step is timed on its own (a block's average would hide the slow steps).
+    counts = {}
+    for p in _points(tmp_path, prefix + "rl.step.duration/histogram"):
+        counts[p["resource"]["service.instance.id"]] = p["count"]
+    assert sum(counts.values()) == result.env_steps
     mfu = [p["value"] for p in _points(tmp_path, prefix + "rl.train.mfu/gauge")]
     assert all(0 < v < 1 for v in mfu)
     # One trace per driver iteration, joined by learner, actor and replay spans.

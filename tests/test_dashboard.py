@@ -51,6 +51,15 @@ def test_charts_cover_the_golden_signals_with_real_instruments():
     assert len(queries) == sum(len(c.reducers) for c in dashboard.CHARTS)
     labels = {f["labelKey"] for f in dashboard.dashboard()["dashboardFilters"]}
     assert labels == {"rl.run.id", "rl.algorithm", "rl.environment.name"}
+    # The reward tiles and the reward-drop alert read the greedy evaluator's episodes only.
+    greedy = 'metric.labels."rl.loop" = "evaluator"'
+    reward = [f for title, f, _ in queries if "mean episode" in title]
+    assert len(reward) == 2 and all(greedy in f for f in reward)
+    assert dashboard.REWARD_DROP_PROMQL.count('"rl.loop"="evaluator"') == 3
+    [chart] = [c for c in dashboard.CHARTS if c.metric == "rl.environment.reward.mean"]
+    assert dashboard.chart_filter(chart, {"rl.run.id": "r1"}).endswith(
+        f'{greedy} AND metric.labels."rl.run.id" = "r1"')
+    assert '"rl.loop"="evaluator"' in dashboard.promql(chart)[0]
 
 
 def test_deploy_plan_commands_and_bad_project(stand_ins, capsys):

@@ -175,6 +175,15 @@ def test_filters_on_dotted_labels_functions_and_resource_labels(mon):
     assert runs('resource.type = "prometheus_target"', 'resource.label.job = ends_with("service")',
                 metric="rl.sample.samples/counter") == ["r1", "r2"]
     assert _list(mon, "no.such.metric/gauge") == []
+    # Side by side means AND, as in Google's published dashboards' filters.
+    request = {"name": mon.project_name, "interval": {"start_time": _time(T0),
+                                                      "end_time": _time(T0 + 130 * S)},
+               "filter": f'metric.type="{PREFIX}rl.train.loss/gauge" '
+                         'resource.type="prometheus_target" metric.labels."rl.run.id"="r2"'}
+    assert [ts.metric.labels["rl.run.id"] for ts in mon.client.list_time_series(request)] == ["r2"]
+    request["filter"] = request["filter"].replace(' resource.type', ' = resource.type')
+    with pytest.raises(exceptions.InvalidArgument, match="expected"):
+        list(mon.client.list_time_series(request))
 
 
 def test_counter_delta_and_rate_add_up_across_a_restart(mon, collector):

@@ -150,6 +150,47 @@ def test_otel_environment_variables_are_honoured(collector):
                for p in store.points(PREFIX + "env.counter/counter"))
 
 
+GLOBAL_PROGRAM = textwrap.dedent("""
+    from opentelemetry import metrics, trace
+    from distrl.telemetry import setup_telemetry
+    tel = setup_telemetry()
+    print("namespace", tel.resource.attributes["service.namespace"], flush=True)
+    # What instrumentation libraries and copied snippets do: the API's global providers.
+    metrics.get_meter("lib").create_counter("global.counter").add(5)
+    with trace.get_tracer("lib").start_as_current_span("global.span"):
+        pass
+    tel.shutdown()
+""")
+
+
+def test_env_namespace_global_providers_and_scheme_less_endpoints(collector):
+    """The seed's env block: OTEL_RESOURCE_ATTRIBUTES names the namespace (Cloud Monitoring's
+    `namespace` label), libraries use the global providers, and its scheme-less endpoint is
+    refused by name unless OTEL_EXPORTER_OTLP_INSECURE says how to talk to it."""
+    address = collector.endpoint.removeprefix("http://")
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.endpoint,
+           "OTEL_RESOURCE_ATTRIBUTES": "service.namespace=opentelemetry-demo"}
+    out = run_program(GLOBAL_PROGRAM, env)
+    assert out.returncode == 0, out.stderr
+    assert "namespace opentelemetry-demo" in out.stdout
+    [point] = collector.store().points(PREFIX + "global.counter/counter")[-1:]
+    assert point["int_value"] == 5
+    assert point["resource"]["service.namespace"] == "opentelemetry-demo"
+    assert "global.span" in [s["name"] for s in collector.store().spans()]
+    seed = {**env, "OTEL_EXPORTER_OTLP_METRICS_ENDPOINT": address}
+    out = run_program(GLOBAL_PROGRAM, seed)
+    assert out.returncode != 0
+    assert f"OTEL_EXPORTER_OTLP_METRICS_ENDPOINT='{address}' has no scheme" in out.stderr
+    assert "OTEL_EXPORTER_OTLP_INSECURE=true" in out.stderr
+    out = run_program(GLOBAL_PROGRAM, {**seed, "OTEL_EXPORTER_OTLP_INSECURE": "true"})
+    assert out.returncode == 0, out.stderr
+    assert len(collector.store().points(PREFIX + "global.counter/counter")) >= 2
+    from distrl.telemetry import setup_telemetry
+
+    with pytest.raises(ValueError, match="endpoint='localhost:4317' is invalid"):
+        setup_telemetry(endpoint="localhost:4317")
+
+
 def test_a_stock_sdk_program_lands_unchanged(tmp_path):
     """Default OTLP gRPC exporters (insecure, localhost:4317) and nothing from distrl."""
     program = textwrap.dedent("""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import time
 
 import gymnasium as gym
 import numpy as np
@@ -201,8 +202,9 @@ class EnvBatch:
                             ).astype(np.float32)
         return self.obs.copy()
 
-    def step(self, actions: np.ndarray):
-        """(next_obs, reward, terminated, truncated, final_obs) for one action per env."""
+    def step(self, actions: np.ndarray, durations_ms: list | None = None):
+        """(next_obs, reward, terminated, truncated, final_obs) for one action per env; with
+        durations_ms, each env.step's own time is appended to it."""
         k = len(self.envs)
         next_obs = np.empty_like(self.obs)
         reward = np.empty(k)
@@ -210,7 +212,12 @@ class EnvBatch:
         truncated = np.empty(k, dtype=bool)
         ended = []
         for j, (env, action) in enumerate(zip(self.envs, actions.tolist())):
-            obs, reward[j], terminated[j], truncated[j], _ = env.step(action)
+            if durations_ms is None:
+                obs, reward[j], terminated[j], truncated[j], _ = env.step(action)
+            else:
+                t0 = time.perf_counter()
+                obs, reward[j], terminated[j], truncated[j], _ = env.step(action)
+                durations_ms.append((time.perf_counter() - t0) * 1e3)
             if terminated[j] or truncated[j]:
                 ended.append((j, obs))
                 obs, _ = env.reset()
@@ -270,12 +277,15 @@ class Actor:
         self.step(num_steps)
         return self.fold()
 
-    def step(self, num_steps: int) -> None:
-        """Step every env num_steps times (epsilon-greedy), recording the steps for fold()."""
+    def step(self, num_steps: int, durations_ms: list | None = None) -> None:
+        """Step every env num_steps times (epsilon-greedy), recording the steps for fold();
+        with durations_ms, every single env.step's time is appended to it (telemetry: the
+        p99 of rl.step.duration must see the slow steps, not a block's average)."""
         for _ in range(num_steps):
             q = self.q_values(self.obs)
             actions = self.act(q)
-            next_obs, reward, terminated, truncated, final_obs = self.envs.step(actions)
+            next_obs, reward, terminated, truncated, final_obs = self.envs.step(actions,
+                                                                                 durations_ms)
             done = terminated | truncated
             self.folder.push(self.obs, actions, reward, final_obs, terminated, truncated, q)
             self.episode_return += reward

@@ -38,6 +38,7 @@ class Chart:
     reducers: tuple[str, ...]
     group_by: tuple[str, ...]
     unit: str
+    where: tuple[tuple[str, str], ...] = ()  # fixed label equalities of every query
 
     @property
     def metric_type(self) -> str:
@@ -61,10 +62,14 @@ CHARTS = (
           "ALIGN_RATE", ("REDUCE_SUM",), (otel.RL_RUN_ID,), "1/s"),
     Chart("traffic", "learner updates/s (rl.train.steps)", "rl.train.steps", "counter",
           "ALIGN_RATE", ("REDUCE_SUM",), (otel.RL_RUN_ID,), "1/s"),
-    Chart("errors", "mean episode reward", "rl.environment.reward.mean", "gauge", "ALIGN_MEAN",
-          ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
-    Chart("errors", "mean episode length", "rl.environment.episode.length.mean", "gauge",
-          "ALIGN_MEAN", ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
+    # The greedy evaluator's episodes only: the actors' returns, which the same instrument
+    # carries with rl.loop = "actor", include their exploration (epsilon up to 0.4).
+    Chart("errors", "greedy mean episode reward (evaluator)", "rl.environment.reward.mean",
+          "gauge", "ALIGN_MEAN", ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1",
+          ((otel.RL_LOOP, "evaluator"),)),
+    Chart("errors", "greedy mean episode length (evaluator)",
+          "rl.environment.episode.length.mean", "gauge", "ALIGN_MEAN", ("REDUCE_MEAN",),
+          (otel.RL_RUN_ID,), "1", ((otel.RL_LOOP, "evaluator"),)),
     Chart("errors", "TD loss (rl.train.loss)", "rl.train.loss", "gauge", "ALIGN_MEAN",
           ("REDUCE_MEAN",), (otel.RL_RUN_ID,), "1"),
     Chart("saturation", "model FLOPs utilisation (rl.train.mfu)", "rl.train.mfu", "gauge",
@@ -78,9 +83,11 @@ def label_terms(where: dict | None) -> list[str]:
 
 
 def chart_filter(chart: Chart, where: dict | None = None) -> str:
-    """The chart's Cloud Monitoring filter, with equality on metric labels from `where`."""
+    """The chart's Cloud Monitoring filter, with equality on metric labels from the chart's
+    own `where` and from `where`."""
     return " AND ".join([f'metric.type = "{chart.metric_type}"',
-                         'resource.type = "prometheus_target"', *label_terms(where)])
+                         'resource.type = "prometheus_target"',
+                         *label_terms({**dict(chart.where), **(where or {})})])
 
 
 def aggregation_json(aligner: str, reducer: str, alignment_s: int,
@@ -140,7 +147,7 @@ def promql(chart: Chart, where: dict | None = None, window: str = "1m") -> list[
     selector = ", ".join([json.dumps(chart.metric + ("_bucket" if chart.kind == "histogram"
                                                      else ""))]
                          + [f"{json.dumps(k)}={json.dumps(str(v))}"
-                            for k, v in (where or {}).items()])
+                            for k, v in {**dict(chart.where), **(where or {})}.items()])
     by = ", ".join(json.dumps(k) for k in chart.group_by)
     out = []
     for reducer in chart.reducers:
@@ -171,14 +178,16 @@ def _chart(metric: str) -> Chart:
     return next(c for c in CHARTS if c.metric == metric)
 
 
-# The reward of a run dropping from its best: no threshold fits every environment (CartPole
-# rewards are positive, Acrobot's negative), and ALIGN_PERCENT_CHANGE ignores values < 0, so
-# this one is PromQL: 5-minute mean more than 30% of |best| below the best of the last hour.
+# The greedy reward of a run dropping from its best: no threshold fits every environment
+# (CartPole rewards are positive, Acrobot's negative), and ALIGN_PERCENT_CHANGE ignores values
+# < 0, so this one is PromQL: 5-minute mean more than 30% of |best| below the best of the last
+# hour. The evaluator's returns only: exploring actors' returns would trip it for nothing.
+_GREEDY_REWARD = '{"rl.environment.reward.mean", "rl.loop"="evaluator"}'
 REWARD_DROP_PROMQL = (
-    'max_over_time((avg by ("rl.run.id") (avg_over_time({"rl.environment.reward.mean"}[5m])))'
-    '[1h:1m]) - avg by ("rl.run.id") (avg_over_time({"rl.environment.reward.mean"}[5m])) > '
-    '0.3 * abs(max_over_time((avg by ("rl.run.id") (avg_over_time('
-    '{"rl.environment.reward.mean"}[5m])))[1h:1m]))')
+    f'max_over_time((avg by ("rl.run.id") (avg_over_time({_GREEDY_REWARD}[5m])))'
+    f'[1h:1m]) - avg by ("rl.run.id") (avg_over_time({_GREEDY_REWARD}[5m])) > '
+    f'0.3 * abs(max_over_time((avg by ("rl.run.id") (avg_over_time('
+    f'{_GREEDY_REWARD}[5m])))[1h:1m]))')
 
 
 def alert_policies() -> dict[str, dict]:

@@ -15,7 +15,8 @@ view, paging, aggregation). The semantics are Cloud Monitoring's documented ones
 - Filters: `metric.type`, `resource.type`, `metric.label(s).KEY`, `resource.label(s).KEY`
   (KEY may be quoted: `metric.labels."rl.run.id"`), compared with `=` or `!=` to a string
   or to starts_with / ends_with / has_substring / one_of / monitoring.regex.full_match,
-  joined by AND. ListTimeSeries needs exactly one `metric.type = "..."`.
+  joined by AND (or, as Cloud Monitoring reads them, side by side). ListTimeSeries needs
+  exactly one `metric.type = "..."`.
 - Points come newest first. A point is in the interval when start_time < t <= end_time
   (t = end_time when the two are equal).
 - Alignment periods end at interval.end_time and go back by alignment_period while they end
@@ -211,13 +212,15 @@ def parse_filter(text: str) -> list[Term]:
 
     while i < len(tokens):
         if terms:
-            kind, value = take()
+            # Comparisons side by side are joined by AND, as in Cloud Monitoring's own filters
+            # (`metric.type="..." resource.type="prometheus_target"`, in Google's dashboards).
+            kind, value = tokens[i]
             if value == "AND":
-                pass
+                i += 1
             elif value in ("OR", "NOT"):
                 raise _unimplemented(f"filter operator {value} is not supported; join "
                                      "comparisons with AND")
-            else:
+            elif kind != "selector":
                 raise _invalid(f"filter {shown}: expected AND between comparisons, got "
                                f"{_excerpt(value)}")
         kind, value = take()

@@ -207,9 +207,17 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317 (plain gRPC for http://).
     protocol: argument, else OTEL_EXPORTER_OTLP_PROTOCOL, else "grpc"; "http/protobuf" sends
     OTLP/HTTP to endpoint + /v1/metrics and /v1/traces (GKE's managed collector: port 4318).
+    A gRPC endpoint without a scheme (`collector:4317`, as in many env blocks) means TLS in
+    the OTel spec unless OTEL_EXPORTER_OTLP_INSECURE says otherwise; setup_telemetry refuses it
+    rather than letting the exporter fail against a plaintext collector every minute.
+    service_namespace: argument, else service.namespace in OTEL_RESOURCE_ATTRIBUTES, else
+    "distrl" (Cloud Monitoring's `namespace` label comes from it).
     export_interval_ms: argument, else OTEL_METRIC_EXPORT_INTERVAL, else 10 s.
     metric_readers / span_processors replace the OTLP ones (tests read values in memory).
     OTEL_SDK_DISABLED=true returns no-op providers: instruments exist and record nothing.
+    The first providers set up in a process also become OpenTelemetry's global ones, so
+    `trace.get_tracer(...)`, `metrics.get_meter(...)` and instrumentation libraries export
+    through them (the API lets a process set its globals once).
     """
     from opentelemetry import metrics, trace
 
@@ -227,6 +235,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol={protocol!r} (or OTEL_EXPORTER_OTLP_PROTOCOL) is invalid: "
                          f"expected one of {', '.join(PROTOCOLS)}")
+    _check_schemes(protocol, endpoint)
     metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
@@ -234,12 +243,12 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     quiet_exporter_logs()
-    attributes = {
-        "service.namespace": service_namespace or DEFAULT_SERVICE_NAMESPACE,
-        "service.instance.id": instance_id or f"{socket.gethostname()}-{os.getpid()}-"
-                                              f"{uuid.uuid4().hex[:8]}",
-        **(resource_attributes or {}),
-    }
+    from_env = Resource.create({}).attributes  # OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME
+    attributes = {"service.instance.id": instance_id or f"{socket.gethostname()}-{os.getpid()}-"
+                                                        f"{uuid.uuid4().hex[:8]}"}
+    if service_namespace or "service.namespace" not in from_env:
+        attributes["service.namespace"] = service_namespace or DEFAULT_SERVICE_NAMESPACE
+    attributes.update(resource_attributes or {})
     name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
     attributes["service.name"] = name
     # Resource.create adds OTEL_RESOURCE_ATTRIBUTES; explicit attributes win over it.
@@ -260,7 +269,41 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     tracer_provider = TracerProvider(resource=resource)
     for processor in span_processors:
         tracer_provider.add_span_processor(processor)
+    _set_globals_once(meter_provider, tracer_provider)
     return Telemetry(meter_provider, tracer_provider, resource, True)
+
+
+def _set_globals_once(meter_provider, tracer_provider) -> None:
+    """Make these the process's global providers unless some were set already (the API
+    refuses a second set with a warning)."""
+    from opentelemetry import metrics, trace
+
+    if isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider):
+        trace.set_tracer_provider(tracer_provider)
+    if type(metrics.get_meter_provider()).__name__ == "_ProxyMeterProvider":
+        metrics.set_meter_provider(meter_provider)
+
+
+def _check_schemes(protocol: str, endpoint: str | None) -> None:
+    """Refuse an endpoint the exporter would misread: for gRPC a scheme-less one without
+    OTEL_EXPORTER_OTLP[_SIGNAL]_INSECURE (TLS by default, per the OTel spec's exporter
+    configuration), for OTLP/HTTP one that is not a URL."""
+    for signal in ("METRICS", "TRACES"):
+        name = next((n for n in (f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT",
+                                 "OTEL_EXPORTER_OTLP_ENDPOINT") if os.environ.get(n)), None)
+        value = endpoint or (os.environ[name] if name else None)
+        if value is None or value.startswith(("http://", "https://")):
+            continue
+        where = f"{name}={value!r}" if not endpoint else f"endpoint={value!r}"
+        if protocol != "grpc":
+            raise ValueError(f"{where} has no scheme: OTLP/HTTP needs a URL such as "
+                             f"http://{value}")
+        if not any(os.environ.get(n) for n in (f"OTEL_EXPORTER_OTLP_{signal}_INSECURE",
+                                               "OTEL_EXPORTER_OTLP_INSECURE")):
+            raise ValueError(f"{where} has no scheme, so the OTLP gRPC exporter would use TLS, "
+                             "which a plaintext collector (the local one, GKE's managed one) "
+                             f"refuses: write http://{value}, or set "
+                             "OTEL_EXPORTER_OTLP_INSECURE=true (false: TLS)")
 
 
 PROTOCOLS = ("grpc", "http/protobuf")  # what the Python SDK's OTLP exporters speak

@@ -371,9 +371,10 @@ class ActorWorker:
         while not self._stop.is_set():
             carrier = tel.take_carrier()
             t0 = time.perf_counter()
+            step_ms = [] if tel.enabled else None  # every env.step's own time
             with tel.span(otel.SPAN_SAMPLE, carrier, {otel.RL_SAMPLE_STEPS: steps,
                                                  otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as sample_span:
-                actor.step(steps)
+                actor.step(steps, step_ms)
                 if sample_span is not None:
                     sample_span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
             t1 = time.perf_counter()
@@ -413,7 +414,8 @@ class ActorWorker:
             if tel.enabled:
                 rl, attrs = tel.rl, self._sample_attrs
                 rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
-                rl.duration("rl.step.duration", (t1 - t0) * 1e3 / steps, attrs)
+                for ms in step_ms:
+                    rl.duration("rl.step.duration", ms, attrs)
                 rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
                 rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
                 traffic.add(steps * c.envs_per_actor, returns, lengths)
