@@ -9,16 +9,25 @@ from conftest import respond
 from distrl.tutorial import NOTEBOOKS_DIR, run_notebook
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
-def test_notebooks_are_stored_without_outputs():
+def test_notebooks_are_stored_without_outputs(caplog):
     import nbformat
+    import papermill
 
     for path in sorted(NOTEBOOKS_DIR.glob("*.ipynb")):
         nb = nbformat.read(path, as_version=4)
+        nbformat.validate(nb)  # every cell has its id (a future nbformat requires it)
+        assert all("id" in cell for cell in nb.cells), path.name
         tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
         assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters'"
         for cell in nb.cells:
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, path.name
+        # papermill reads every parameter line (it warned "Unable to parse line 16" on 04).
+        caplog.clear()
+        parameters = papermill.inspect_notebook(str(path))
+        assert not [r for r in caplog.records if r.levelname == "WARNING"], path.name
+        lines = [line for line in tagged[0].source.splitlines() if line and line[0].isalpha()]
+        assert len(parameters) == len(lines), path.name
 
 
 def test_01_local_apex_dqn(kernel, tmp_path: Path):
