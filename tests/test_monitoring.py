@@ -669,3 +669,35 @@ def test_identical_points_from_two_scopes_are_two_series(tmp_path):
         assert sorted(s.metric.labels["otel_scope_name"] for s in series) == ["lib.a", "lib.b"]
     finally:
         store.close()
+
+
+def test_the_seeds_underscored_forms_get_cloud_monitorings_answer_and_a_hint(mon):
+    """The seed writes prometheus.googleapis.com/rl_sample_samples_total/... and
+    metric.label."rl_run_id": nothing by those names exists (no series, as Cloud Monitoring
+    answers), and the response names the dotted form that does."""
+    interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
+    pager = mon.client.list_time_series(request={
+        "name": mon.project_name, "interval": interval,
+        "filter": f'metric.type = "{PREFIX}rl_sample_samples_total/counter"'})
+    [page] = list(pager.pages)
+    assert list(page.time_series) == []
+    [hint] = page.execution_errors
+    assert f"'{PREFIX}rl.sample.samples/counter'" in hint.message
+    pager = mon.client.list_time_series(request={
+        "name": mon.project_name, "interval": interval,
+        "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge" AND '
+                  'metric.label."rl_run_id" = "r1"'})
+    [page] = list(pager.pages)
+    assert list(page.time_series) == []
+    assert 'metric.labels."rl.run.id"' in page.execution_errors[0].message
+    with pytest.warns(UserWarning, match="did you mean"):
+        frame = mon.query(f'metric.type = "{PREFIX}rl_train_loss/gauge"',
+                          {"alignmentPeriod": "86400s", "perSeriesAligner": "ALIGN_MEAN"},
+                          minutes=2 * 10**6)
+    assert frame.empty
+    # The dotted forms answer, with no hint.
+    [page] = list(mon.client.list_time_series(request={
+        "name": mon.project_name, "interval": interval,
+        "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge" AND '
+                  'metric.labels."rl.run.id" = "r1"'}).pages)
+    assert list(page.time_series) and not page.execution_errors

@@ -333,14 +333,14 @@ class Monitoring:
         query: where, minutes, end, aligner, reducer, group_by, alignment_s (see request()).
         Distribution points give their mean as value and their count.
         """
-        return series_frame(self.client.list_time_series(request=self.request(metric, **query)))
+        return _answer(self.client.list_time_series(request=self.request(metric, **query)))
 
     def query(self, filter: str, aggregation: dict, minutes: float = 30.0,
               end: dt.datetime | None = None):
         """A DataFrame of a raw filter and an aggregation in dashboard JSON form (what the
         dashboard's tiles and the alert policies hold)."""
         request = self._request(filter, aggregation, minutes, end)
-        return series_frame(self.client.list_time_series(request=request))
+        return _answer(self.client.list_time_series(request=request))
 
     def golden_signals(self, *, where: dict | None = None, group_by: str = otel.RL_RUN_ID,
                        minutes: float = 30.0, alignment_s: int = 60,
@@ -372,6 +372,19 @@ def _concat(parts):
     import pandas as pd
 
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
+
+
+def _answer(pager):
+    """series_frame of every page; the hints a page carries (execution_errors: the local
+    collector names the dotted form of an underscored metric type or label) become warnings."""
+    import warnings
+
+    series = []
+    for page in pager.pages:
+        for error in page.execution_errors:
+            warnings.warn(error.message, stacklevel=3)
+        series += list(page.time_series)
+    return series_frame(series)
 
 
 def series_frame(time_series):

@@ -70,6 +70,7 @@ import numpy as np
 import re2
 from google.api import label_pb2, metric_pb2
 from google.cloud import monitoring_v3
+from google.rpc import status_pb2
 
 RESOURCE_TYPE = "prometheus_target"
 MAX_PAGE_SIZE = 100_000
@@ -740,6 +741,23 @@ def _fingerprint(request) -> str:
     return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()[:16]
 
 
+METRIC_PREFIX = "prometheus.googleapis.com/"
+# What a Prometheus-style name adds to an OTel one (the seed's rl_sample_samples_total,
+# rl_loop_duration_histogram).
+_PROMETHEUS_SUFFIXES = ("_total", "_histogram", "_bucket", "_count", "_sum", "_gauge",
+                        "_counter")
+
+
+def _underscored(name: str) -> str:
+    """An OTel name and its Prometheus form compare equal: rl.sample.samples and
+    rl_sample_samples_total both become rl_sample_samples."""
+    name = re.sub(r"[^A-Za-z0-9]", "_", name)
+    for suffix in _PROMETHEUS_SUFFIXES:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
+
+
 def _page_offset(request) -> int:
     return _page(request)[0]
 
@@ -924,6 +942,11 @@ class MetricService:
                           _kind_of(descriptor) if descriptor else None,
                           ValueType.Value(descriptor["value_type"]) if descriptor else None)
         response = _pb["ListTimeSeriesResponse"]()
+        hints = self._hints(metric_type, descriptor, terms)
+        if hints:  # the seed's underscored forms: answered as asked, with the dotted name
+            response.execution_errors.extend(
+                status_pb2.Status(code=grpc.StatusCode.NOT_FOUND.value[0], message=hint)
+                for hint in hints)
         if descriptor is None:
             return response
         unit = descriptor["unit"] or ""
@@ -964,6 +987,28 @@ class MetricService:
                 result_id = self.pages.put(result, 300 * points + 3000 * len(series))
             response.next_page_token = _page_token(request, offset + taken, result_id)
         return response
+
+    def _hints(self, metric_type: str, descriptor: dict | None, terms: list[Term]) -> list[str]:
+        """Where a query names a metric type or label key in the underscored form (a Prometheus
+        scrape's, the seed's) and the store has it dotted: what to write instead. The answer
+        itself stays what Cloud Monitoring gives: no series for names that do not exist."""
+        hints = []
+        if descriptor is None:
+            wanted = _underscored(metric_type.removeprefix(METRIC_PREFIX).split("/")[0])
+            for d in self._descriptors():
+                if _underscored(d["name"]) == wanted:
+                    hints.append(f"no metric type {_excerpt(metric_type, 100)}: OTLP metrics "
+                                 "keep their dots in Cloud Monitoring; did you mean "
+                                 f"{d['metric_type']!r}?")
+            return hints
+        keys = set(self.store.label_keys(descriptor["metric_type"]))
+        for t in terms:
+            if t.scope == "metric.label" and t.key not in keys:
+                dotted = [k for k in keys if _underscored(k) == _underscored(t.key)]
+                if dotted:
+                    hints.append(f"no series has the label {_excerpt(t.key, 60)}; its key is "
+                                 f'{dotted[0]!r}: metric.labels."{dotted[0]}"')
+        return hints
 
     def _series(self, request, descriptor, project, terms, start_ns, end_ns, budget):
         """The request's series after aggregation, and for FULL their points as
