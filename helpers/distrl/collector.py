@@ -307,7 +307,6 @@ class CollectorStore:
                 self.conn.execute("INSERT OR IGNORE INTO metric_labels SELECT DISTINCT "
                                   "p.metric_type, j.key FROM points p, json_each(p.attributes) j")
             self.conn.commit()
-        self.lock = threading.Lock()
         self._readers = threading.local()  # one read-only connection per reading thread
         self._reader_conns: list[sqlite3.Connection] = []
         _ATTRIBUTE_CACHE.max_bytes = self.limits.cache_bytes // 2
@@ -381,29 +380,29 @@ class CollectorStore:
             stop = any(job is None for job in jobs)
             jobs = [job for job in jobs if job is not None]
             done = []
-            with self.lock:
-                try:
-                    for insert, request, future in jobs:
-                        # One savepoint per request: a request that fails half-way leaves
-                        # nothing stored, and the others in this commit are unaffected.
-                        self.conn.execute("SAVEPOINT request")
-                        try:
-                            value = insert(request)
-                        except Exception as err:  # a request we cannot store: only it fails
-                            self.conn.execute("ROLLBACK TO request")
-                            self.conn.execute("RELEASE request")
-                            self._forget()  # rows inserted in the rolled-back part
-                            future.set_exception(err)
-                            continue
+            # The writer is this thread alone; reads use their own connections.
+            try:
+                for insert, request, future in jobs:
+                    # One savepoint per request: a request that fails half-way leaves
+                    # nothing stored, and the others in this commit are unaffected.
+                    self.conn.execute("SAVEPOINT request")
+                    try:
+                        value = insert(request)
+                    except Exception as err:  # a request we cannot store: only it fails
+                        self.conn.execute("ROLLBACK TO request")
                         self.conn.execute("RELEASE request")
-                        done.append((future, value))
-                    self.conn.commit()
-                except BaseException as err:
-                    self.conn.rollback()
-                    self._forget()  # rows inserted in the rolled-back transaction
-                    for future, _ in done:
+                        self._forget()  # rows inserted in the rolled-back part
                         future.set_exception(err)
-                    done = []
+                        continue
+                    self.conn.execute("RELEASE request")
+                    done.append((future, value))
+                self.conn.commit()
+            except BaseException as err:
+                self.conn.rollback()
+                self._forget()  # rows inserted in the rolled-back transaction
+                for future, _ in done:
+                    future.set_exception(err)
+                done = []
             for future, value in done:
                 future.set_result(value)
             if stop:

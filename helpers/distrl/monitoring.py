@@ -741,7 +741,6 @@ def _fingerprint(request) -> str:
     return hashlib.sha256(copy.SerializeToString(deterministic=True)).hexdigest()[:16]
 
 
-METRIC_PREFIX = "prometheus.googleapis.com/"
 # What a Prometheus-style name adds to an OTel one (the seed's rl_sample_samples_total,
 # rl_loop_duration_histogram).
 _PROMETHEUS_SUFFIXES = ("_total", "_histogram", "_bucket", "_count", "_sum", "_gauge",
@@ -994,7 +993,9 @@ class MetricService:
         itself stays what Cloud Monitoring gives: no series for names that do not exist."""
         hints = []
         if descriptor is None:
-            wanted = _underscored(metric_type.removeprefix(METRIC_PREFIX).split("/")[0])
+            # prometheus.googleapis.com/NAME/KIND: compare the NAME parts.
+            wanted = _underscored(metric_type.rsplit("/", 2)[-2] if metric_type.count("/") >= 2
+                                  else metric_type)
             for d in self._descriptors():
                 if _underscored(d["name"]) == wanted:
                     hints.append(f"no metric type {_excerpt(metric_type, 100)}: OTLP metrics "

@@ -235,7 +235,8 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     if protocol not in PROTOCOLS:
         raise ValueError(f"protocol={protocol!r} (or OTEL_EXPORTER_OTLP_PROTOCOL) is invalid: "
                          f"expected one of {', '.join(PROTOCOLS)}")
-    _check_schemes(protocol, endpoint)
+    if endpoint is None:  # a given endpoint was checked above and wins over the env
+        _check_env_schemes(protocol)
     metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.resources import Resource
@@ -284,17 +285,17 @@ def _set_globals_once(meter_provider, tracer_provider) -> None:
         metrics.set_meter_provider(meter_provider)
 
 
-def _check_schemes(protocol: str, endpoint: str | None) -> None:
-    """Refuse an endpoint the exporter would misread: for gRPC a scheme-less one without
+def _check_env_schemes(protocol: str) -> None:
+    """Refuse an env endpoint the exporter would misread: for gRPC a scheme-less one without
     OTEL_EXPORTER_OTLP[_SIGNAL]_INSECURE (TLS by default, per the OTel spec's exporter
     configuration), for OTLP/HTTP one that is not a URL."""
     for signal in ("METRICS", "TRACES"):
         name = next((n for n in (f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT",
                                  "OTEL_EXPORTER_OTLP_ENDPOINT") if os.environ.get(n)), None)
-        value = endpoint or (os.environ[name] if name else None)
+        value = os.environ[name] if name else None
         if value is None or value.startswith(("http://", "https://")):
             continue
-        where = f"{name}={value!r}" if not endpoint else f"endpoint={value!r}"
+        where = f"{name}={value!r}"
         if protocol != "grpc":
             raise ValueError(f"{where} has no scheme: OTLP/HTTP needs a URL such as "
                              f"http://{value}")
