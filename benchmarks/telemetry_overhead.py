@@ -31,7 +31,7 @@ def direct_cost() -> None:
     from distrl.actor import Actor
     from distrl.config import ApexConfig
     from distrl.network import NetworkSpec, init_weights
-    from distrl.process_telemetry import TRAFFIC_FLUSH_BLOCKS, TrafficTally
+    from distrl.process_telemetry import STEP_SAMPLES_PER_BLOCK, TRAFFIC_FLUSH_BLOCKS, TrafficTally
 
     config = ApexConfig()
     actor = Actor(config, 0, init_weights(NetworkSpec(4, 2, config.hidden_sizes), 0))
@@ -47,11 +47,13 @@ def direct_cost() -> None:
             t0 = time.perf_counter()
             actor.collect(config.actor_block_steps)
             t1 = time.perf_counter()
-            # What ActorWorker.run records per block (telemetry on): four latency
-            # observations, and the traffic tally that it flushes every 8 blocks.
-            for name in ["rl.sample.duration", "rl.step.duration", "rl.reward.duration",
-                         "rl.loop.duration"]:
+            # What ActorWorker.run records per block (telemetry on): three latency
+            # observations, a sample of env-step times, and the traffic tally that it flushes
+            # every 8 blocks.
+            for name in ["rl.sample.duration", "rl.reward.duration", "rl.loop.duration"]:
                 rl.duration(name, 1.0, attrs)
+            for _ in range(STEP_SAMPLES_PER_BLOCK):
+                rl.duration("rl.step.duration", 0.01, attrs)
             tally.add(512, [20.0], [20])
             if tally.blocks >= TRAFFIC_FLUSH_BLOCKS:
                 tally.flush(rl, attrs)

@@ -89,6 +89,7 @@ def test_too_many_cpus_fail_fast(local_ray, tmp_path):
 
 def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, tmp_path):
     from distrl.collector import LocalCollector
+    from distrl.process_telemetry import STEP_SAMPLES_PER_BLOCK
 
     with LocalCollector(tmp_path / "otel.db", port=0) as collector:
         config = ApexConfig(target_return=None, max_env_steps=60_000, max_seconds=120,
@@ -129,11 +130,15 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, tm
     for p in _points(tmp_path, prefix + "rl.sample.samples/counter"):
         last[p["resource"]["service.instance.id"]] = p["int_value"]
     assert sum(last.values()) == result.env_steps
-    # Every env step is timed on its own (a block's average would hide the slow steps).
+    # Single env steps, not a block's average: a sample of STEP_SAMPLES_PER_BLOCK per block.
     counts = {}
-    for p in _points(tmp_path, prefix + "rl.step.duration/histogram"):
-        counts[p["resource"]["service.instance.id"]] = p["count"]
-    assert sum(counts.values()) == result.env_steps
+    for name in ("rl.step.duration", "rl.sample.duration"):
+        for p in _points(tmp_path, prefix + name + "/histogram"):
+            if p["attributes"]["rl.loop"] == "actor":
+                counts[name, p["resource"]["service.instance.id"]] = p["count"]
+    blocks = sum(n for (name, _), n in counts.items() if name == "rl.sample.duration")
+    steps = sum(n for (name, _), n in counts.items() if name == "rl.step.duration")
+    assert blocks > 0 and steps == STEP_SAMPLES_PER_BLOCK * blocks
     mfu = [p["value"] for p in _points(tmp_path, prefix + "rl.train.mfu/gauge")]
     assert all(0 < v < 1 for v in mfu)
     # One trace per driver iteration, joined by learner, actor and replay spans.

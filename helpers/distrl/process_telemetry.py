@@ -82,6 +82,20 @@ def carrier_of(current_span) -> dict | None:
 # (~40 ms) and recorded once, which halves the actor's telemetry cost. Latency histograms
 # still get one observation per block.
 TRAFFIC_FLUSH_BLOCKS = 8
+# rl.step.duration: every env step is timed, and a uniform sample of them per block is
+# recorded. Recording all (512 a block at defaults) cost more than the steps themselves
+# (benchmarks/telemetry_overhead.py: 11 ms of recording per 9.5-ms block); a uniform sample
+# keeps the distribution, so its p95/p99 still show the slow steps a block average hid.
+STEP_SAMPLES_PER_BLOCK = 4
+
+
+def step_sample(durations_ms: list[float]) -> list[float]:
+    """A uniform sample of a block's env-step times, to record."""
+    import random
+
+    if len(durations_ms) <= STEP_SAMPLES_PER_BLOCK:
+        return durations_ms
+    return random.sample(durations_ms, STEP_SAMPLES_PER_BLOCK)
 
 
 class TrafficTally:

@@ -20,7 +20,13 @@ from distrl.actor import Actor, evaluate_greedy
 from distrl.config import ApexConfig
 from distrl.faults import ask_learner_to_checkpoint, on_sigterm
 from distrl.network import NetworkSpec
-from distrl.process_telemetry import TRAFFIC_FLUSH_BLOCKS, ProcessTelemetry, TrafficTally, carrier_of
+from distrl.process_telemetry import (
+    TRAFFIC_FLUSH_BLOCKS,
+    ProcessTelemetry,
+    TrafficTally,
+    carrier_of,
+    step_sample,
+)
 from distrl.replay import ReplayService, SampledBatch
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).
@@ -414,7 +420,7 @@ class ActorWorker:
             if tel.enabled:
                 rl, attrs = tel.rl, self._sample_attrs
                 rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
-                for ms in step_ms:
+                for ms in step_sample(step_ms):
                     rl.duration("rl.step.duration", ms, attrs)
                 rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
                 rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
