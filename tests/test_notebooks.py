@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import respond
 
-from distrl.tutorial import NOTEBOOKS_DIR, run_notebook
+from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_notebooks_are_stored_without_outputs(caplog):
@@ -32,16 +32,19 @@ def test_notebooks_are_stored_without_outputs(caplog):
 
 def test_01_local_apex_dqn(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
-    executed = run_notebook(
-        NOTEBOOKS_DIR / "01-local-apex-dqn.ipynb", tmp_path,
-        {"OUTPUT_DIR": str(out_dir), "TARGET_RETURN": 100.0, "MAX_SECONDS": 120.0,
-         "EVAL_EPISODES": 5, "ANIMATION_FRAMES": 10}, kernel=kernel, cell_timeout_s=600)
-    assert executed.exists()
+    executed = run_notebook(NOTEBOOKS_DIR / "01-local-apex-dqn.ipynb", tmp_path,
+                            {"OUTPUT_DIR": str(out_dir), "SMOKE": True}, kernel=kernel,
+                            cell_timeout_s=600)
+    assert error_lines(executed) == []
     results = json.loads((out_dir / "results.json").read_text())
     assert results["reached_target"] is True
-    assert results["best_eval_return"] >= 100
+    assert results["best_eval_return"] >= 100  # SMOKE's target
     assert results["env_steps"] > 0 and results["learner_updates"] > 0
     assert len(results["actor_epsilons"]) == results["config"]["num_actors"]
+    text = _outputs(executed)
+    # The 100-line Ape-X learned too (SMOKE: to 100), with its own ray.wait loop.
+    assert "reached 100 in" in text, text[-2000:]
+    assert "the run is learner-bound" in text or "the run is actor-bound" in text
     # The animation cell rendered frames of the trained agent.
     import nbformat
 

@@ -130,16 +130,22 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape
     here = NodeAffinitySchedulingStrategy(node, soft=False)
     near = NodeAffinitySchedulingStrategy(node, soft=True)
     shard_config, error_buffer = replay_settings(c)
+    # Actors find the replay and the learner by name (a restarted actor too); the names are
+    # unique to this topology, so a second run in the same Ray session never meets them.
+    prefix = f"distrl-{uuid.uuid4().hex[:12]}"
+    replay_names = [f"{prefix}-replay-{s}" for s in range(c.replay_shards)]
     replays = [ray.remote(ReplayWorker).options(
-        max_concurrency=c.num_actors + 8, scheduling_strategy=here, **plan["replay"]).remote(
-        shard_config.replace(seed=c.seed + 1000 * s), obs_shape, error_buffer)
-        for s in range(c.replay_shards)]
+        name=name, max_concurrency=c.num_actors + 8, scheduling_strategy=here,
+        **plan["replay"]).remote(shard_config.replace(seed=c.seed + 1000 * s), obs_shape,
+                                 error_buffer)
+        for s, name in enumerate(replay_names)]
     learner = ray.remote(LearnerWorker).options(
-        max_concurrency=c.num_actors + 8, scheduling_strategy=near, **plan["learner"]).remote(
-        c, spec, weights, replays, output_dir, checkpoint_dir, resume_path)
+        name=f"{prefix}-learner", max_concurrency=c.num_actors + 8, scheduling_strategy=near,
+        **plan["learner"]).remote(c, spec, weights, replays, output_dir, checkpoint_dir,
+                                  resume_path)
     actors = [ray.remote(ActorWorker).options(
         max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",
-        **plan["actor"]).remote(c, i, replays[i % c.replay_shards], learner)
+        **plan["actor"]).remote(c, i, replay_names[i % c.replay_shards], f"{prefix}-learner")
         for i in range(c.num_actors)]
     evaluator = ray.remote(EvaluatorWorker).options(
         scheduling_strategy=here, **plan["evaluator"]).remote(c)
@@ -357,7 +363,9 @@ class _Run:
 
     # --- the loop ---
     def drive(self, topology: Topology) -> TrainingResult:
-        from tqdm.auto import tqdm
+        # Text, not a notebook widget: a widget saved by papermill (or opened without its
+        # frontend) shows a stale state, while a text line ends on the last figures.
+        from tqdm import tqdm
 
         ray, c = self.ray, self.config
         self.topology = t = topology
@@ -376,7 +384,7 @@ class _Run:
         self.say("start", f"{c.num_actors} actors, learner and {c.replay_shards} replay shard(s) "
                  f"created; training starts once the learner and one actor run")
         self.bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
-                        desc=f"Ape-X {c.env_id}", dynamic_ncols=True)
+                        desc=f"Ape-X {c.env_id}", dynamic_ncols=True, mininterval=1.0)
         next_tick = now
         try:
             while not self.stop_reason:

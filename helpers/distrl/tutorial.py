@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import re
 import sys
 import time
 from datetime import datetime
@@ -40,6 +41,21 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
         cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
         log_output=False, request_save_on_cell_execute=True)
     return out
+
+
+# ERROR-level log lines in a notebook's outputs: Python logging's "ERROR", glog's
+# "[<time> E <pid> <tid>]" (Ray's C++ core) and "E1130 ..." (gRPC, TensorFlow), tracebacks.
+ERROR_LINE = re.compile(r"\bERROR\b|\[[^]]* E \d+ \d+\]|^E\d{4} |Traceback \(most recent call last\)")
+
+
+def error_lines(executed: Path) -> list[str]:
+    """The ERROR-level lines in an executed notebook's text outputs (a clean run has none)."""
+    import nbformat
+
+    nb = nbformat.read(executed, as_version=4)
+    texts = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+             if o.get("output_type") == "stream"]
+    return [line for text in texts for line in text.splitlines() if ERROR_LINE.search(line)]
 
 
 def _parse_parameter(text: str) -> tuple[str, object]:

@@ -336,13 +336,17 @@ class LearnerWorker:
 class ActorWorker:
     """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
 
-    def __init__(self, config: ApexConfig, index: int, replay, learner):
-        self.config, self.replay, self.learner = config, replay, learner
+    def __init__(self, config: ApexConfig, index: int, replay_name: str, learner_name: str):
+        # The peers come by name, not as handles: Ray keeps handles passed to the constructor
+        # of a restartable actor in the object store and logs an error line about it (a
+        # restart would fail if they went out of scope, ray-project/ray#53727).
+        self.replay, self.learner = _peer(replay_name), _peer(learner_name)
+        self.config = config
         # The learner's newest weights: a restarted actor (a lost node, a killed process) picks
         # up where training is, and nothing large sits in the object store for restarts. The
         # learner may still be starting (TensorFlow on a busy node): wait as long as the driver
         # waits for actors.
-        version, weights = _get(learner.get_weights.remote(-1),
+        version, weights = _get(self.learner.get_weights.remote(-1),
                                 max(PEER_TIMEOUT_S, config.actor_wait_s))
         self.actor = Actor(config, index, weights)
         self.actor.set_weights(weights, version)
@@ -498,6 +502,12 @@ def _get(ref, timeout_s: float = PEER_TIMEOUT_S):
         return ray.get(ref, timeout=timeout_s)
     except GetTimeoutError as e:
         raise PeerTimeout(f"no answer from a peer process within {timeout_s:g}s") from e
+
+
+def _peer(name: str):
+    import ray
+
+    return ray.get_actor(name)
 
 
 def _put(value):
