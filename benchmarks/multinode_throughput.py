@@ -25,7 +25,7 @@ def run(cluster: LocalCluster, actors: int, seconds: float, out: Path) -> dict:
             client, ["--env", "CartPole-v1", "--num-actors", str(actors), "--actor-cpus", "1",
                      "--target-return", "none", "--max-seconds", str(seconds)],
             output_dir=str(out))
-        status = jobs.follow(client, job_id, out=lambda line: None)
+        status = jobs.follow(client, job_id, timeout_s=seconds + 120, out=lambda line: None)
     if status != "SUCCEEDED":
         raise SystemExit(f"the job ended {status}; logs in {cluster.log_dir}")
     return json.loads((out / "results.json").read_text())

@@ -210,8 +210,8 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
     executed = run_notebook(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
-        {"OUTPUT_DIR": str(out_dir), "MAX_SECONDS": 120.0, "FOLLOW_GRACE_S": 60.0,
-         "TARGET_RETURN": 150.0, "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
+        {"OUTPUT_DIR": str(out_dir), "SMOKE": True}, kernel=kernel, cell_timeout_s=600)
+    assert error_lines(executed) == []
     text = _outputs(executed)
     first = json.loads((out_dir / "first-job-results.json").read_text())
     second = json.loads((out_dir / "fetched" / "results.json").read_text())

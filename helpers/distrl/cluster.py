@@ -174,7 +174,7 @@ class LocalCluster:
         logs = Path(self.log_dir or tempfile.mkdtemp(prefix="distrl-cluster-"))
         logs.mkdir(parents=True, exist_ok=True)
         self.log_dir = logs
-        _use_token_auth()
+        use_token_auth()
         atexit.register(self.stop)  # a normal exit, also of a kernel after a failed cell
         self._reaper = _start_reaper(self._state_file())
         try:
@@ -358,7 +358,7 @@ def node_table(dashboard_url: str) -> list[dict]:
     `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
     from ray.util.state import list_nodes
 
-    _use_token_auth()
+    use_token_auth()
     nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
     return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
              "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
@@ -369,7 +369,7 @@ def actor_table(dashboard_url: str) -> list[dict]:
     """The live Ray actors of the cluster and the node each runs on (who runs where)."""
     from ray.util.state import list_actors
 
-    _use_token_auth()
+    use_token_auth()
     actors = list_actors(address=dashboard_url, detail=True, raise_on_missing_output=False,
                          filters=[("state", "=", "ALIVE")])
     return [{"class": a.class_name, "node_id": a.node_id, "pid": a.pid} for a in actors]
@@ -379,7 +379,7 @@ def job_client(dashboard_url: str):
     """Ray's JobSubmissionClient with token authentication (local or through port-forward)."""
     from ray.job_submission import JobSubmissionClient
 
-    _use_token_auth()
+    use_token_auth()
     return JobSubmissionClient(dashboard_url)
 
 
@@ -570,7 +570,7 @@ def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
         process.wait(wait_s)
 
 
-def _use_token_auth() -> None:
+def use_token_auth() -> None:
     """Talk to the cluster with token authentication, also when `ray` was imported before
     (Ray caches the mode; re-reading its config is what Ray itself does when it turns token
     auth on). A cluster this process later starts with ray.init() has it on by default anyway."""

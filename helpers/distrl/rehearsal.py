@@ -174,7 +174,7 @@ class ManifestRehearsal(LocalCluster):
         import atexit
         import tempfile
 
-        from distrl.cluster import ClusterError, _start_reaper, _use_token_auth
+        from distrl.cluster import ClusterError, _start_reaper, use_token_auth
 
         if self.nodes:
             raise ClusterError("this cluster is already started; stop() it first")
@@ -183,7 +183,7 @@ class ManifestRehearsal(LocalCluster):
         self.log_dir.mkdir(parents=True, exist_ok=True)
         Path(self.runs_dir or self.log_dir / "runs").mkdir(parents=True, exist_ok=True)
         self.runs_dir = self.runs_dir or self.log_dir / "runs"
-        _use_token_auth()
+        use_token_auth()
         atexit.register(self.stop)
         self._reaper = _start_reaper(self._state_file())
         try:
