@@ -174,7 +174,8 @@ def test_filters_on_dotted_labels_functions_and_resource_labels(mon):
     assert runs('resource.labels.instance = "i2"', metric="rl.sample.samples/counter") == ["r2"]
     assert runs('resource.type = "prometheus_target"', 'resource.label.job = ends_with("service")',
                 metric="rl.sample.samples/counter") == ["r1", "r2"]
-    assert _list(mon, "no.such.metric/gauge") == []
+    with pytest.raises(exceptions.NotFound, match="Cannot find metric"):  # as Cloud Monitoring
+        _list(mon, "no.such.metric/gauge")
     # Side by side means AND, as in Google's published dashboards' filters.
     request = {"name": mon.project_name, "interval": {"start_time": _time(T0),
                                                       "end_time": _time(T0 + 130 * S)},
@@ -671,18 +672,49 @@ def test_identical_points_from_two_scopes_are_two_series(tmp_path):
         store.close()
 
 
+# The seed's Cloud Monitoring strings, verbatim as issue 14 quotes them (the seed page's own
+# text is not readable from this machine; its KIND suffix after the slash is not quoted there,
+# so the type's own kind is used).
+SEED_QUERIES = [
+    (f'metric.type = "{PREFIX}rl_loop_duration_histogram/histogram"', exceptions.NotFound,
+     f"did you mean '{PREFIX}rl.loop.duration/histogram'?"),
+    (f'metric.type = "{PREFIX}rl_sample_samples_total/counter"', exceptions.NotFound,
+     f"did you mean '{PREFIX}rl.sample.samples/counter'?"),
+    (f'metric.type = "{PREFIX}rl.train.loss/gauge" AND metric.label."rl_run_id" == "run-42"',
+     exceptions.InvalidArgument, "== is not a Monitoring filter comparison; write ="),
+]
+
+
+@pytest.mark.parametrize(("seed_filter", "answer", "hint"), SEED_QUERIES)
+def test_the_seeds_own_filters_get_cloud_monitorings_answer_with_the_dotted_form(
+        mon, seed_filter, answer, hint):
+    interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
+    with pytest.raises(answer) as refused:
+        mon.client.list_time_series(request={"name": mon.project_name, "interval": interval,
+                                             "filter": seed_filter})
+    assert hint in refused.value.message
+
+
 def test_the_seeds_underscored_forms_get_cloud_monitorings_answer_and_a_hint(mon):
     """The seed writes prometheus.googleapis.com/rl_sample_samples_total/... and
-    metric.label."rl_run_id": nothing by those names exists (no series, as Cloud Monitoring
-    answers), and the response names the dotted form that does."""
+    metric.label."rl_run_id": nothing by those names exists. Cloud Monitoring answers an
+    unknown metric type with NOT_FOUND "Cannot find metric(s) that match type = ..." and a
+    label no series has with no series; the local answer is the same plus the dotted form."""
     interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
-    pager = mon.client.list_time_series(request={
-        "name": mon.project_name, "interval": interval,
-        "filter": f'metric.type = "{PREFIX}rl_sample_samples_total/counter"'})
-    [page] = list(pager.pages)
-    assert list(page.time_series) == []
-    [hint] = page.execution_errors
-    assert f"'{PREFIX}rl.sample.samples/counter'" in hint.message
+    with pytest.raises(exceptions.NotFound) as refused:
+        mon.client.list_time_series(request={
+            "name": mon.project_name, "interval": interval,
+            "filter": f'metric.type = "{PREFIX}rl_sample_samples_total/counter"'})
+    assert refused.value.message.startswith(
+        f'Cannot find metric(s) that match type = "{PREFIX}rl_sample_samples_total/counter". '
+        "If a metric was created recently, it could take up to 10 minutes to become available.")
+    assert f"did you mean '{PREFIX}rl.sample.samples/counter'?" in refused.value.message
+    # A type that does not exist and has no dotted twin: the same answer, no hint.
+    with pytest.raises(exceptions.NotFound) as refused:
+        mon.client.list_time_series(request={
+            "name": mon.project_name, "interval": interval,
+            "filter": f'metric.type = "{PREFIX}no.such.metric/gauge"'})
+    assert "did you mean" not in refused.value.message
     pager = mon.client.list_time_series(request={
         "name": mon.project_name, "interval": interval,
         "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge" AND '

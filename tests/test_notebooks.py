@@ -133,8 +133,11 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     executed = run_notebook(
         NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
         {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "PREFIX": "rl-demo",
-         "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot"}, kernel=kernel)
+         "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot", "DRY_RUN": False, "SMOKE": True},
+        kernel=kernel)
+    assert error_lines(executed) == []
     text = _outputs(executed)
+    assert "dry run: commands are printed, nothing is created" in text  # SMOKE forced it
     assert "gcloud container clusters create-auto rl-demo-cluster --region=us-central1" in text
     plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1", prefix="rl-demo",
                                            gpu_type="nvidia-tesla-t4", mode="autopilot"),
@@ -228,9 +231,11 @@ def test_04_distributed_training(kernel, tmp_path: Path):
 
 def test_05_explore_metrics(kernel, tmp_path: Path):
     out_dir = tmp_path / "run"
-    run_notebook(NOTEBOOKS_DIR / "05-explore-metrics.ipynb", tmp_path,
-                 {"OUTPUT_DIR": str(out_dir), "DB_PATH": str(tmp_path / "otel.db"),
-                  "COLLECTOR_PORT": 0, "TRAIN_SECONDS": 35.0}, kernel=kernel, cell_timeout_s=600)
+    executed = run_notebook(NOTEBOOKS_DIR / "05-explore-metrics.ipynb", tmp_path,
+                            {"OUTPUT_DIR": str(out_dir), "SMOKE": True}, kernel=kernel,
+                            cell_timeout_s=600)
+    assert error_lines(executed) == []
+    assert (out_dir / "otel.db").exists()  # the store lives under OUTPUT_DIR
     summary = json.loads((out_dir / "summary.json").read_text())
     assert summary["environments"] == ["Acrobot-v1", "CartPole-v1"]  # trained both itself
     assert summary["run_id"].startswith("cartpole-")

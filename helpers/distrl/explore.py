@@ -333,14 +333,14 @@ class Monitoring:
         query: where, minutes, end, aligner, reducer, group_by, alignment_s (see request()).
         Distribution points give their mean as value and their count.
         """
-        return _answer(self.client.list_time_series(request=self.request(metric, **query)))
+        return _answer(self.client.list_time_series, self.request(metric, **query))
 
     def query(self, filter: str, aggregation: dict, minutes: float = 30.0,
               end: dt.datetime | None = None):
         """A DataFrame of a raw filter and an aggregation in dashboard JSON form (what the
         dashboard's tiles and the alert policies hold)."""
         request = self._request(filter, aggregation, minutes, end)
-        return _answer(self.client.list_time_series(request=request))
+        return _answer(self.client.list_time_series, request)
 
     def golden_signals(self, *, where: dict | None = None, group_by: str = otel.RL_RUN_ID,
                        minutes: float = 30.0, alignment_s: int = 60,
@@ -374,16 +374,26 @@ def _concat(parts):
     return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame()
 
 
-def _answer(pager):
-    """series_frame of every page; the hints a page carries (execution_errors: the local
-    collector names the dotted form of an underscored metric type or label) become warnings."""
+def _answer(list_time_series, request):
+    """series_frame of every page. A metric type that does not exist (yet) is NOT_FOUND in
+    Cloud Monitoring: no rows, and a warning when the answer names the type meant (the local
+    collector's hint for the seed's underscored forms). The hints a page carries
+    (execution_errors: an underscored label key) become warnings too."""
     import warnings
 
-    series = []
-    for page in pager.pages:
-        for error in page.execution_errors:
-            warnings.warn(error.message, stacklevel=3)
-        series += list(page.time_series)
+    from google.api_core.exceptions import NotFound
+
+    try:
+        pager = list_time_series(request=request)
+        series = []
+        for page in pager.pages:
+            for error in page.execution_errors:
+                warnings.warn(error.message, stacklevel=3)
+            series += list(page.time_series)
+    except NotFound as err:
+        if "did you mean" in err.message:
+            warnings.warn(err.message, stacklevel=3)
+        series = []
     return series_frame(series)
 
 

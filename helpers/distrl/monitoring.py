@@ -108,6 +108,11 @@ def _excerpt(text: str, limit: int = 60) -> str:
     return f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
+def _quoted(text: str) -> str:
+    """A filter string as the filter writes it: in double quotes, backslash escapes."""
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
 def _invalid(message: str) -> Refused:
     return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
 
@@ -237,6 +242,9 @@ def parse_filter(text: str) -> list[Term]:
             raise _unimplemented(f"filter operator {_excerpt(op)} is not supported; use = or != "
                                  "(with a function such as starts_with or "
                                  "monitoring.regex.full_match for patterns)")
+        if op == "=" and i < len(tokens) and tokens[i] == ("op", "="):  # the seed's ==
+            raise _invalid(f"filter {shown}: == is not a Monitoring filter comparison; write = "
+                           "(cloud.google.com/monitoring/api/v3/filters)")
         kind, value = take()
         if kind == "string":
             terms.append(Term(scope, key, op == "!=", None, (_unquote(value),)))
@@ -942,12 +950,15 @@ class MetricService:
                           ValueType.Value(descriptor["value_type"]) if descriptor else None)
         response = _pb["ListTimeSeriesResponse"]()
         hints = self._hints(metric_type, descriptor, terms)
-        if hints:  # the seed's underscored forms: answered as asked, with the dotted name
+        if descriptor is None:  # Cloud Monitoring's answer, word for word, plus the hint
+            named = _quoted(metric_type) if len(metric_type) <= 200 else _excerpt(metric_type, 200)
+            raise Refused(grpc.StatusCode.NOT_FOUND, " ".join([
+                f"Cannot find metric(s) that match type = {named}. If a metric was created "
+                "recently, it could take up to 10 minutes to become available.", *hints]))
+        if hints:  # the seed's underscored label keys: answered as asked, with the dotted key
             response.execution_errors.extend(
                 status_pb2.Status(code=grpc.StatusCode.NOT_FOUND.value[0], message=hint)
                 for hint in hints)
-        if descriptor is None:
-            return response
         unit = descriptor["unit"] or ""
         if request.aggregation.per_series_aligner == Aligner.ALIGN_RATE:
             unit = f"{unit}/s" if unit else "1/s"
@@ -990,7 +1001,8 @@ class MetricService:
     def _hints(self, metric_type: str, descriptor: dict | None, terms: list[Term]) -> list[str]:
         """Where a query names a metric type or label key in the underscored form (a Prometheus
         scrape's, the seed's) and the store has it dotted: what to write instead. The answer
-        itself stays what Cloud Monitoring gives: no series for names that do not exist."""
+        itself stays what Cloud Monitoring gives: NOT_FOUND for a metric type that does not
+        exist, no series for a label that no series has."""
         hints = []
         if descriptor is None:
             # prometheus.googleapis.com/NAME/KIND: compare the NAME parts.
