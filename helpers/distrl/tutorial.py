@@ -128,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
         took = time.monotonic() - start
         table.append((notebook.name, "ok", took))
         print(f"{tag} done in {took:.0f}s -> {out}", flush=True)
+        errors = error_lines(out)
+        if errors:  # it ran through, but something logged at ERROR level: show where
+            print(f"{tag}: {len(errors)} ERROR-level line(s) in its outputs, the first: "
+                  f"{errors[0][:200]}", file=sys.stderr, flush=True)
     width = max(len(name) for name, _, _ in table)
     print("\n" + "\n".join(f"  {name:<{width}}  {state:>7}  {took:6.0f} s"
                            for name, state, took in table))
