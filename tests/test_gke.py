@@ -102,6 +102,16 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                "--machine-type=e2-standard-4", "--num-nodes=1", "--disk-size=50",
                f"--workload-pool={PROJECT}.svc.id.goog",
                "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P]),
+        # What the cluster must offer is checked before anything that costs time or money.
+        ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
+        ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+         "--format=value(currentMasterVersion)"],
+        ["kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
+         "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"],
+        ["kubectl", "get", "crd", "rayclusters.ray.io",
+         '--output=jsonpath={.spec.versions[?(@.name=="v1")].schema.openAPIV3Schema'
+         '.properties.spec.properties.authOptions.properties.secretName.type}'],
+        ["kubectl", "get", "deployments", "--all-namespaces", "--output=json"],
         *made(["gcloud", "container", "node-pools", "describe", "rl-head", *pool,
                "--format=value(name)"],
               ["gcloud", "container", "node-pools", "create", "rl-head", "--cluster=rl-cluster",
@@ -115,6 +125,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                "--cluster=rl-cluster", ZONE, "--machine-type=e2-standard-8", "--spot",
                "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0", "--max-nodes=3",
                "--disk-size=50", "--node-labels=distrl/pool=rl-actors", LABELS, P]),
+        ["kubectl", "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
         *made(["gcloud", "artifacts", "repositories", "describe", "rl-images",
                "--location=europe-west4", P, "--format=value(name)"],
               ["gcloud", "artifacts", "repositories", "create", "rl-images",
@@ -141,16 +152,6 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                f"--service-account=projects/{PROJECT}/serviceAccounts/{BUILD_SA}",
                f"--gcs-source-staging-dir={BUCKET}/source", f"--gcs-log-dir={BUCKET}/logs",
                "--timeout=7200s", P]),
-        ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
-        ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
-         "--format=value(currentMasterVersion)"],
-        ["kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
-         "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"],
-        ["kubectl", "get", "crd", "rayclusters.ray.io",
-         '--output=jsonpath={.spec.versions[?(@.name=="v1")].schema.openAPIV3Schema'
-         '.properties.spec.properties.authOptions.properties.secretName.type}'],
-        ["kubectl", "get", "deployments", "--all-namespaces", "--output=json"],
-        ["kubectl", "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
         *made(["gcloud", "iam", "service-accounts", "describe", GSA, P, "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-ray",
                "--display-name=distrl Ray pods (metrics and traces)", P]),
@@ -319,15 +320,19 @@ def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
     manifests, token = tmp_path / "m", tmp_path / "token"
     plan = create_plan(settings(), manifests, token)
     full = expected_standard(manifests, token, exists=True)
+    head_pool = next(i for i, step in enumerate(plan) if step.argv[2:5] == (
+        "node-pools", "create", "rl-head"))
     with pytest.raises(gke.StepFailed) as e:
         run_plan(plan, out=lambda line: None)
-    assert e.value.number == 5 and "resume at this step: run_plan(plan, start=5)" in str(e.value)
+    number = head_pool + 1
+    assert e.value.number == number
+    assert f"resume at this step: run_plan(plan, start={number})" in str(e.value)
     ran = stand_ins()
-    assert ran == full[:full.index(list(plan[4].argv)) + 1]  # nothing after the failed step
+    assert ran == full[:full.index(list(plan[head_pool].argv)) + 1]  # nothing after it
     monkeypatch.delenv("FAKE_FAIL")
     run_plan(plan, out=lambda line: None, start=e.value.number)
     resumed = stand_ins()[len(ran):]
-    assert resumed == full[full.index(list(plan[4].exists)):]
+    assert resumed == full[full.index(list(plan[head_pool].exists)):]
     # Everything exists now: a third run from step 1 creates nothing.
     monkeypatch.setenv("FAKE_EXISTS", "|".join(shlex.join(s.exists[1:4]) for s in plan
                                                if s.exists))
@@ -372,16 +377,16 @@ def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
     ("compute project-info describe", json.dumps({"quotas": [
         {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}), 3,
      "GPUS_ALL_REGIONS quota 0 with 0 in use leaves no GPU for the head"),
-    ("currentMasterVersion", "1.33.5-gke.1000", 15,
+    ("currentMasterVersion", "1.33.5-gke.1000", 6,
      "the cluster runs GKE 1.33.5-gke.1000; Managed OpenTelemetry needs 1.34.1-gke.2178000"),
-    ("get service opentelemetry-collector", "", 16,
+    ("get service opentelemetry-collector", "", 7,
      "no Service opentelemetry-collector in namespace gke-managed-otel"),
-    ("get service opentelemetry-collector", "4317", 16,
+    ("get service opentelemetry-collector", "4317", 7,
      "serves ports [4317], not 4318 (http/protobuf); render the manifests with "
      "otlp_protocol='grpc'"),
-    ("get crd rayclusters.ray.io", "", 17,
+    ("get crd rayclusters.ray.io", "", 8,
      "does not know RayCluster spec.authOptions.secretName (KubeRay 1.6.0 or later"),
-    ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), 19,
+    ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), 12,
      "has 5.41 CPU free after GKE's system pods; the head pod requests 6"),
     ("RAY_AUTH_MODE", "", 29, "has no RAY_AUTH_MODE=token: the running operator ignored"),
     ("list_physical_devices", "0", 30, "TensorFlow in the head pod sees 0 GPU(s)"),
@@ -410,13 +415,15 @@ def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
     respond(monkeypatch, "get deployments --all-namespaces", json.dumps({"items": [
         {"metadata": {"name": "kuberay-operator", "namespace": "ray-system"}}]}))
     plan = create_plan(settings(operator_namespace="kube-system"), tmp_path, tmp_path / "token")
+    operator = next(i for i, step in enumerate(plan) if step.title.startswith(
+        "Check where the Ray operator"))
     with pytest.raises(gke.StepFailed, match="admits the dashboard port 8265 only from "
                        "namespace 'kube-system', but the KubeRay operator runs in namespace "
                        "ray-system") as e:
-        run_plan(plan, out=lambda line: None, start=18)
+        run_plan(plan[:operator + 1], out=lambda line: None, start=operator + 1)
     assert "operator_namespace='ray-system'" in str(e.value)
     plan = create_plan(settings(operator_namespace="ray-system"), tmp_path, tmp_path / "token")
-    run_plan(plan[17:18], out=lambda line: None)  # the same answer passes when they agree
+    run_plan(plan[operator:operator + 1], out=lambda line: None)  # passes when they agree
 
 
 def test_a_step_that_outlives_its_time_limit_is_killed(tmp_path):
@@ -596,3 +603,20 @@ def test_cli_plan_and_cost_print_without_running_anything(stand_ins, tmp_path, c
     out = capsys.readouterr().out
     assert "0-10" in out and "USD per month" in out
     assert stand_ins() == []
+
+
+def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, monkeypatch):
+    """Both pin their head to the one-node head pool and mount the same ReadWriteOnce volume:
+    the RayJob is refused, naming the delete, while the RayCluster exists."""
+    manifests = tmp_path / "m"
+    plan = gke.rayjob_plan(settings(), manifests)
+    respond(monkeypatch, "get raycluster rl", "raycluster.ray.io/rl")
+    with pytest.raises(gke.StepFailed, match="kubectl delete raycluster rl --namespace=rl"):
+        run_plan(plan, out=lambda line: None)
+    assert stand_ins() == [["kubectl", "get", "raycluster", "rl", "--namespace=rl",
+                            "--ignore-not-found", "--output=name"]]
+    respond(monkeypatch, "get raycluster rl", "")
+    run_plan(plan, out=lambda line: None)
+    assert stand_ins()[-1] == ["kubectl", "apply", f"--filename={manifests}/job/rayjob.yaml"]
+    assert [list(s.argv) for s in gke.teardown_plan(plan)] == [
+        ["kubectl", "delete", "rayjob", "rl-train", "--namespace=rl", "--ignore-not-found"]]

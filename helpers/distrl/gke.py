@@ -280,6 +280,38 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
     describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
     delete_cluster = ("gcloud", "container", "clusters", "delete", s.cluster, loc, project,
                       "--quiet")
+    # Checked as soon as the cluster exists, before the node pools and the image build that
+    # cost money and half an hour: what it runs must be able to work.
+    cluster_checks = [
+        Step("Fetch cluster credentials for kubectl",
+             ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
+             "Writes a kubeconfig entry; kubectl then talks to the new cluster."),
+        Step("Check the GKE version for Managed OpenTelemetry",
+             (*describe, "--format=value(currentMasterVersion)"),
+             f"{preflight.MIN_GKE_OTEL} or later; {preflight.MIN_GKE_OTEL_GRPC} or later "
+             f"for gRPC export ({preflight.OTEL_DOCS}).",
+             check=functools.partial(preflight.gke_version_problems,
+                                     otlp_protocol=s.otlp_protocol)),
+        Step("Check the managed collector's port",
+             ("kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
+              "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"),
+             f"The pods export {s.otlp_protocol} to {s.otlp_endpoint}.",
+             check=functools.partial(preflight.otel_service_problems,
+                                     otlp_protocol=s.otlp_protocol)),
+        Step("Check the Ray operator supports token auth (KubeRay 1.6 or later)",
+             ("kubectl", "get", "crd", "rayclusters.ray.io",
+              "--output=jsonpath={.spec.versions[?(@.name==\"v1\")].schema.openAPIV3Schema"
+              ".properties.spec.properties.authOptions.properties.secretName.type}"),
+             "spec.authOptions.secretName makes KubeRay hand the Ray token to the autoscaler "
+             "sidecar, the RayJob submitter and its own dashboard client.",
+             check=preflight.kuberay_auth_problems),
+        Step("Check where the Ray operator runs",
+             ("kubectl", "get", "deployments", "--all-namespaces", "--output=json"),
+             "The operator polls the head's port 8265; the NetworkPolicy must admit it "
+             + (f"(it admits namespace {s.operator_namespace})." if s.operator_namespace else
+                "(it admits any source to 8265; Ray's token guards it)."),
+             check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
+    ]
     if s.mode == "standard":
         steps.append(Step(
             "Create the Standard cluster",
@@ -293,6 +325,7 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
             f"{preflight.MIN_GKE_OTEL} or later, hence the rapid channel; the flag is GA from "
             "gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
             delete_cluster, exists=(*describe, "--format=value(name)")))
+        steps += cluster_checks
         head_accel = () if s.gpu_type == "none" else (
             f"--accelerator=type={s.gpu_type},count=1,gpu-driver-version=latest",)
         for pool, args, why in (
@@ -318,6 +351,14 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
                 ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
                 exists=("gcloud", "container", "node-pools", "describe", pool, *pool_ref,
                         "--format=value(name)")))
+        cpu, memory = head_pod_request(s)
+        steps.append(Step(
+            "Check the head node has room for the head pod",
+            ("kubectl", "describe", "nodes", f"--selector=cloud.google.com/gke-nodepool={s.head_pool}"),
+            f"The head pod requests {cpu:g} CPU and {memory:g} GiB (Ray, TensorBoard, KubeRay's "
+            "autoscaler sidecar) beside GKE's own DaemonSets.",
+            check=functools.partial(preflight.head_room_problems, cpu_needed=cpu,
+                                    memory_gib_needed=memory, pool=s.head_pool)))
     else:
         steps.append(Step(
             "Create the Autopilot cluster",
@@ -328,6 +369,7 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
             "cloud.google.com/gke-accelerator. Workload Identity is always on (create-auto "
             "takes no --workload-pool).",
             delete_cluster, exists=(*describe, "--format=value(name)")))
+        steps += cluster_checks
     build_member = f"serviceAccount:{s.build_email}"
     steps += [
         Step("Create the Artifact Registry repository",
@@ -377,44 +419,7 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              "TensorFlow's CUDA wheels). Skipped when the tag exists.",
              exists=("gcloud", "artifacts", "docker", "images", "describe", s.image, project,
                      "--format=value(image_summary.digest)")),
-        Step("Fetch cluster credentials for kubectl",
-             ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
-             "Writes a kubeconfig entry; kubectl then talks to the new cluster."),
-        Step("Check the GKE version for Managed OpenTelemetry",
-             (*describe, "--format=value(currentMasterVersion)"),
-             f"{preflight.MIN_GKE_OTEL} or later; {preflight.MIN_GKE_OTEL_GRPC} or later "
-             f"for gRPC export ({preflight.OTEL_DOCS}).",
-             check=functools.partial(preflight.gke_version_problems,
-                                     otlp_protocol=s.otlp_protocol)),
-        Step("Check the managed collector's port",
-             ("kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
-              "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"),
-             f"The pods export {s.otlp_protocol} to {s.otlp_endpoint}.",
-             check=functools.partial(preflight.otel_service_problems,
-                                     otlp_protocol=s.otlp_protocol)),
-        Step("Check the Ray operator supports token auth (KubeRay 1.6 or later)",
-             ("kubectl", "get", "crd", "rayclusters.ray.io",
-              "--output=jsonpath={.spec.versions[?(@.name==\"v1\")].schema.openAPIV3Schema"
-              ".properties.spec.properties.authOptions.properties.secretName.type}"),
-             "spec.authOptions.secretName makes KubeRay hand the Ray token to the autoscaler "
-             "sidecar, the RayJob submitter and its own dashboard client.",
-             check=preflight.kuberay_auth_problems),
-        Step("Check where the Ray operator runs",
-             ("kubectl", "get", "deployments", "--all-namespaces", "--output=json"),
-             "The operator polls the head's port 8265; the NetworkPolicy must admit it "
-             + (f"(it admits namespace {s.operator_namespace})." if s.operator_namespace else
-                "(it admits any source to 8265; Ray's token guards it)."),
-             check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
     ]
-    if s.mode == "standard":
-        cpu, memory = head_pod_request(s)
-        steps.append(Step(
-            "Check the head node has room for the head pod",
-            ("kubectl", "describe", "nodes", f"--selector=cloud.google.com/gke-nodepool={s.head_pool}"),
-            f"The head pod requests {cpu:g} CPU and {memory:g} GiB (Ray, TensorBoard, KubeRay's "
-            "autoscaler sidecar) beside GKE's own DaemonSets.",
-            check=functools.partial(preflight.head_room_problems, cpu_needed=cpu,
-                                    memory_gib_needed=memory, pool=s.head_pool)))
     steps.append(Step(
         "Create the Google service account for telemetry",
         ("gcloud", "iam", "service-accounts", "create", s.service_account,
@@ -486,6 +491,30 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              "Nodes, CPUs and GPUs as Ray sees them. Actor nodes appear when work asks for them."),
     ]
     return steps
+
+
+def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
+    """Run the RayJob of `write_manifests` (a one-shot training with a cluster of its own),
+    refusing while the RayCluster still runs: both pin their head to the one-node head pool
+    and mount the same ReadWriteOnce run volume, so the RayJob's head would stay Pending until
+    its activeDeadlineSeconds (4 h) ran out."""
+    ns = f"--namespace={s.namespace}"
+
+    def cluster_gone(out: str) -> list[str]:
+        return [f"RayCluster {s.prefix} still runs on the head pool and its volume: "
+                f"`kubectl delete raycluster {s.prefix} {ns} --wait=true` first"] if out.strip() else []
+
+    return [
+        Step("Check the RayCluster is gone",
+             ("kubectl", "get", "raycluster", s.prefix, ns, "--ignore-not-found", "--output=name"),
+             "The RayJob's cluster needs the head node and the run volume the RayCluster holds.",
+             check=cluster_gone),
+        Step("Submit the RayJob",
+             ("kubectl", "apply", f"--filename={Path(manifests_dir) / 'job' / 'rayjob.yaml'}"),
+             "KubeRay creates a cluster, runs the training command and deletes the cluster "
+             "after the job (shutdownAfterJobFinishes, ttlSecondsAfterFinished 600).",
+             ("kubectl", "delete", "rayjob", f"{s.prefix}-train", ns, "--ignore-not-found")),
+    ]
 
 
 def teardown_plan(plan: list[Step]) -> list[Step]:
