@@ -49,6 +49,18 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     assert list((tmp_path / "checkpoints").glob("checkpoint-*.npz"))
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert len(result.weights) == 2 * (len(config.hidden_sizes) + 2)
+    # The start-up timeline: every milestone, in the order the run needs them, since the
+    # process started (local_ray was up before train(): "Ray up" follows at once).
+    timeline = saved["timeline"]
+    assert list(timeline)[:4] == ["process start", "train() called", "Ray up",
+                                  "processes created"], timeline
+    for earlier, later in [("processes created", "learner running"),
+                           ("learner running", "first update"),
+                           ("first transition", "first update"),
+                           ("first update", "first evaluation"), ("first evaluation", "target")]:
+        assert timeline[earlier] <= timeline[later], (earlier, later, timeline)
+    assert timeline["target"] - timeline["train() called"] == pytest.approx(
+        result.time_to_target_s, abs=0.01)
 
 
 def test_acrobot_short_run_improves_on_random(local_ray, tmp_path):

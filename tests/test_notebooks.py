@@ -41,6 +41,7 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     assert results["best_eval_return"] >= 100  # SMOKE's target
     assert results["env_steps"] > 0 and results["learner_updates"] > 0
     assert len(results["actor_epsilons"]) == results["config"]["num_actors"]
+    assert "first update" in results["timeline"]  # plotted as the start-up timeline
     text = _outputs(executed)
     # The 100-line Ape-X learned too (SMOKE: to 100), with its own ray.wait loop.
     assert "reached 100 in" in text, text[-2000:]
@@ -74,7 +75,7 @@ def test_tutorial_runner_reports_a_failing_notebook_and_runs_the_rest(kernel, tm
     meta = {"kernelspec": {"name": kernel, "language": "python", "display_name": kernel},
             "language_info": {"name": "python"}}
     for name, code in (("01-fails.ipynb", "x = 1\nraise ValueError('bad value 42')"),
-                       ("02-works.ipynb", "print('second ran')")):
+                       ("02-works.ipynb", "print('second ran')\nprint('ERROR demo: logged')")):
         params = nbformat.v4.new_code_cell("OUTPUT_DIR = ''")
         params.metadata["tags"] = ["parameters"]
         nb = nbformat.v4.new_notebook(metadata=meta)
@@ -87,6 +88,8 @@ def test_tutorial_runner_reports_a_failing_notebook_and_runs_the_rest(kernel, tm
     assert "01-fails.ipynb FAILED after" in captured.err
     assert "cell 3 ('x = 1'): ValueError: bad value 42" in captured.err
     assert "02-works.ipynb done in" in captured.out
+    assert "02-works.ipynb: 1 ERROR-level line(s) in its outputs, the first: ERROR demo" \
+        in captured.err  # it ran through, and what it logged is not hidden
     assert "FAILED" in captured.out and "ok" in captured.out  # the table
     assert "1 of 2 notebook(s) did not run through" in captured.err
 

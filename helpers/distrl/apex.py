@@ -81,6 +81,7 @@ class TrainingResult:
     output_dir: str = ""
     checkpoint: str | None = None
     events: list[dict] = field(default_factory=list)
+    timeline: dict[str, float] = field(default_factory=dict)
     resumed_from: str | None = None
     replay_check: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
@@ -193,6 +194,7 @@ class ApeX:
             self.config = config = config.replace(
                 run_id=f"{config.env_id}-{stamp}-{uuid.uuid4().hex[:6]}")
         self.sigterm = threading.Event()
+        self.marks: dict[str, float] = {}  # start-up milestones of train(), for the timeline
 
     def resource_plan(self, cluster_cpus: float, autoscaling: bool = False) -> dict:
         """What each Ray actor asks for. Without actor_cpus, actors share what the learner
@@ -265,6 +267,7 @@ class ApeX:
         import ray
 
         t_start = time.monotonic()
+        self.marks = {"train() called": 0.0}  # seconds since t_start, for the timeline
         self.sigterm = sigterm or threading.Event()
         previous = catch_sigterm(self.sigterm)
         # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
@@ -273,6 +276,7 @@ class ApeX:
         try:
             if started_ray:
                 self._init_ray(ray)
+            self.marks["Ray up"] = time.monotonic() - t_start
             plan = None if self.sigterm.is_set() else self.check_cluster(ray)
             return self._train(ray, plan, t_start)
         finally:
@@ -311,6 +315,7 @@ class ApeX:
             return run.stopped_before_start("sigterm", "SIGTERM during start-up")
         topology = create_topology(ray, c, plan, self.spec, self.obs_shape, weights,
                                    str(self.output_dir), checkpoint_dir, resume_path)
+        self.marks["processes created"] = time.monotonic() - t_start
         try:
             return run.drive(topology)
         finally:
@@ -610,6 +615,26 @@ class _Run:
             weights_versions=[None] * n, restarts=[0] * n, nodes=[None] * n,
             states=["never created"] * n)
 
+    def timeline(self) -> dict[str, float]:
+        """When each start-up milestone came, in seconds since this process started (the
+        interpreter, imports and all), in the order they came; milestones never reached are
+        left out."""
+        import psutil
+
+        since_process = time.time() - psutil.Process().create_time()
+        offset = since_process - (time.monotonic() - self.t_start)  # process start -> train()
+        first = {}
+        for e in self.events:
+            if e["kind"] in ("learner_running", "actor_running"):
+                first.setdefault({"learner_running": "learner running",
+                                  "actor_running": "first actor running"}[e["kind"]], e["time_s"])
+        marks = {**self.apex.marks, **first,
+                 "first transition": self.startup_s, "first update": self.first_update_s,
+                 "first evaluation": self.evals[0]["time_s"] if self.evals else None,
+                 "target": self.time_to_target}
+        reached = sorted((t, name) for name, t in marks.items() if t is not None)
+        return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
+
     def _result(self, env_steps, updates, replay, checkpoint, weights, replay_check,
                 cpu_seconds, weights_versions, restarts, nodes, states) -> TrainingResult:
         c = self.config
@@ -632,8 +657,8 @@ class _Run:
             actor_restarts=restarts, actor_nodes=nodes, actor_states=states,
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,
-            events=self.events, resumed_from=self.resume_path, config=c.to_dict(),
-            weights=weights)
+            events=self.events, timeline=self.timeline(), resumed_from=self.resume_path,
+            config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result
 
