@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 KERNEL := distrl
 
-.PHONY: install tutorial test lab bench lock clean
+.PHONY: install tutorial test test-fast lab bench lock clean
 
 install: $(STAMP)
 
@@ -25,6 +25,11 @@ tutorial: install
 test: install
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -ra
+
+# The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
+test-fast: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -ra -m "not slow"
 
 lab: install
 	$(BIN)/jupyter lab notebooks/

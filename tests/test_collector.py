@@ -488,6 +488,7 @@ def _export_with_retries(endpoint: str, req, attempts: int = 60) -> str:
         channel.close()
 
 
+@pytest.mark.slow
 def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
     """Four concurrent 40 MB exports once left 623 MB resident. Now a message is at most
     max_message_bytes, and at most max_exports are read at once (more get RESOURCE_EXHAUSTED,
@@ -593,6 +594,7 @@ SOAK_EXPORTERS = textwrap.dedent("""
 SOAK_P99_BOUND_S = 2.0  # measured p99 on 2 busy cores: see the stop note of issue 13
 
 
+@pytest.mark.slow
 def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
     """20 exporters for 60 s while a client reads 20,000 series in a loop: every acknowledged
     point is stored, and export latency p99 stays under SOAK_P99_BOUND_S."""

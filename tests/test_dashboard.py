@@ -111,6 +111,7 @@ def _google_rl_board() -> dict:
     return {"displayName": "RL workload performance", "mosaicLayout": {"tiles": tiles}}
 
 
+@pytest.mark.slow
 def test_every_tile_has_data_after_a_short_instrumented_run(tmp_path):
     with LocalCollector(tmp_path / "otel.db", port=0) as collector:
         done = subprocess.run(
