@@ -39,9 +39,9 @@ import numpy as np
 from distrl.actor import env_spec, slot_epsilons
 from distrl.config import ApexConfig
 from distrl.faults import ActorFleet, Deadline, catch_sigterm, cause, get_within, restore_sigterm
-from distrl.network import NetworkSpec, init_weights
+from distrl.network import NetworkSpec
 from distrl.process_telemetry import IterationTraces, ProcessTelemetry
-from distrl.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker
+from distrl.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker, initial_weights
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors still wait for a node
@@ -302,7 +302,7 @@ class ApeX:
         c = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = c.checkpoint_dir or str(self.output_dir / "checkpoints")
-        weights = init_weights(self.spec, c.seed)
+        weights = initial_weights(c)  # what first-life actors compute for themselves
         resume_path, resumed = None, None
         if c.resume is not None:
             from distrl.learner import read_checkpoint, resolve_resume

@@ -108,11 +108,6 @@ def _excerpt(text: str, limit: int = 60) -> str:
     return f"{text[:limit]!r}... ({len(text):,} characters)"
 
 
-def _quoted(text: str) -> str:
-    """A filter string as the filter writes it: in double quotes, backslash escapes."""
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
 def _invalid(message: str) -> Refused:
     return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
 
@@ -951,7 +946,8 @@ class MetricService:
         response = _pb["ListTimeSeriesResponse"]()
         hints = self._hints(metric_type, descriptor, terms)
         if descriptor is None:  # Cloud Monitoring's answer, word for word, plus the hint
-            named = _quoted(metric_type) if len(metric_type) <= 200 else _excerpt(metric_type, 200)
+            named = (json.dumps(metric_type, ensure_ascii=False) if len(metric_type) <= 200
+                     else _excerpt(metric_type, 200))  # as the filter writes it
             raise Refused(grpc.StatusCode.NOT_FOUND, " ".join([
                 f"Cannot find metric(s) that match type = {named}. If a metric was created "
                 "recently, it could take up to 10 minutes to become available.", *hints]))

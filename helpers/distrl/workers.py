@@ -16,10 +16,10 @@ from pathlib import Path
 import numpy as np
 
 from distrl import telemetry as otel
-from distrl.actor import Actor, evaluate_greedy
+from distrl.actor import Actor, env_spec, evaluate_greedy
 from distrl.config import ApexConfig
 from distrl.faults import ask_learner_to_checkpoint, on_sigterm
-from distrl.network import NetworkSpec
+from distrl.network import NetworkSpec, init_weights
 from distrl.process_telemetry import (
     TRAFFIC_FLUSH_BLOCKS,
     ProcessTelemetry,
@@ -342,12 +342,18 @@ class ActorWorker:
         # restart would fail if they went out of scope, ray-project/ray#53727).
         self.replay, self.learner = _peer(replay_name), _peer(learner_name)
         self.config = config
-        # The learner's newest weights: a restarted actor (a lost node, a killed process) picks
-        # up where training is, and nothing large sits in the object store for restarts. The
-        # learner may still be starting (TensorFlow on a busy node): wait as long as the driver
-        # waits for actors.
-        version, weights = _get(self.learner.get_weights.remote(-1),
-                                max(PEER_TIMEOUT_S, config.actor_wait_s))
+        if config.resume is None and not _restarted():
+            # A first life starts from the run's initial weights, which it computes itself
+            # (init_weights is seeded, the learner starts from the same): it steps at once
+            # instead of waiting for the learner to import TensorFlow.
+            version, weights = 0, initial_weights(config)
+        else:
+            # The learner's newest weights: a restarted actor (a lost node, a killed process)
+            # picks up where training is, and nothing large sits in the object store for
+            # restarts. The learner may still be starting (TensorFlow on a busy node): wait as
+            # long as the driver waits for actors.
+            version, weights = _get(self.learner.get_weights.remote(-1),
+                                    max(PEER_TIMEOUT_S, config.actor_wait_s))
         self.actor = Actor(config, index, weights)
         self.actor.set_weights(weights, version)
         self.node_id = _node_id()  # where this life of the actor runs (a restart may move it)
@@ -502,6 +508,20 @@ def _get(ref, timeout_s: float = PEER_TIMEOUT_S):
         return ray.get(ref, timeout=timeout_s)
     except GetTimeoutError as e:
         raise PeerTimeout(f"no answer from a peer process within {timeout_s:g}s") from e
+
+
+def initial_weights(config: ApexConfig) -> list[np.ndarray]:
+    """The weights every run of this config starts from (the driver gives the learner these)."""
+    obs_shape, num_actions = env_spec(config.env_id)
+    spec = NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
+    return init_weights(spec, config.seed)
+
+
+def _restarted() -> bool:
+    """Whether this actor process is a restart (Ray re-ran its constructor)."""
+    import ray
+
+    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def _peer(name: str):
