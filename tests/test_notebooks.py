@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from conftest import respond
 
-from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook
+from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_notebooks_are_stored_without_outputs(caplog):
@@ -42,7 +42,7 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     assert results["env_steps"] > 0 and results["learner_updates"] > 0
     assert len(results["actor_epsilons"]) == results["config"]["num_actors"]
     assert "first update" in results["timeline"]  # plotted as the start-up timeline
-    text = _outputs(executed)
+    text = stream_text(executed)
     # The 100-line Ape-X learned too (SMOKE: to 100), with its own ray.wait loop.
     assert "reached 100 in" in text, text[-2000:]
     assert "the run is learner-bound" in text or "the run is actor-bound" in text
@@ -121,14 +121,6 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
         "prometheus.googleapis.com/rl.sample.samples/counter"]
 
 
-def _outputs(executed: Path) -> str:
-    import nbformat
-
-    nb = nbformat.read(executed, as_version=4)
-    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
-
-
 def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     from distrl import gke, manifests
 
@@ -139,7 +131,7 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
          "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot", "DRY_RUN": False, "SMOKE": True},
         kernel=kernel)
     assert error_lines(executed) == []
-    text = _outputs(executed)
+    text = stream_text(executed)
     assert "dry run: commands are printed, nothing is created" in text  # SMOKE forced it
     assert "gcloud container clusters create-auto rl-demo-cluster --region=us-central1" in text
     plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1", prefix="rl-demo",
@@ -218,7 +210,7 @@ def test_04_distributed_training(kernel, tmp_path: Path):
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
         {"OUTPUT_DIR": str(out_dir), "SMOKE": True}, kernel=kernel, cell_timeout_s=600)
     assert error_lines(executed) == []
-    text = _outputs(executed)
+    text = stream_text(executed)
     first = json.loads((out_dir / "first-job-results.json").read_text())
     second = json.loads((out_dir / "fetched" / "results.json").read_text())
     assert second["reached_target"] and second["resumed_from"].endswith(".npz")

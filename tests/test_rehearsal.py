@@ -14,7 +14,7 @@ from distrl import manifests as m
 from distrl.collector import LocalCollector
 from distrl.gke import DEFAULT_TOKEN_FILE, GkeSettings
 from distrl.rehearsal import ManifestRehearsal, container_env, ray_start_argv
-from distrl.tutorial import NOTEBOOKS_DIR, run_notebook
+from distrl.tutorial import NOTEBOOKS_DIR, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 # A small but real variant: no GPU (the learner refuses a GPU that TensorFlow cannot see), one
@@ -107,11 +107,7 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
          "MAX_SECONDS": 50.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 60.0,
          "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
-    import nbformat
-
-    nb = nbformat.read(executed, as_version=4)
-    text = "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
-                     for o in c.outputs if o.get("output_type") == "stream")
+    text = stream_text(executed)
     assert "from the RayCluster: --num-actors 2 --actor-cpus 1 --learner-cpus 5 --num-gpus 0 " \
         "--telemetry true" in text
     first = json.loads((out_dir / "first-job-results.json").read_text())

@@ -41,7 +41,14 @@ from distrl.config import ApexConfig
 from distrl.faults import ActorFleet, Deadline, catch_sigterm, cause, get_within, restore_sigterm
 from distrl.network import NetworkSpec
 from distrl.process_telemetry import IterationTraces, ProcessTelemetry
-from distrl.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker, initial_weights
+from distrl.workers import (
+    ActorWorker,
+    EvaluatorWorker,
+    LearnerWorker,
+    ReplayWorker,
+    initial_weights,
+    network_spec,
+)
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors still wait for a node
@@ -186,8 +193,7 @@ class ApeX:
         self.config = config
         # Refuse an unusable environment before any process starts.
         self.obs_shape, self.num_actions = env_spec(config.env_id)
-        self.spec = NetworkSpec(int(np.prod(self.obs_shape)), self.num_actions,
-                                config.hidden_sizes, config.dueling)
+        self.spec = network_spec(config)  # the same the actors' initial_weights build
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
         if config.run_id is None:  # every process labels its telemetry with the same id

@@ -48,14 +48,18 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
 ERROR_LINE = re.compile(r"\bERROR\b|\[[^]]* E \d+ \d+\]|^E\d{4} |Traceback \(most recent call last\)")
 
 
-def error_lines(executed: Path) -> list[str]:
-    """The ERROR-level lines in an executed notebook's text outputs (a clean run has none)."""
+def stream_text(executed: Path) -> str:
+    """Everything an executed notebook's cells printed (stdout and stderr), in order."""
     import nbformat
 
     nb = nbformat.read(executed, as_version=4)
-    texts = [o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
-             if o.get("output_type") == "stream"]
-    return [line for text in texts for line in text.splitlines() if ERROR_LINE.search(line)]
+    return "\n".join(o.get("text", "") for c in nb.cells if c.cell_type == "code"
+                     for o in c.outputs if o.get("output_type") == "stream")
+
+
+def error_lines(executed: Path) -> list[str]:
+    """The ERROR-level lines in an executed notebook's text outputs (a clean run has none)."""
+    return [line for line in stream_text(executed).splitlines() if ERROR_LINE.search(line)]
 
 
 def _parse_parameter(text: str) -> tuple[str, object]:

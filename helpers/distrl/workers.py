@@ -510,11 +510,15 @@ def _get(ref, timeout_s: float = PEER_TIMEOUT_S):
         raise PeerTimeout(f"no answer from a peer process within {timeout_s:g}s") from e
 
 
+def network_spec(config: ApexConfig) -> NetworkSpec:
+    """The Q-network of this config's environment (raises for an unusable environment)."""
+    obs_shape, num_actions = env_spec(config.env_id)
+    return NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
+
+
 def initial_weights(config: ApexConfig) -> list[np.ndarray]:
     """The weights every run of this config starts from (the driver gives the learner these)."""
-    obs_shape, num_actions = env_spec(config.env_id)
-    spec = NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
-    return init_weights(spec, config.seed)
+    return init_weights(network_spec(config), config.seed)
 
 
 def _restarted() -> bool:
