@@ -1,10 +1,14 @@
 """Time to solve CartPole-v1: wall-clock from process start (Ray start-up included) until the
-greedy mean over 10 episodes reaches 475, with default settings, median over seeds.
+greedy mean over 10 episodes reaches 475, with default settings, median over seeds; beside it,
+in the same invocation and alternating with it seed by seed, a well-known single-process DQN
+(Stable-Baselines3 with the RL Zoo's tuned CartPole settings, benchmarks/baseline_dqn.py), and
+the ratio of the two. Absolute times drift between machines and days; the ratio is the figure.
 
-    python benchmarks/time_to_solve.py                 # seeds 0 1 2
-    python benchmarks/time_to_solve.py --seeds 0 1 2 3 4 -- --learning-rate 5e-4
+    python benchmarks/time_to_solve.py                       # seeds 0-4, with the baseline
+    python benchmarks/time_to_solve.py --seeds 0 1 --no-baseline -- --learning-rate 5e-4
 
-Arguments after `--` go to `python -m distrl.train` unchanged.
+Arguments after `--` go to `python -m distrl.train` unchanged. The first run with the baseline
+builds its venv (benchmarks/.venv-baseline, from requirements-baseline.txt: torch and SB3).
 """
 
 from __future__ import annotations
@@ -17,6 +21,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BASELINE_VENV = HERE / ".venv-baseline"
+BASELINE_PYTHON = BASELINE_VENV / "bin" / "python"
 
 
 def run_training(extra: list[str]) -> dict:
@@ -55,27 +63,91 @@ def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
             "first_update_s": timeline.get("first update")}
 
 
+def baseline_python() -> Path:
+    """The baseline's interpreter, building its venv from requirements-baseline.txt if needed."""
+    stamp = BASELINE_VENV / ".installed"
+    requirements = HERE / "requirements-baseline.txt"
+    if not stamp.exists() or stamp.read_text() != requirements.read_text():
+        print(f"building {BASELINE_VENV} (torch, Stable-Baselines3) ...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(BASELINE_VENV)], check=True)
+        subprocess.run([str(BASELINE_PYTHON), "-m", "pip", "install", "--quiet", "-r",
+                        str(requirements)], check=True, timeout=1800)
+        stamp.write_text(requirements.read_text())
+    return BASELINE_PYTHON
+
+
+def run_baseline(python: Path, seed: int, budget_s: float) -> dict:
+    """benchmarks/baseline_dqn.py in a fresh process; its wall time is the time to solve."""
+    cmd = [str(python), str(HERE / "baseline_dqn.py"), "--seed", str(seed)]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s)
+    except subprocess.TimeoutExpired:
+        return {"seed": seed, "solved": False, "time_to_solve_s": None,
+                "process_wall_s": time.monotonic() - start, "env_steps": None,
+                "learner_updates": None}
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return {"seed": seed, "solved": result["solved"],
+            "time_to_solve_s": wall if result["solved"] else None, "process_wall_s": wall,
+            "env_steps": result["env_steps"], "learner_updates": result["learner_updates"]}
+
+
+def median_time(runs: list[dict]) -> float:
+    """Median time to solve; an unsolved run counts as infinitely slow."""
+    return statistics.median(r["time_to_solve_s"] if r["solved"] else float("inf")
+                             for r in runs)
+
+
+def spread(runs: list[dict], key: str) -> str:
+    values = [r[key] for r in runs if r["solved"]]
+    return f"{min(values):,}-{max(values):,}" if values else "-"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--budget-s", type=float, default=120.0,
-                        help="per-run training budget; unsolved runs count as this")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    parser.add_argument("--budget-s", type=float, default=180.0,
+                        help="per-run budget (each side); an unsolved run counts as never")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the Stable-Baselines3 baseline (and its venv)")
     args, extra = parser.parse_known_args()
     extra = [a for a in extra if a != "--"]
-    runs = []
+    if not args.seeds or args.budget_s <= 0:
+        parser.error(f"need at least one seed and --budget-s > 0, got {args.budget_s}")
+    python = None if args.no_baseline else baseline_python()
+    runs, baseline = [], []
     for seed in args.seeds:
         r = run_once(seed, extra, args.budget_s)
         runs.append(r)
         shown = f"{r['time_to_solve_s']:.1f}s" if r["solved"] else "not solved"
-        print(f"seed {seed}: {shown}  (process {r['process_wall_s']:.1f}s; since process start: "
-              f"Ray up {r['ray_up_s']:.1f}s, first transition {r['first_transition_s']:.1f}s, "
-              f"first update {r['first_update_s']:.1f}s; {r['env_steps']:,} env steps, "
-              f"{r['learner_updates']:,} updates)", flush=True)
-    times = [r["time_to_solve_s"] if r["solved"] else float("inf") for r in runs]
-    median = statistics.median(times)
+        print(f"seed {seed} distrl:   {shown}  (process {r['process_wall_s']:.1f}s; since process "
+              f"start: Ray up {r['ray_up_s']:.1f}s, first transition "
+              f"{r['first_transition_s']:.1f}s, first update {r['first_update_s']:.1f}s; "
+              f"{r['env_steps']:,} env steps, {r['learner_updates']:,} updates)", flush=True)
+        if python is not None:
+            b = run_baseline(python, seed, args.budget_s)
+            baseline.append(b)
+            shown = f"{b['time_to_solve_s']:.1f}s" if b["solved"] else "not solved"
+            steps = f"{b['env_steps']:,} env steps" if b["env_steps"] else "stopped at budget"
+            print(f"seed {seed} baseline: {shown}  ({steps}, {b['learner_updates'] or 0:,} "
+                  "updates)", flush=True)
+    median = median_time(runs)
     print(f"time to solve CartPole-v1 (median of {len(runs)} seeds, from process start): "
           f"{median:.1f}s; solved {sum(r['solved'] for r in runs)}/{len(runs)}; "
           f"goal 20s -> {'met' if median <= 20 else 'NOT met'}")
+    print(f"  distrl to solve: {spread(runs, 'env_steps')} env steps, "
+          f"{spread(runs, 'learner_updates')} learner updates (min-max over solved seeds)")
+    if baseline:
+        base = median_time(baseline)
+        print(f"baseline (SB3 DQN, RL Zoo settings) median: {base:.1f}s; solved "
+              f"{sum(b['solved'] for b in baseline)}/{len(baseline)}; "
+              f"{spread(baseline, 'env_steps')} env steps, "
+              f"{spread(baseline, 'learner_updates')} updates")
+        print(f"ratio distrl / baseline (medians): {median / base:.2f} "
+              "(below 1: distrl solves sooner)")
     for key, goal in (("first_transition_s", 5.0), ("first_update_s", 5.0)):
         values = [r[key] for r in runs if r[key] is not None]
         if values:

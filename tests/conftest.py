@@ -121,6 +121,29 @@ def kernel():
     return "distrl"
 
 
+@pytest.fixture(scope="session")
+def instrumented_run(tmp_path_factory):
+    """One short instrumented CartPole run, every process exporting to a local collector that
+    stays up for the session: the telemetry and dashboard tests each check their part of what it
+    exported (one end-to-end run, several views of it). Uses the Ray session that is up, else
+    starts and stops its own."""
+    from types import SimpleNamespace
+
+    from distrl.apex import ApeX
+    from distrl.collector import LocalCollector
+    from distrl.config import ApexConfig
+
+    tmp = tmp_path_factory.mktemp("instrumented")
+    with LocalCollector(tmp / "otel.db", port=0) as collector:
+        config = ApexConfig(target_return=None, max_env_steps=60_000, max_seconds=120,
+                            output_dir=str(tmp / "run"), progress=False, telemetry=True,
+                            otlp_endpoint=collector.endpoint, metric_export_interval_s=1.0,
+                            run_id="test-run")
+        result = ApeX(config).train()
+        yield SimpleNamespace(result=result, collector=collector, db=tmp / "otel.db",
+                              run_id=config.run_id)
+
+
 @pytest.fixture
 def busy_cpus():
     """Every core kept busy by a background CPU burner for the whole test: faults show up on

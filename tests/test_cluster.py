@@ -1,7 +1,8 @@
 """The local multi-node cluster with real `ray start` processes: training as a Ray job through the
-Jobs API, nodes that arrive on demand (the autoscaled Spot pool, rehearsed), nodes lost with and
-without a replacement, and nothing left behind, also when the process that started it dies.
-The fault scenarios run with every core kept busy (the busy_cpus fixture)."""
+Jobs API, a node lost without a replacement, and nothing left behind, also when the process that
+started it dies. The fault scenarios run with every core kept busy (the busy_cpus fixture).
+Nodes that arrive on demand and a lost node that is replaced (the autoscaled Spot pool) are the
+scenario of notebook 04, which tests/test_notebooks.py runs: one end-to-end run per scenario."""
 
 import json
 import os
@@ -14,7 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distrl import jobs, manifests
+from distrl import jobs
 from distrl.cluster import (
     RAY_CURRENT_CLUSTER,
     STATE_FILE,
@@ -28,7 +29,6 @@ from distrl.cluster import (
     stop_groups,
     write_state,
 )
-from distrl.gke import GkeSettings
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SMALL_RUN = ["--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", "32", "32",
@@ -62,68 +62,6 @@ def wait_for(predicate, timeout_s: float, what: str):
 
 def said(lines: list[str], text: str, after: int = 0) -> int:
     return sum(text in line for line in lines[after:])
-
-
-def node_of_an_actor(cluster: LocalCluster) -> str:
-    """The name of a worker node that hosts an Ape-X actor."""
-    from distrl.cluster import actor_table
-
-    hosts = {a["node_id"] for a in actor_table(cluster.dashboard_url)
-             if a["class"] == "ActorWorker"}
-    return next(n.name for n in cluster.nodes if n.node_id in hosts)
-
-
-def test_autoscaling_rehearsal_from_zero_actor_nodes(tmp_path, busy_cpus):
-    """GKE's Spot actor pool on one machine: the job starts with no actor node; nodes arrive for
-    the pending actors up to the group's max (so one of three actors waits: capacity capped);
-    a node is lost once training runs, a replacement comes and an actor runs on it; `ray job
-    stop` then ends the run with a final checkpoint and results.json."""
-    doc = manifests.ray_cluster(GkeSettings(project_id="rehearsal-1", max_actor_nodes=2))
-    out, lines = tmp_path / "job", []
-    cluster = LocalCluster.from_ray_cluster(doc, head_cpus=1, cpus_per_worker=1,
-                                            log_dir=tmp_path / "logs", on_event=lines.append)
-    assert (cluster.autoscale.min_nodes, cluster.autoscale.max_nodes) == (0, 2)
-    with cluster:
-        assert [n.name for n in cluster.nodes] == ["head"]
-        client = cluster.job_client()
-        job_id = jobs.submit_training(client, [*SMALL_RUN, "--num-actors", "3", "--actor-cpus",
-                                               "1", "--autoscaling", "true", "--max-seconds",
-                                               "200"], output_dir=str(out))
-        status = jobs.follow(client, job_id, timeout_s=300, out=lines.append,
-                             until=lambda: said(lines, "running on node") >= 2)
-        assert status == "RUNNING", "\n".join(lines[-40:])
-        victim = node_of_an_actor(cluster)
-        cluster.kill_node(victim)
-        killed = len(lines)
-        status = jobs.follow(client, job_id, timeout_s=200, out=lines.append,
-                             until=lambda: said(lines, "joined", killed)
-                             and said(lines, " on node ", killed))  # running or back
-        assert status == "RUNNING", "\n".join(lines[-40:])
-        status = jobs.stop(client, job_id)  # `ray job stop`: SIGTERM to the driver
-        events = list(cluster.autoscaler.events)
-        pids = cluster.pids()
-    assert_gone(pids)
-    assert status == "STOPPED", "\n".join(lines[-40:])
-    result = json.loads((out / "results.json").read_text())
-    assert result["stop_reason"] == "sigterm", result["stop_detail"]
-    assert result["checkpoint"] and os.path.exists(result["checkpoint"])
-    # Nodes came for the pending actors, never more than the group's max at once.
-    up, most = 0, 0
-    for e in events:
-        up += {"node_starting": 1, "node_lost": -1, "node_removed": -1, "node_failed": -1}.get(
-            e["kind"], 0)
-        most = max(most, up)
-    assert most == 2, events
-    assert [e["kind"] for e in events].count("node_ready") >= 3, events  # 2, then the replacement
-    assert any(e["kind"] == "node_lost" and e["node"] == victim for e in events), events
-    # Capacity capped: the third actor waited, and was reported while it did.
-    assert any("waiting for a CPU" in line for line in lines), lines[-40:]
-    assert max(p["actors_waiting"] for p in result["throughput"]) >= 1
-    running = [p["actors_running"] for p in result["throughput"]]
-    lost_at = running.index(2) + running[running.index(2):].index(1)  # the dip after the loss
-    assert max(running[lost_at:]) == 2, running  # two actors run again on the replacement
-    kinds = [e["kind"] for e in result["events"]]
-    assert "actor_lost" in kinds or "actor_silent" in kinds, result["events"]
 
 
 def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path, busy_cpus):

@@ -228,20 +228,27 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
         gauge = tel.meter.create_gauge("phase")
         for phase in range(int(sys.argv[2])):
             gauge.set(phase)
+            print(phase, flush=True)
             time.sleep(0.5)
         tel.shutdown()
     """)
     first = LocalCollector(db, port=0).start()
     port = first.port
     proc = subprocess.Popen([sys.executable, "-c", script, first.endpoint, "24"],
-                            stderr=subprocess.PIPE, text=True)
-    import time
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    time.sleep(3)
-    first.stop()          # the collector goes away mid-run ...
-    time.sleep(2)
+    def reach(phase: int) -> None:
+        """Read the exporter's output until it has set `phase`."""
+        while (line := proc.stdout.readline()) and int(line) < phase:
+            pass
+        assert line, f"the exporter ended before phase {phase}: {proc.stderr.read()[-2000:]}"
+
+    reach(4)
+    first.stop()          # the collector goes away mid-run (after exports of phases 0-4) ...
+    reach(8)              # ... for several export intervals (0.2 s) that fail ...
     second = LocalCollector(db, port=port).start()   # ... and comes back on the same port
     try:
+        proc.stdout.read()  # the rest of its phases
         assert proc.wait(timeout=60) == 0
         values = [p["value"] for p in second.store().points(PREFIX + "phase/gauge")]
     finally:

@@ -2,14 +2,11 @@
 tile with data after a real instrumented training, and the deploy commands."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from distrl import dashboard, explore
 from distrl import telemetry as otel
-from distrl.collector import LocalCollector
 from distrl.gke import REPO_ROOT, dry_run, run_plan
 
 SHIPPED = REPO_ROOT / "k8s" / "monitoring"
@@ -112,20 +109,13 @@ def _google_rl_board() -> dict:
 
 
 @pytest.mark.slow
-def test_every_tile_has_data_after_a_short_instrumented_run(tmp_path):
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
-        done = subprocess.run(
-            [sys.executable, "-m", "distrl.train", "--target-return", "none",
-             "--max-seconds", "45", "--telemetry", "true", "--otlp-endpoint", collector.endpoint,
-             "--metric-export-interval-s", "2", "--run-id", "tiles",
-             "--output-dir", str(tmp_path / "run")],
-            capture_output=True, text=True, timeout=300)
-        assert done.returncode == 0, done.stderr[-3000:]
-        mon = explore.Monitoring(endpoint=collector.endpoint)
-        board = json.loads((SHIPPED / "dashboard.json").read_text())
-        tiles = explore.preview_dashboard(mon, board, where={"rl.run.id": "tiles"}, minutes=10,
-                                          alignment_s=5)
-        google = explore.preview_dashboard(mon, _google_rl_board(), minutes=10, alignment_s=5)
+def test_every_tile_has_data_after_a_short_instrumented_run(instrumented_run):
+    run_id = instrumented_run.run_id
+    mon = explore.Monitoring(endpoint=instrumented_run.collector.endpoint)
+    board = json.loads((SHIPPED / "dashboard.json").read_text())
+    tiles = explore.preview_dashboard(mon, board, where={"rl.run.id": run_id}, minutes=10,
+                                      alignment_s=5)
+    google = explore.preview_dashboard(mon, _google_rl_board(), minutes=10, alignment_s=5)
     # Google's own dashboard, its filters unchanged: every tile has data but the token ones
     # (CartPole has no tokens) and samples per GPU (this run has no GPU).
     empty = sorted(title for title, df in google.items() if df.empty)
@@ -135,6 +125,6 @@ def test_every_tile_has_data_after_a_short_instrumented_run(tmp_path):
     empty = [title for title, df in tiles.items() if df.empty]
     assert not empty, f"tiles without data: {empty}"
     steps = tiles["traffic: env steps/s (rl.sample.samples)"]
-    assert (steps["value"] > 0).all() and set(steps["rl.run.id"]) == {"tiles"}
+    assert (steps["value"] > 0).all() and set(steps["rl.run.id"]) == {run_id}
     latency = tiles["latency: rl.loop.duration p50/p95/p99"]
     assert set(latency["statistic"]) == {"p50", "p95", "p99"}

@@ -43,6 +43,12 @@ def processes(title: str) -> list[psutil.Process]:
     return found
 
 
+def learner_updates(ray) -> int:
+    """The running learner's update count, asked of it by its Ray name (one run at a time)."""
+    [name] = [n for n in ray.util.list_named_actors() if n.endswith("-learner")]
+    return ray.get(ray.get_actor(name).stats.remote(), timeout=30)["updates"]
+
+
 def wait_for(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -106,10 +112,11 @@ def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, bu
     assert time.monotonic() - killed_at > 10
 
 
-def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path, busy_cpus,
-                                                          capsys):
-    """SIGTERM to an actor and then to the learner: each writes a checkpoint within the Spot
-    grace period; the lost learner ends the run; --resume continues and reaches the target."""
+def test_sigterm_to_an_actor_and_the_learner_checkpoints_each_time(ray_local, tmp_path,
+                                                                  busy_cpus, capsys):
+    """The Spot notice on worker nodes: SIGTERM to an actor and then to the learner. Each writes
+    a checkpoint within the grace period; the lost learner ends the run and says how to resume
+    (resuming is test_driver_killed_then_resubmitted_with_resume)."""
     config = ApexConfig(**SMALL, max_seconds=120.0, output_dir=str(tmp_path),
                         checkpoint_interval_s=1000.0)  # only SIGTERM makes checkpoints here
     checkpoints = tmp_path / "checkpoints"
@@ -119,24 +126,18 @@ def test_sigterm_checkpoints_and_resume_continues_from_it(ray_local, tmp_path, b
     assert latest_checkpoint(checkpoints) is None
     processes("ray::ActorWorker")[0].send_signal(signal.SIGTERM)
     first = wait_for(lambda: latest_checkpoint(checkpoints), 25, "a checkpoint after SIGTERM")
-    time.sleep(5)
+    updates_then = read_checkpoint(first)[0]["updates"]
     learner = processes("ray::LearnerWorker")[0]
+    # The learner trains on: its second checkpoint must hold more updates than the first.
+    wait_for(lambda: learner_updates(ray_local) > updates_then, 60, "more learner updates")
     learner.send_signal(signal.SIGTERM)
     second = wait_for(lambda: latest_checkpoint(checkpoints) != first and
                       latest_checkpoint(checkpoints), 25, "a second checkpoint")
     thread.join(120)
     assert "--resume auto" in str(box.get("error")), box
     meta, _ = read_checkpoint(second)
-    assert meta["updates"] > read_checkpoint(first)[0]["updates"] > 0
+    assert meta["updates"] > updates_then > 0
     assert meta["progress"]["env_steps"] > 0
-
-    resumed = ApeX(config.replace(resume="auto", target_return=100.0, max_seconds=150.0)).train()
-    assert resumed.resumed_from == second
-    assert resumed.reached_target
-    assert resumed.learner_updates > meta["updates"]
-    assert resumed.env_steps > meta["progress"]["env_steps"]
-    assert resumed.events[0]["kind"] == "resumed"
-    assert_counters_consistent(resumed)
 
 
 def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
@@ -158,13 +159,14 @@ def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
     saved = latest_checkpoint(out / "checkpoints")
     meta, _ = read_checkpoint(saved)
     assert not (out / "results.json").exists()  # the first run never finished
-    proc = subprocess.run([*common, "--resume", "auto", "--target-return", "100",
+    more = meta["updates"] + 100
+    proc = subprocess.run([*common, "--resume", "auto", "--max-learner-updates", str(more),
                            "--max-seconds", "150"], capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     assert result["resumed_from"] == saved
-    assert result["reached_target"] is True
-    assert result["learner_updates"] > meta["updates"]
+    assert result["stop_reason"] == "max_learner_updates", result["stop_detail"]
+    assert result["learner_updates"] >= more
     assert result["env_steps"] > meta["progress"]["env_steps"]
     assert result["config"]["hidden_sizes"] == [32, 32]  # from the checkpoint, not the defaults
     assert result["config"]["max_seconds"] == 150.0     # what this command line said
@@ -179,29 +181,6 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
     assert main(["--resume", "auto"]) == 2
     assert "needs --output-dir or --checkpoint-dir" in capsys.readouterr().err
-
-
-def test_sigterm_to_the_driver_stops_with_a_final_checkpoint(tmp_path, busy_cpus):
-    """The Spot notice on the driver's node while it trains: the run ends at once, cleanly,
-    with a checkpoint and results.json, well inside the ~30 s a Spot VM gets."""
-    out = tmp_path / "run"
-    proc = subprocess.Popen(_train_command(out, "--max-seconds", "300"), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    lines = _lines_of(proc)
-
-    def training():
-        wait_for(lambda: any("first learner update" in line for line in lines), 180,
-                 "the first learner update")
-        assert latest_checkpoint(out / "checkpoints") is None  # none before the signal
-
-    took = _sigterm_once(proc, training)
-    assert proc.returncode == 0, "".join(lines[-40:])
-    assert took < 25, f"the driver needed {took:.1f}s after SIGTERM"
-    result = json.loads((out / "results.json").read_text())
-    assert result["stop_reason"] == "sigterm"
-    assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
-    assert read_checkpoint(result["checkpoint"])[0]["updates"] == result["learner_updates"] > 0
 
 
 def _train_command(out, *args: str) -> list[str]:
@@ -256,10 +235,11 @@ def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
              "no process of the run")
 
 
-def test_sigterm_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
-    """Three actors on a 2-CPU Ray where the learner takes one CPU: one actor runs, two wait and
-    are reported. SIGTERM then ends the run within a Spot grace period, with a final checkpoint
-    and results.json naming the actors that never ran."""
+def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
+    """The Spot notice on the driver's node while it trains: three actors on a 2-CPU Ray where
+    the learner takes one CPU, so one actor runs and two wait and are reported. SIGTERM ends the
+    run within a Spot grace period (~30 s), cleanly, with a final checkpoint of every update
+    made and results.json naming the actors that never ran."""
     out = tmp_path / "run"
     proc = subprocess.Popen(
         _train_command(out, "--max-seconds", "300", "--num-actors", "3", "--actor-cpus", "1",
@@ -272,8 +252,9 @@ def test_sigterm_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
                  "an actor running")
         wait_for(lambda: any("actor 2 waiting for a CPU" in line for line in lines), 60,
                  "the waiting actors reported")
-        wait_for(lambda: latest_checkpoint(out / "checkpoints") is None and
-                 (out / "tensorboard").exists(), 60, "the learner's output")
+        wait_for(lambda: any("first learner update" in line for line in lines), 180,
+                 "the first learner update")
+        assert latest_checkpoint(out / "checkpoints") is None  # none before the signal
 
     took = _sigterm_once(proc, actors_running_and_waiting)
     assert proc.returncode == 0, "".join(lines[-40:])
@@ -281,6 +262,7 @@ def test_sigterm_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
     result = json.loads((out / "results.json").read_text())
     assert result["stop_reason"] == "sigterm"
     assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
+    assert read_checkpoint(result["checkpoint"])[0]["updates"] == result["learner_updates"] > 0
     assert sum(state.startswith("never ran") for state in result["actor_states"]) == 2
     assert result["actor_states"].count("running") == 1
     assert result["throughput"][-1]["actors_waiting"] == 2  # at the end, two still waited

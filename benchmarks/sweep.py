@@ -1,0 +1,91 @@
+"""A small recorded sweep of the Ape-X defaults on CartPole-v1: one setting changed at a time
+from the defaults, each over the same seeds, reporting what it takes to solve (greedy mean of
+10 episodes >= 475): env steps, learner updates and seconds from process start, with the
+seed-to-seed spread. Sample efficiency comes first: a setting that needs fewer env steps and
+updates is preferred, then time.
+
+    python benchmarks/sweep.py                     # the grid below, seeds 0 1 2
+    python benchmarks/sweep.py --only learning_rate --seeds 0 1 2 3
+
+Results go to benchmarks/results/sweep_cartpole.json (committed: the defaults in
+distrl.config cite it) and a table is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+from time_to_solve import run_once
+
+# One setting at a time around the defaults; the values bracket each default by about 2x.
+GRID: dict[str, list[str]] = {
+    "learning_rate": ["5e-4", "2e-3"],
+    "samples_per_insert": ["4", "16"],
+    "target_update_period": ["25", "200"],
+    "batch_size": ["128", "256"],
+    "hidden_sizes": ["128 128"],
+}
+RESULTS = Path(__file__).resolve().parent / "results" / "sweep_cartpole.json"
+
+
+def flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def summarize(runs: list[dict], budget_s: float) -> dict:
+    solved = [r for r in runs if r["solved"]]
+
+    def stats(key: str) -> dict | None:
+        values = [r[key] for r in solved]
+        if not values:
+            return None
+        return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+    # An unsolved seed counts as the whole budget for the time median (and is shown as such).
+    times = [r["time_to_solve_s"] if r["solved"] else budget_s for r in runs]
+    return {"solved": len(solved), "seeds": len(runs), "env_steps": stats("env_steps"),
+            "learner_updates": stats("learner_updates"),
+            "time_to_solve_s": {"median": statistics.median(times), "min": min(times),
+                                "max": max(times)}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--budget-s", type=float, default=90.0,
+                        help="per-run training budget; an unsolved run counts as this")
+    parser.add_argument("--only", choices=sorted(GRID), nargs="+",
+                        help="sweep only these settings (the defaults always run)")
+    args = parser.parse_args()
+    if args.budget_s <= 0:
+        parser.error(f"--budget-s must be > 0, got {args.budget_s}")
+    grid = {k: v for k, v in GRID.items() if not args.only or k in args.only}
+    variants = [("defaults", [])] + [(f"{name}={value}", [flag(name), *value.split()])
+                                     for name, values in grid.items() for value in values]
+    table = []
+    started = time.time()
+    for label, extra in variants:
+        runs = [run_once(seed, extra, args.budget_s) for seed in args.seeds]
+        row = {"variant": label, "args": extra, **summarize(runs, args.budget_s),
+               "runs": runs}
+        table.append(row)
+        steps, updates, t = row["env_steps"], row["learner_updates"], row["time_to_solve_s"]
+        print(f"{label:28s} solved {row['solved']}/{row['seeds']}  "
+              + (f"env steps {steps['median']:>9,.0f} ({steps['min']:,}-{steps['max']:,})  "
+                 f"updates {updates['median']:>6,.0f} ({updates['min']:,}-{updates['max']:,})  "
+                 if steps else "")
+              + f"time {t['median']:5.1f}s ({t['min']:.1f}-{t['max']:.1f})", flush=True)
+    RESULTS.parent.mkdir(exist_ok=True)
+    RESULTS.write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%d", time.gmtime(started)), "seeds": args.seeds,
+        "budget_s": args.budget_s, "command": "python benchmarks/sweep.py", "table": table},
+        indent=1) + "\n")
+    print(f"written to {RESULTS}")
+
+
+if __name__ == "__main__":
+    main()
