@@ -7,8 +7,8 @@ updates is preferred, then time.
     python benchmarks/sweep.py                     # the grid below, seeds 0 1 2
     python benchmarks/sweep.py --only learning_rate --seeds 0 1 2 3
 
-Results go to benchmarks/results/sweep_cartpole.json (committed: the defaults in
-distrl.config cite it) and a table is printed.
+Each invocation appends one round to benchmarks/results/sweep_cartpole.json (committed: the
+defaults in distrl.config cite it), with the defaults it swept around, and prints a table.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 
 from time_to_solve import run_once
+
+from distrl.config import ApexConfig
 
 # One setting at a time around the defaults; the values bracket each default by about 2x.
 GRID: dict[str, list[str]] = {
@@ -79,12 +82,18 @@ def main() -> None:
                  f"updates {updates['median']:>6,.0f} ({updates['min']:,}-{updates['max']:,})  "
                  if steps else "")
               + f"time {t['median']:5.1f}s ({t['min']:.1f}-{t['max']:.1f})", flush=True)
+    # Each invocation is one round, appended: a later round sweeps around the defaults that
+    # the earlier ones chose, so the record shows how they were reached.
+    rounds = json.loads(RESULTS.read_text())["rounds"] if RESULTS.exists() else []
+    defaults = ApexConfig()
+    rounds.append({
+        "when": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
+        "command": "python benchmarks/sweep.py " + " ".join(sys.argv[1:]),
+        "defaults": {name: getattr(defaults, name) for name in GRID},
+        "seeds": args.seeds, "budget_s": args.budget_s, "table": table})
     RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%d", time.gmtime(started)), "seeds": args.seeds,
-        "budget_s": args.budget_s, "command": "python benchmarks/sweep.py", "table": table},
-        indent=1) + "\n")
-    print(f"written to {RESULTS}")
+    RESULTS.write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
+    print(f"round {len(rounds)} appended to {RESULTS}")
 
 
 if __name__ == "__main__":
