@@ -385,6 +385,7 @@ class _Run:
         self.fleet.start()
         self.learner_run = t.learner.run.remote()
         self.learner_stats: dict | None = None
+        self.learner_final: dict = {}  # what run() returned, once it has ended on its own
         self.learner_ref = None
         self.replay_refs: dict = {}
         self.replay_stats: dict[int, dict] = {}
@@ -501,8 +502,8 @@ class _Run:
                 self.say(kind, detail)
             return
         if ref == self.learner_run:  # run() ends on its own: max_learner_updates, or lost
-            try:
-                self.ray.get(ref, timeout=0)
+            try:  # its final stats: the last poll's update count may lag behind them
+                self.learner_final = self.ray.get(ref, timeout=0) or {}
             except RayError as e:
                 raise self.apex.lost("learner", e) from e
             self.learner_run = None
@@ -552,7 +553,7 @@ class _Run:
         t.learner.stop.remote()
         for r in t.replays:
             r.close.remote()
-        learner_final = {}
+        learner_final = self.learner_final
         if learner_up and self.learner_run is not None:
             learner_final = get_within(self.learner_run, deadline.left(), {}, problems)
         actor_finals = fleet.finish(deadline.left(10.0))
