@@ -26,7 +26,9 @@ from the newest checkpoint. With replay_shards > 1 several replay processes shar
 from __future__ import annotations
 
 import json
+import logging
 import os
+import re
 import threading
 import time
 import uuid
@@ -274,6 +276,7 @@ class ApeX:
 
         t_start = time.monotonic()
         self.marks = {"train() called": 0.0}  # seconds since t_start, for the timeline
+        self.startup_notes: list[str] = []  # what went wrong but did not stop the start
         self.sigterm = sigterm or threading.Event()
         previous = catch_sigterm(self.sigterm)
         # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
@@ -295,6 +298,9 @@ class ApeX:
         cluster that an old `ray start` recorded and that may be dead or someone else's."""
         import signal
 
+        dashboard = _DashboardStartFailure()
+        services_log = logging.getLogger("ray._private.services")
+        services_log.addFilter(dashboard)
         try:
             ray.init(address=os.environ.get("RAY_ADDRESS") or "local",
                      include_dashboard=False, logging_level="warning", log_to_driver=True)
@@ -302,7 +308,14 @@ class ApeX:
             if e.code != signal.SIGTERM:
                 raise
             self.sigterm.set()
+        finally:
+            services_log.removeFilter(dashboard)
         catch_sigterm(self.sigterm)  # ray.init replaced ours with one that exits at once
+        if dashboard.lines:
+            node = ray._private.worker._global_node  # no public call names the logs folder
+            note = dashboard.summary(node.get_logs_dir_path() if node else "Ray's logs folder")
+            self.startup_notes.append(note)
+            print(f"[distrl] {note}", flush=True)
 
     def _train(self, ray, plan: dict | None, t_start: float) -> TrainingResult:
         c = self.config
@@ -335,6 +348,33 @@ class ApeX:
                             "--resume auto to continue")
 
 
+class _DashboardStartFailure(logging.Filter):
+    """ray.init starts Ray's dashboard head even with include_dashboard=False (it then serves
+    only usage stats); if that process dies during start-up, Ray logs four ERROR lines and
+    carries on (ray/_private/services.py, start_api_server, in 2.60). A local run uses nothing
+    from it, so those lines become one note that says so, not an error in the reader's output.
+    Seen once in CI on 2 busy cores: return code -6 (SIGABRT), before the process had logged."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[str] = []
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        # The first line names the failure; what follows it (up to the dashboard's own last log
+        # lines) is about that failure too.
+        if not self.lines and not text.startswith("Failed to start the dashboard"):
+            return True
+        self.lines.append(text)
+        return False
+
+    def summary(self, logs_dir: str) -> str:
+        m = re.search(r"return code (-?\d+)", self.lines[0])
+        return (f"Ray's dashboard process exited while ray.init started it (return code "
+                f"{m.group(1) if m else 'unknown'}; its log, if it wrote one: {logs_dir}); "
+                "this run uses nothing from it (include_dashboard=False), so it goes on")
+
+
 class _Run:
     """One run's driver loop: what it has heard so far, and a handler for each kind of reply."""
 
@@ -350,6 +390,8 @@ class _Run:
         self.events: list[dict] = []
         if resume_path is not None:
             self.events.append({"time_s": 0.0, "kind": "resumed", "detail": resume_path})
+        self.events += [{"time_s": apex.marks.get("Ray up", 0.0), "kind": "ray", "detail": note}
+                        for note in apex.startup_notes]
         self.evals: list[dict] = []
         self.throughput: list[dict] = []
         self.stop_reason, self.stop_detail = "", ""

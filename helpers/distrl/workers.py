@@ -523,9 +523,15 @@ def initial_weights(config: ApexConfig) -> list[np.ndarray]:
 
 def _restarted() -> bool:
     """Whether this actor process is a restart (Ray re-ran its constructor)."""
+    import warnings
+
     import ray
 
-    return bool(ray.get_runtime_context().was_current_actor_reconstructed)
+    # Ray 2.60's own property reads its deprecated `actor_id` inside (runtime_context.py) and
+    # so prints a deprecation warning in every actor's output that we cannot act on.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return bool(ray.get_runtime_context().was_current_actor_reconstructed)
 
 
 def _peer(name: str):
