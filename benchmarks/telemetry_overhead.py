@@ -91,7 +91,8 @@ def main() -> None:
             for mode in order:
                 flags = modes[mode]
                 r = run_training(["--target-return", "none", "--max-seconds",
-                           str(args.throughput_seconds), *flags])
+                                  str(args.throughput_seconds), *flags],
+                                 timeout_s=args.throughput_seconds + 120)
                 rates[mode].append(r["env_steps_per_s"])
                 # Per-process CPU seconds, for reading only: with every core busy their sum is
                 # about cores x seconds in both modes, so it cannot separate the modes.
@@ -101,7 +102,8 @@ def main() -> None:
         solve = {"off": [], "on": []}
         for seed in ([] if args.skip_time_to_solve else args.seeds):
             for mode, flags in modes.items():
-                r = run_training(["--seed", str(seed), "--max-seconds", "120", *flags])
+                r = run_training(["--seed", str(seed), "--max-seconds", "120", *flags],
+                                 timeout_s=240)
                 t = time_to_solve_s(r) or float("inf")
                 solve[mode].append(t)
                 print(f"seed {seed}, telemetry {mode:>3}: time to solve {t:.1f}s", flush=True)

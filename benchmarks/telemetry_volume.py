@@ -31,7 +31,8 @@ def main() -> None:
         result = run_training(["--num-actors", str(args.actors), "--target-return", "none",
                                "--max-seconds", str(args.seconds), "--telemetry", "true",
                                "--otlp-endpoint", collector.endpoint,
-                               "--metric-export-interval-s", "2"])
+                               "--metric-export-interval-s", "2"],
+                              timeout_s=args.seconds + 120)
         store = collector.store()
         rows = store.query(
             "SELECT p.metric_type, p.resource_id, p.attributes, r.attributes AS resource, "

@@ -27,14 +27,15 @@ BASELINE_VENV = HERE / ".venv-baseline"
 BASELINE_PYTHON = BASELINE_VENV / "bin" / "python"
 
 
-def run_training(extra: list[str]) -> dict:
+def run_training(extra: list[str], timeout_s: float) -> dict:
     """`python -m distrl.train --env CartPole-v1 ...` in a fresh process: its results.json,
-    plus process_wall_s, the wall-clock the whole process took (Ray start-up included)."""
+    plus process_wall_s, the wall-clock the whole process took (Ray start-up included).
+    `timeout_s` bounds the whole process, in case it hangs past its own --max-seconds."""
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
                "false", "--output-dir", tmp, *extra]
         start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
         wall = time.monotonic() - start
         if proc.returncode != 0:
             raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
@@ -52,7 +53,9 @@ def time_to_solve_s(result: dict) -> float | None:
 
 
 def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
-    result = run_training(["--seed", str(seed), "--max-seconds", str(budget_s), *extra])
+    # The budget is for training; start-up and shutdown get two minutes on top.
+    result = run_training(["--seed", str(seed), "--max-seconds", str(budget_s), *extra],
+                          timeout_s=budget_s + 120)
     timeline = result["timeline"]  # seconds since the training process started
     return {"seed": seed, "solved": result["reached_target"],
             "time_to_solve_s": time_to_solve_s(result),
