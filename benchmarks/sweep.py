@@ -30,7 +30,7 @@ GRID: dict[str, list[str]] = {
     "samples_per_insert": ["4", "16"],
     "target_update_period": ["25", "200"],
     "batch_size": ["128", "256"],
-    "hidden_sizes": ["64 64", "256 256"],
+    "hidden_sizes": ["128 128", "256 256"],  # a smaller one than (64, 64) is unlikely to help
 }
 RESULTS = Path(__file__).resolve().parent / "results" / "sweep_cartpole.json"
 
