@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import sys
+import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
@@ -32,14 +34,19 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
                  kernel: str = "distrl", cell_timeout_s: int = 1800) -> Path:
     """Execute one notebook into output_dir (cwd: its own folder). Raises on a failing cell."""
     import papermill
+    from traitlets.config import Config
 
     output_dir.mkdir(parents=True, exist_ok=True)
     out = output_dir / notebook.name
     params = {"OUTPUT_DIR": str(output_dir.resolve() / notebook.stem)} | (parameters or {})
-    papermill.execute_notebook(
-        str(notebook), str(out), parameters=params, kernel_name=kernel,
-        cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
-        log_output=False, request_save_on_cell_execute=True)
+    # The kernel talks over Unix sockets in a private folder, not over TCP on localhost, where
+    # any local user could connect (ipykernel 7 warns about that on every start).
+    with tempfile.TemporaryDirectory(prefix="distrl-kernel-") as sockets:
+        papermill.execute_notebook(
+            str(notebook), str(out), parameters=params, kernel_name=kernel,
+            cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
+            log_output=False, request_save_on_cell_execute=True,
+            config=Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/kernel"}}))
     return out
 
 
@@ -99,6 +106,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
                         help="where the NN-*.ipynb notebooks are")
     args = parser.parse_args(argv)
+    # The kernels inherit it: TensorFlow's C++ start-up lines (no CUDA driver, CPU features)
+    # would otherwise print here from any kernel that imports it (tensorboard's readers do).
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     output_dir = args.output_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
     notebooks = find_notebooks(args.notebooks_dir, only=args.only)
     if not notebooks:
