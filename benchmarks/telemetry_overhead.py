@@ -103,7 +103,7 @@ def main() -> None:
         for seed in ([] if args.skip_time_to_solve else args.seeds):
             for mode, flags in modes.items():
                 r = run_training(["--seed", str(seed), "--max-seconds", "120", *flags],
-                                 timeout_s=240)
+                                 timeout_s=120 + 120)  # the budget, then start-up and shutdown
                 t = time_to_solve_s(r) or float("inf")
                 solve[mode].append(t)
                 print(f"seed {seed}, telemetry {mode:>3}: time to solve {t:.1f}s", flush=True)

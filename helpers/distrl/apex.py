@@ -298,9 +298,7 @@ class ApeX:
         cluster that an old `ray start` recorded and that may be dead or someone else's."""
         import signal
 
-        dashboard = _DashboardStartFailure()
-        services_log = logging.getLogger("ray._private.services")
-        services_log.addFilter(dashboard)
+        notes_before = len(_DASHBOARD_FAILURES.notes)
         try:
             ray.init(address=os.environ.get("RAY_ADDRESS") or "local",
                      include_dashboard=False, logging_level="warning", log_to_driver=True)
@@ -308,14 +306,8 @@ class ApeX:
             if e.code != signal.SIGTERM:
                 raise
             self.sigterm.set()
-        finally:
-            services_log.removeFilter(dashboard)
         catch_sigterm(self.sigterm)  # ray.init replaced ours with one that exits at once
-        if dashboard.lines:
-            node = ray._private.worker._global_node  # no public call names the logs folder
-            note = dashboard.summary(node.get_logs_dir_path() if node else "Ray's logs folder")
-            self.startup_notes.append(note)
-            print(f"[distrl] {note}", flush=True)
+        self.startup_notes += _DASHBOARD_FAILURES.notes[notes_before:]
 
     def _train(self, ray, plan: dict | None, t_start: float) -> TrainingResult:
         c = self.config
@@ -351,28 +343,35 @@ class ApeX:
 class _DashboardStartFailure(logging.Filter):
     """ray.init starts Ray's dashboard head even with include_dashboard=False (it then serves
     only usage stats); if that process dies during start-up, Ray logs four ERROR lines and
-    carries on (ray/_private/services.py, start_api_server, in 2.60). A local run uses nothing
-    from it, so those lines become one note that says so, not an error in the reader's output.
-    Seen once in CI on 2 busy cores: return code -6 (SIGABRT), before the process had logged."""
+    carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here uses it, so
+    the first line becomes one warning that says so and the rest, about the same failure, are
+    dropped. Installed on import, so it covers every ray.init in a process that imports this
+    module: ApeX's and the notebooks' own. Seen in CI on 2 busy cores: return code -6."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.lines: list[str] = []
+        self.notes: list[str] = []
+        self.following = False  # the last record was about a dashboard failure
 
     def filter(self, record: logging.LogRecord) -> bool:
         text = record.getMessage()
-        # The first line names the failure; what follows it (up to the dashboard's own last log
-        # lines) is about that failure too.
-        if not self.lines and not text.startswith("Failed to start the dashboard"):
+        if text.startswith("Failed to start the dashboard"):
+            m = re.search(r"return code (-?\d+)", text)
+            note = (f"Ray's dashboard process exited while ray.init started it (return code "
+                    f"{m.group(1) if m else 'unknown'}; its log, if it wrote one: "
+                    "dashboard.log under /tmp/ray/session_latest/logs); with "
+                    "include_dashboard=False nothing uses it, so Ray goes on without it")
+            self.notes.append(note)
+            record.msg, record.args = note, ()
+            record.levelno, record.levelname = logging.WARNING, "WARNING"
+            self.following = True
             return True
-        self.lines.append(text)
-        return False
+        self.following = self.following and "dashboard" in text
+        return not self.following
 
-    def summary(self, logs_dir: str) -> str:
-        m = re.search(r"return code (-?\d+)", self.lines[0])
-        return (f"Ray's dashboard process exited while ray.init started it (return code "
-                f"{m.group(1) if m else 'unknown'}; its log, if it wrote one: {logs_dir}); "
-                "this run uses nothing from it (include_dashboard=False), so it goes on")
+
+_DASHBOARD_FAILURES = _DashboardStartFailure()
+logging.getLogger("ray._private.services").addFilter(_DASHBOARD_FAILURES)
 
 
 class _Run:
