@@ -148,20 +148,70 @@ def test_env_spec_accepts_box_discrete_and_refuses_the_rest():
         env_spec("FrozenLake-v1")
 
 
-def test_env_batch_resets_in_the_same_step_and_keeps_the_final_obs():
-    envs = EnvBatch("CartPole-v1", 3)
+def test_single_envs_reset_in_the_same_step_and_keep_the_final_obs():
+    envs = EnvBatch("CartPole-v1", 3, vectorised=False)
     envs.reset(seeds=[0, 1, 2])
     ended = 0
     for _ in range(200):
-        next_obs, reward, terminated, truncated, final_obs = envs.step(np.ones(3, np.int64))
+        next_obs, reward, terminated, truncated, final_obs, stepped = envs.step(
+            np.ones(3, np.int64))
         done = terminated | truncated
         ended += done.sum()
+        assert stepped.all()  # every action was applied
         # Always pushing right ends episodes fast: the final obs is past a limit, the next
         # obs is a fresh start near zero.
         assert np.all(np.abs(final_obs[done][:, 2]) > 0.2 - 1e-6) or not done.any()
         assert np.all(np.abs(next_obs[done]) < 0.05 + 1e-6)
         np.testing.assert_array_equal(final_obs[~done], next_obs[~done])
     assert ended > 10
+
+
+def test_a_vectorised_env_resets_a_slot_in_its_next_step_and_says_so():
+    envs = EnvBatch("CartPole-v1", 3)
+    assert envs.vector is not None  # gymnasium's CartPoleVectorEnv
+    envs.reset(seeds=[0])
+    ended = 0
+    was_done = np.zeros(3, bool)
+    for _ in range(200):
+        next_obs, reward, terminated, truncated, final_obs, stepped = envs.step(
+            np.ones(3, np.int64))
+        done = terminated | truncated
+        # The step after an end only resets the slot: no action, no reward, a fresh start.
+        np.testing.assert_array_equal(stepped, ~was_done)
+        assert np.all(reward[was_done] == 0) and not done[was_done].any()
+        assert np.all(np.abs(next_obs[was_done]) < 0.05 + 1e-6)
+        assert np.all(np.abs(final_obs[done][:, 2]) > 0.2 - 1e-6) or not done.any()
+        ended += done.sum()
+        was_done = done
+    assert ended > 10
+    with pytest.raises(ValueError, match="vectorised=True: gymnasium has no vectorised Acrobot"):
+        EnvBatch("Acrobot-v1", 2, vectorised=True)
+
+
+def test_steps_marked_invalid_start_no_transition_and_join_none():
+    """A vectorised env's reset step (after an end, the action ignored) leaves no trace."""
+    folder = NStepFolder(1, n=3, gamma=0.5, obs_shape=(1,))
+    push_episode(folder, [1, 2], "terminated")
+    folder.push(np.array([[102.0]]), np.array([1]), np.array([0.0]), np.array([[0.0]]),
+                np.array([False]), np.array([False]), valid=np.array([False]))
+    push_episode(folder, [5, 6, 7], None)
+    assert rows(folder.pop()) == [(0, 1 + 0.5 * 2, 0.0, 102), (1, 2, 0.0, 102),
+                                  (0, 5 + 0.5 * 6 + 0.25 * 7, 0.125, 3)]
+
+
+@pytest.mark.parametrize("vectorised", [True, False])
+def test_actor_counts_the_env_steps_it_made(vectorised):
+    config = ApexConfig(num_actors=1, envs_per_actor=4, seed=2)
+    actor = Actor(config, 0, init_weights(NetworkSpec(4, 2), 0))
+    if not vectorised:
+        actor.envs = EnvBatch("CartPole-v1", 4, vectorised=False)
+        actor.obs = actor.envs.reset(seeds=[0, 1, 2, 3])
+    inserted = sum(len(actor.collect(25)) for _ in range(8))
+    returns, lengths = actor.pop_episode_stats()
+    assert returns == lengths and lengths  # CartPole pays 1 a step: every step counted once
+    # Every applied step becomes one transition (the last n - 1 per slot are still open).
+    assert actor.env_steps - 4 * (config.n_step - 1) <= inserted <= actor.env_steps
+    assert (actor.env_steps < 8 * 25 * 4) == vectorised  # reset steps are not env steps
 
 
 def test_actor_priorities_equal_a_fresh_computation():
@@ -172,7 +222,7 @@ def test_actor_priorities_equal_a_fresh_computation():
         block = actor.collect(7)
         np.testing.assert_allclose(block.priority, initial_priorities(actor.weights, block, True),
                                    rtol=1e-5, atol=1e-6)
-    assert actor.env_steps == 5 * 7 * 8
+    assert 0 < actor.env_steps <= 5 * 7 * 8
     assert np.all(block.discount <= config.gamma ** 1 + 1e-6)
 
 

@@ -121,3 +121,13 @@ def test_checkpoint_round_trip(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # Both continue identically from the same state.
     np.testing.assert_allclose(restored.update(batch)[1], learner.update(batch)[1], rtol=1e-6)
+
+
+def test_the_learner_keeps_to_the_threads_it_was_given():
+    """configure_tensorflow caps TensorFlow's thread pools (it once listed the devices first,
+    which fixes the pools at one thread per core, and the cap was silently dropped)."""
+    import tensorflow as tf
+
+    # This module called configure_tensorflow(num_threads=1) before anything else used TF.
+    assert tf.config.threading.get_intra_op_parallelism_threads() == 1
+    assert tf.config.threading.get_inter_op_parallelism_threads() == 1

@@ -52,13 +52,16 @@ def configure_tensorflow(num_threads: int | None = None) -> list[str]:
     with _quiet_native_stderr():
         import tensorflow as tf
 
+        # Before anything initialises TensorFlow's runtime (listing devices does): afterwards
+        # the thread pools are fixed at one thread per core, and on a small machine the extra
+        # threads compete with the actors for the cores Ray gave them.
+        if num_threads:
+            try:
+                tf.config.threading.set_intra_op_parallelism_threads(num_threads)
+                tf.config.threading.set_inter_op_parallelism_threads(num_threads)
+            except RuntimeError:  # already initialised in this process: keep what it has
+                pass
         gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
-    if num_threads:
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(num_threads)
-            tf.config.threading.set_inter_op_parallelism_threads(num_threads)
-        except RuntimeError:  # already initialised in this process: keep what it has
-            pass
     return gpus
 
 
@@ -76,8 +79,13 @@ class Learner:
                                                epsilon=config.adam_epsilon)
         self.optimizer.build(self.online.trainable_variables)
         self.updates = 0
-        self._train_step = tf.function(self._step, jit_compile=config.jit_compile,
-                                       reduce_retracing=True)
+        # Traced once, for these input types: calling the concrete function skips tf.function's
+        # per-call dispatch on its arguments, which for a network this small costs about as
+        # much as the update itself (1.3 against 2.2 ms per update, benchmarks/learner_throughput.py).
+        obs, column = tf.TensorSpec([None, spec.obs_size], tf.float32), tf.TensorSpec([None])
+        self._train_step = tf.function(self._step, jit_compile=config.jit_compile
+                                       ).get_concrete_function(
+            obs, tf.TensorSpec([None], tf.int32), column, column, obs, column)
 
     def _step(self, obs, action, reward, discount, next_obs, weights):
         import keras
@@ -103,12 +111,15 @@ class Learner:
 
     def update(self, batch: SampledBatch) -> tuple[float, np.ndarray, dict]:
         """One gradient step; returns loss, new |TD| priorities and a few diagnostics."""
+        import tensorflow as tf
+
         t = batch.transitions
         n = len(t)
-        loss, td_abs, grad_norm, mean_q = self._train_step(
+        loss, td_abs, grad_norm, mean_q = self._train_step(*(tf.constant(a) for a in (
             t.obs.reshape(n, -1).astype(np.float32, copy=False), t.action.astype(np.int32),
-            t.reward, t.discount, t.next_obs.reshape(n, -1).astype(np.float32, copy=False),
-            batch.weights)
+            t.reward.astype(np.float32, copy=False), t.discount.astype(np.float32, copy=False),
+            t.next_obs.reshape(n, -1).astype(np.float32, copy=False),
+            batch.weights.astype(np.float32, copy=False))))
         self.updates += 1
         if self.updates % self.config.target_update_period == 0:
             self.target.set_weights(self.online.get_weights())
