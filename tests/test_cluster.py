@@ -65,21 +65,22 @@ def said(lines: list[str], text: str, after: int = 0) -> int:
 
 
 def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path, busy_cpus):
-    """A fixed cluster of a head and two worker nodes; one worker node dies while the job is
-    still starting and nothing replaces it. The lost actor waits for a CPU that never comes,
-    is reported, and the job still ends by max_seconds with results.json."""
+    """A fixed cluster of a head (the learner's CPU and one for an actor) and a worker node
+    (one actor); the worker node dies while the job is still starting and nothing replaces it.
+    The lost actor waits for a CPU that never comes, is reported, and the job still ends by
+    max_seconds with results.json."""
     out, lines = tmp_path / "job", []
-    with LocalCluster(num_workers=2, cpus_per_worker=1, head_cpus=1,
+    with LocalCluster(num_workers=1, cpus_per_worker=1, head_cpus=2,
                       log_dir=tmp_path / "logs") as cluster:
         client = cluster.job_client()
-        budget = 60.0
+        budget = 30.0
         job_id = jobs.submit_training(client, [*SMALL_RUN, "--num-actors", "2", "--actor-cpus",
                                                "1", "--max-seconds", str(budget)],
                                       output_dir=str(out))
         status = jobs.follow(client, job_id, timeout_s=240, out=lines.append,
                              until=lambda: said(lines, "actors, learner and"))
         assert status == "RUNNING", "\n".join(lines[-40:])
-        cluster.kill_node("worker-2")  # actors are created, none has reported yet
+        cluster.kill_node("worker-1")  # actors are created, none has reported yet
         status = jobs.follow(client, job_id, timeout_s=budget + 60, out=lines.append)
         pids = cluster.pids()
     assert_gone(pids)
@@ -95,12 +96,14 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
 
 
 def test_a_failed_head_start_leaves_nothing_running(tmp_path):
+    """The head fails half-way: `ray start` has started the GCS when it finds the dashboard's
+    port taken, and exits; what it started goes too."""
     before = ray_processes()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
-        cluster = LocalCluster(num_workers=1, port=taken.getsockname()[1], start_timeout_s=60,
-                               log_dir=tmp_path)
+        cluster = LocalCluster(num_workers=1, dashboard_port=taken.getsockname()[1],
+                               start_timeout_s=60, log_dir=tmp_path)
         with pytest.raises(ClusterError, match="node head exited with code"):
             cluster.start()
     assert cluster.nodes == []
@@ -168,7 +171,7 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, nbformat.v4.new_code_cell(
         "from distrl.cluster import LocalCluster\n"
-        "cluster = LocalCluster(num_workers=1, log_dir=LOG_DIR).start()\n"
+        "cluster = LocalCluster(num_workers=0, log_dir=LOG_DIR).start()\n"
         "print('PORT', cluster.port, *cluster.pids())"),
         nbformat.v4.new_code_cell("raise RuntimeError('a cell fails mid-way')")]
     path = tmp_path / "fails.ipynb"

@@ -149,16 +149,24 @@ def test_sigterm_to_an_actor_and_the_learner_checkpoints_each_time(ray_local, tm
     assert meta["progress"]["env_steps"] > 0
 
 
-def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
+def job_env(ray) -> dict:
+    """The environment of a training command run as a Ray job's driver on the module's cluster
+    (RAY_ADDRESS, as `ray job submit` sets it): the cluster outlives the driver, as on GKE."""
+    return {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+
+
+def test_driver_killed_then_resubmitted_with_resume(ray_local, tmp_path, busy_cpus):
     """The training command killed outright (SIGKILL: no chance to clean up), then run again
-    with --resume auto: weights, optimizer, counters and config come from the checkpoint."""
+    with --resume auto: weights, optimizer, counters and config come from the checkpoint. Ray
+    ends what the killed driver started (its job is over); the cluster stays."""
     out = tmp_path / "run"
     common = [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false"]
     first = subprocess.Popen(
         [*common, "--env", "CartPole-v1", "--num-actors", "2", "--envs-per-actor", "8",
          "--hidden-sizes", "32", "32", "--batch-size", "128", "--min-replay-size", "500",
          "--target-return", "none", "--max-seconds", "200", "--checkpoint-interval-s", "3"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
+        env=job_env(ray_local))
     try:
         wait_for(lambda: (c := latest_checkpoint(out / "checkpoints")) and
                  read_checkpoint(c)[0]["updates"] > 200, 240, "a checkpoint with progress")
@@ -170,7 +178,8 @@ def test_driver_killed_then_resubmitted_with_resume(tmp_path, busy_cpus):
     assert not (out / "results.json").exists()  # the first run never finished
     more = meta["updates"] + 100
     proc = subprocess.run([*common, "--resume", "auto", "--max-learner-updates", str(more),
-                           "--max-seconds", "150"], capture_output=True, text=True, timeout=400)
+                           "--max-seconds", "150"], capture_output=True, text=True, timeout=400,
+                          env=job_env(ray_local))
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "results.json").read_text())
     assert result["resumed_from"] == saved
@@ -247,7 +256,7 @@ def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
              "no process of the run")
 
 
-def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpus):
+def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(ray_local, tmp_path, busy_cpus):
     """The Spot notice on the driver's node while it trains: three actors on a 2-CPU Ray where
     the learner takes one CPU, so one actor runs and two wait and are reported. SIGTERM ends the
     run within a Spot grace period (~30 s), cleanly, with a final checkpoint of every update
@@ -256,7 +265,8 @@ def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(tmp_path, busy_cpu
     proc = subprocess.Popen(
         _train_command(out, "--max-seconds", "300", "--num-actors", "3", "--actor-cpus", "1",
                        "--autoscaling", "true"),
-        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+        env=job_env(ray_local))
     lines = _lines_of(proc)
 
     def actors_running_and_waiting():

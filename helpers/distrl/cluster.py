@@ -231,7 +231,9 @@ class LocalCluster:
 
     def remove_node(self, node: Node) -> None:
         """Stop one node (SIGTERM, then SIGKILL) and forget it."""
-        _kill_group(node.process, signal.SIGTERM, 10.0)
+        _terminate_leader(node.process.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.process.wait(STOP_GRACE_S)
         _kill_group(node.process, signal.SIGKILL, 5.0)
         self.forget_node(node)
 
@@ -258,8 +260,9 @@ class LocalCluster:
                     raise ClusterError(f"node {node.name} exited with code "
                                        f"{node.process.returncode} while starting:\n"
                                        f"{node.log_tail()}")
-            try:
-                alive = [n for n in self.node_table() if n["state"] == "ALIVE"]
+            try:  # a short timeout: a port that accepts but never answers must not stall this
+                alive = [n for n in node_table(self.dashboard_url, timeout_s=5.0)
+                         if n["state"] == "ALIVE"]
             except Exception as e:  # the head is not answering yet
                 alive, last_error = [], f"{type(e).__name__}: {e}"[:300]
             if len(alive) >= count:
@@ -311,8 +314,17 @@ class LocalCluster:
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
-        for node in reversed(self.nodes):
-            _kill_group(node.process, signal.SIGTERM, 10.0)
+        # The worker nodes together, then the head: SIGTERM, and STOP_GRACE_S for each set to
+        # end. An idle node drains and exits in about a second; `ray start` handles SIGTERM only
+        # between steps of its own start-up, which can take longer than the whole stop should.
+        head = [n for n in self.nodes if n.name == "head"]
+        for group in ([n for n in self.nodes if n.name != "head"], head):
+            for node in group:
+                _terminate_leader(node.process.pid)
+            deadline = time.monotonic() + STOP_GRACE_S
+            for node in group:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    node.process.wait(max(0.0, deadline - time.monotonic()))
         for node in self.nodes:  # `ray start --block` may leave children on SIGTERM
             _kill_group(node.process, signal.SIGKILL, 5.0)
         _, alive = psutil.wait_procs(procs, timeout=10)
@@ -353,13 +365,14 @@ class LocalCluster:
         return out
 
 
-def node_table(dashboard_url: str) -> list[dict]:
+def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
     """The nodes of any Ray cluster whose dashboard is reachable (local, or GKE through
     `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
     from ray.util.state import list_nodes
 
     use_token_auth()
-    nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False)
+    nodes = list_nodes(address=dashboard_url, detail=True, raise_on_missing_output=False,
+                       timeout=max(1, round(timeout_s)))
     return [{"node_id": n.node_id, "ip": n.node_ip, "state": n.state, "is_head": n.is_head_node,
              "cpus": n.resources_total.get("CPU", 0.0), "gpus": n.resources_total.get("GPU", 0.0)}
             for n in nodes]
@@ -414,6 +427,7 @@ def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
 # first (autogroups), so the boost goes to the node's session as well as to its processes.
 # Once the node has joined, it goes back to normal priority (settle_priority).
 START_NICE = -15
+STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), before SIGKILL
 
 
 def _start_with_priority() -> None:
@@ -548,8 +562,11 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         for pgid in reversed(groups):
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, sig)
+            if sig == signal.SIGTERM:
+                _terminate_leader(pgid)
+            else:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.2)
@@ -561,6 +578,14 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _terminate_leader(pid: int) -> None:
+    """SIGTERM to a node's `ray start` only (its group's leader): it drains the node through the
+    GCS, then stops the node's processes itself. SIGTERM to the whole group would end the head's
+    GCS first, and `ray start` would then wait 30 s for a GCS that is gone."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, signal.SIGTERM)
 
 
 def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
