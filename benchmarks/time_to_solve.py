@@ -63,7 +63,7 @@ def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
             "learner_updates": result["learner_updates"], "startup_s": result["startup_s"],
             "ray_up_s": timeline.get("Ray up"),
             "first_transition_s": timeline.get("first transition"),
-            "first_update_s": timeline.get("first update")}
+            "first_update_s": timeline.get("first update"), "target_s": timeline.get("target")}
 
 
 def baseline_python() -> Path:
@@ -156,6 +156,18 @@ def main() -> None:
         if values:
             print(f"{key} (median): {statistics.median(values):.1f}s; goal {goal:g}s -> "
                   f"{'met' if statistics.median(values) <= goal else 'NOT met'}")
+    # Where the time to solve goes: Ray's own start, then distrl's processes up to the first
+    # update, then learning (the solved runs' timelines, seconds since process start).
+    solved = [r for r in runs if r["solved"] and r["target_s"] is not None]
+    if solved:
+        def median_of(f):
+            return statistics.median(f(r) for r in solved)
+
+        print(f"  where it goes (medians): process start -> Ray up "
+              f"{median_of(lambda r: r['ray_up_s']):.1f}s; "
+              f"Ray up -> first update {median_of(lambda r: r['first_update_s'] - r['ray_up_s']):.1f}s; "
+              f"first update -> solved {median_of(lambda r: r['target_s'] - r['first_update_s']):.1f}s "
+              f"(a Ray cluster already up, as in a notebook's kernel, saves the first part)")
 
 
 if __name__ == "__main__":

@@ -126,7 +126,7 @@ def test_an_unreachable_head_is_a_clear_error_and_leaves_nothing(tmp_path):
 OWNER = """
 import sys, time
 from distrl.cluster import LocalCluster
-cluster = LocalCluster(num_workers=1, log_dir=sys.argv[1]).start()
+cluster = LocalCluster(num_workers=0, log_dir=sys.argv[1]).start()
 print(cluster.port, *cluster.pids(), flush=True)
 time.sleep(600)
 """

@@ -389,6 +389,7 @@ class ActorWorker:
             step_ms = [] if tel.enabled else None  # every env.step's own time
             with tel.span(otel.SPAN_SAMPLE, carrier, {otel.RL_SAMPLE_STEPS: steps,
                                                  otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as sample_span:
+                steps_before = actor.env_steps
                 actor.step(steps, step_ms)
                 if sample_span is not None:
                     sample_span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
@@ -433,7 +434,8 @@ class ActorWorker:
                     rl.duration("rl.step.duration", ms, attrs)
                 rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
                 rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
-                traffic.add(steps * c.envs_per_actor, returns, lengths)
+                # The env steps made: a vectorised env's reset steps are none (EnvBatch).
+                traffic.add(actor.env_steps - steps_before, returns, lengths)
                 if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
                     traffic.flush(rl, attrs)
         if in_flight is not None:
