@@ -1,6 +1,4 @@
-"""Learner updates/s at batch 512 for the default network, on one CPU core (and a GPU if any):
-the learner process's calls (batches_per_fetch updates in one TensorFlow call) beside one
-update a call.
+"""Learner updates/s at batch 512 for the default network, on one CPU core (and a GPU if any).
 
     python benchmarks/learner_throughput.py [--batch-size 512] [--hidden-sizes 128 128]
 
@@ -50,23 +48,16 @@ def main() -> None:
     batches = [replay.sample(args.batch_size) for _ in range(32)]
     with tf.device("/GPU:0" if args.device == "gpu" else "/CPU:0"):
         learner = Learner(config, spec, init_weights(spec, 0))
-        fetch = config.batches_per_fetch  # the learner process updates on a fetch at a time
-        for i in range(0, 12, fetch):
-            learner.update_many(batches[i:i + fetch])  # warm up
+        for b in batches[:10]:
+            learner.update(b)  # trace and warm up
         start = time.perf_counter()
-        for i in range(0, args.updates, fetch):
-            learner.update_many([batches[(i + j) % len(batches)] for j in range(fetch)])
-        rate = args.updates / (time.perf_counter() - start)
-        start = time.perf_counter()
-        for i in range(args.updates // 2):
+        for i in range(args.updates):
             learner.update(batches[i % len(batches)])
-        single = args.updates // 2 / (time.perf_counter() - start)
+        rate = args.updates / (time.perf_counter() - start)
     flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
     print(f"learner on {args.device} ({gpus or 'one core'}), batch {args.batch_size}, hidden "
-          f"{config.hidden_sizes}: {rate:,.0f} updates/s in calls of {fetch} (target 150: "
-          f"{rate / 150:.2f}x), {rate * args.batch_size:,.0f} samples/s, "
-          f"~{rate * flops / 1e9:.1f} GFLOP/s; one update a call: {single:,.0f}/s "
-          f"({rate / single:.2f}x fewer)")
+          f"{config.hidden_sizes}: {rate:,.0f} updates/s (target 150: {rate / 150:.2f}x), "
+          f"{rate * args.batch_size:,.0f} samples/s, ~{rate * flops / 1e9:.1f} GFLOP/s")
 
 
 if __name__ == "__main__":

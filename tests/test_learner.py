@@ -131,25 +131,3 @@ def test_the_learner_keeps_to_the_threads_it_was_given():
     # This module called configure_tensorflow(num_threads=1) before anything else used TF.
     assert tf.config.threading.get_intra_op_parallelism_threads() == 1
     assert tf.config.threading.get_inter_op_parallelism_threads() == 1
-
-
-def test_several_updates_in_one_call_equal_the_same_updates_one_by_one():
-    """update_many (what the learner process runs on each fetch) makes exactly the updates that
-    update() makes batch by batch, target copies at the period included."""
-    rng = np.random.default_rng(4)
-    spec = NetworkSpec(4, 2, (16, 16), True)
-    config = ApexConfig(hidden_sizes=(16, 16), target_update_period=3, learning_rate=1e-2)
-    one_by_one, together = (Learner(config, spec, init_weights(spec, 5)) for _ in range(2))
-    batches = [tiny_batch(rng) for _ in range(7)]
-    expected = [one_by_one.update(b) for b in batches]
-    got = together.update_many(batches[:4]) + together.update_many(batches[4:])
-    assert together.updates == one_by_one.updates == 7
-    for (loss_a, td_a, diag_a), (loss_b, td_b, diag_b) in zip(expected, got):
-        assert loss_b == pytest.approx(loss_a, rel=1e-5)
-        np.testing.assert_allclose(td_b, td_a, rtol=1e-5, atol=1e-6)
-        assert diag_b["grad_norm"] == pytest.approx(diag_a["grad_norm"], rel=1e-5)
-    for model in ("online", "target"):
-        for a, b in zip(getattr(together, model).get_weights(), getattr(one_by_one, model).get_weights()):
-            np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
-    # The target was copied at update 6 (not at 7): it differs from the online network.
-    assert not np.allclose(together.target.get_weights()[0], together.online.get_weights()[0])
