@@ -4,7 +4,9 @@
 
 Raw: `env.step(action)` in a loop with a reset at episode end, nothing else. Actor: the
 Actor class as the Ray actor runs it: numpy inference for a batch of envs, epsilon-greedy,
-n-step folding and initial priorities. Target (issue 2): actor >= 50% of raw.
+n-step folding and initial priorities. Target (issue 2): actor >= 50% of raw. Where gymnasium
+has a vectorised version of the env (CartPole), the actor steps that and beats the raw single-env
+loop; for others (Acrobot-v1) it steps single envs as the raw loop does.
 """
 
 import argparse
