@@ -171,8 +171,13 @@ def test_driver_killed_then_resubmitted_with_resume(ray_local, tmp_path, busy_cp
         wait_for(lambda: (c := latest_checkpoint(out / "checkpoints")) and
                  read_checkpoint(c)[0]["updates"] > 200, 240, "a checkpoint with progress")
     finally:
-        os.killpg(first.pid, signal.SIGKILL)  # the driver and everything it started
+        os.killpg(first.pid, signal.SIGKILL)  # the driver, outright
         first.wait(30)
+    # Its processes live in the cluster's workers: Ray ends them once it sees the driver gone,
+    # and until then the learner may still write a checkpoint (CI saw one written after the
+    # kill). The newest one after that is what --resume auto must take.
+    wait_for(lambda: not processes("ray::LearnerWorker") and not processes("ray::ActorWorker"),
+             60, "Ray to end the killed driver's learner and actors")
     saved = latest_checkpoint(out / "checkpoints")
     meta, _ = read_checkpoint(saved)
     assert not (out / "results.json").exists()  # the first run never finished

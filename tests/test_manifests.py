@@ -320,20 +320,14 @@ def _env(**extra) -> dict:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM the process group, then SIGKILL whatever is left (ray start --block's children)."""
-    for sig, wait_s in ((signal.SIGTERM, 15), (signal.SIGKILL, 10)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        try:
-            os.killpg(proc.pid, 0)
-        except ProcessLookupError:
-            return
+    """SIGKILL the process group (ray start --block and what it started). This test is about
+    joining; a graceful stop is LocalCluster's, and SIGTERM to a whole group of Ray's kills the
+    GCS first, after which `ray start` waits out its drain."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        return
+    proc.wait(30)
 
 
 def _nodes(address: str, token_env: dict) -> int:

@@ -222,6 +222,7 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     # Stopped once the replacement hosted an actor (`ray job stop`), not on its budget.
     assert first["stop_reason"] == "sigterm" and len(first["actor_states"]) == 3
     assert first["checkpoint"] and first["wall_time_s"] < 120  # SMOKE's budget
+    assert first["learner_updates"] > 0  # stopped after training began: progress to resume
     assert text.count("CartPole-v1: stopped (sigterm)") == 1  # each log line printed once
     assert text.count("CartPole-v1: reached 150.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event

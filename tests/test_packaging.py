@@ -8,7 +8,6 @@ import re
 import subprocess
 import sys
 import tomllib
-import venv
 from pathlib import Path
 
 import pytest
@@ -71,19 +70,16 @@ def test_every_import_of_the_package_is_a_declared_dependency():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_a_plain_install_into_a_fresh_venv_brings_every_import(tmp_path):
-    """`pip install .` (no lock file) into a new venv, resolved by pip against the package
-    index: the distributions it would install provide every module the package imports.
-    (pip's --dry-run resolves exactly what an install would; it skips unpacking about 2 GB
-    of wheels.)"""
-    env_dir = tmp_path / "venv"
-    venv.create(env_dir, with_pip=True)
-    python = str(env_dir / "bin" / "python")
-
+def test_a_plain_install_brings_every_import(tmp_path):
+    """`pip install .` (no lock file), resolved by pip against the package index as if nothing
+    were installed: the distributions it would install provide every module the package
+    imports. (--dry-run --ignore-installed resolves exactly what an install into a fresh venv
+    would, without unpacking about 2 GB of wheels; the pinned pip of make install resolves
+    in half the time of the one a new venv comes with.)"""
     report = tmp_path / "report.json"
-    subprocess.run([python, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-                    "--report", str(report), str(ROOT)], check=True, timeout=500,
-                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
+                    "--ignore-installed", "--report", str(report), str(ROOT)], check=True,
+                   timeout=500, capture_output=True)
     plain = {_normal(item["metadata"]["name"])
              for item in json.loads(report.read_text())["install"]}
     assert "tensorboard" in plain  # training's tf.summary needs it (the issue's crash)
