@@ -24,7 +24,7 @@ tutorial: install
 
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra --durations=15
+	$(BIN)/python -m pytest -ra --durations=30
 
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
 test-fast: install
