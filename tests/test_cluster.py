@@ -27,6 +27,7 @@ from distrl.cluster import (
     main,
     pick_head_ports,
     read_state,
+    running,
     stop_groups,
     write_state,
 )
@@ -44,19 +45,6 @@ def ray_processes() -> set[int]:
         if "ray/core/src/ray" in cmd or "ray start" in cmd or cmd.startswith("ray::"):
             out.add(p.pid)
     return out
-
-
-def running(pids: list[int]) -> list[int]:
-    """The pids that still run (a zombie has ended). A process may end between any two
-    looks at it, so one that vanishes while looked at counts as ended."""
-    alive = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-        except psutil.NoSuchProcess:
-            pass
-    return alive
 
 
 def assert_gone(pids: list[int]) -> None:
@@ -222,6 +210,24 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
 def test_bad_cluster_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LocalCluster(**kwargs)
+
+
+def test_running_counts_ended_zombie_and_vanished_processes_as_ended():
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet reaped
+    reaped = subprocess.Popen([sys.executable, "-c", "pass"])
+    reaped.wait(30)
+    try:
+        wait_for(lambda: psutil.Process(zombie.pid).status() == psutil.STATUS_ZOMBIE, 30,
+                 "the child to end")
+        assert running([live.pid, zombie.pid, reaped.pid]) == [live.pid]
+    finally:
+        live.kill()
+        live.wait(30)
+        zombie.wait(30)
+    assert running([live.pid]) == []
+    with pytest.raises(ValueError, match="-1"):
+        running([-1])
 
 
 def test_a_nodes_ports_are_distinct_and_avoid_the_heads_ports():

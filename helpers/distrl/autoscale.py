@@ -24,8 +24,6 @@ import threading
 import time
 from dataclasses import dataclass
 
-from distrl.cluster import WORKER_NICE, settle_priority
-
 # Ray's NodeState.status values (src/ray/protobuf/autoscaler.proto).
 NODE_DEAD = 2
 
@@ -170,7 +168,7 @@ class LocalAutoscaler:
                      if n.status != NODE_DEAD and n.node_id.hex() not in known]
             if fresh:
                 node.node_id = fresh[0]
-                settle_priority(node, WORKER_NICE)
+                self.cluster.settle(node)
                 self._event("node_ready", name, f"node {name} joined after "
                             f"{time.monotonic() - start:.1f} s")
                 self._next_start = time.monotonic() + 2 * self.interval_s  # let work land

@@ -185,13 +185,13 @@ class LocalCluster:
                 *_node_ports(0, head_ports=(self.port, self.dashboard_port)),
                 "--disable-usage-stats"], self.head_cpus, {})
             self.wait_for_nodes(1)
-            settle_priority(self.nodes[0])
+            self.settle(self.nodes[0])
             # One node at a time: nodes on one machine share the session directory, and Ray's
             # choice of socket names there (raylet.1, raylet.2, ...) races when they start at once.
             for i in range(self.num_workers):
                 node = self.add_worker(name=f"worker-{i + 1}")
                 self.wait_for_nodes(2 + i)
-                settle_priority(node, WORKER_NICE)
+                self.settle(node)
             self._wait_for_jobs_api()
             if self.autoscale is not None:
                 from distrl.autoscale import LocalAutoscaler
@@ -228,6 +228,12 @@ class LocalCluster:
         self.nodes.append(node)
         self._save_state()
         return node
+
+    def settle(self, node: Node) -> None:
+        """A node has joined: every process of it back to normal priority (its workers, started
+        later by its raylet, inherit this), and its session's CPU share to the head's weight
+        for the first node started, WORKER_NICE's for every other."""
+        _settle_priority(node, 0 if node is self.nodes[0] else WORKER_NICE)
 
     def remove_node(self, node: Node) -> None:
         """Stop one node (SIGTERM, then SIGKILL) and forget it."""
@@ -365,6 +371,19 @@ class LocalCluster:
         return out
 
 
+def running(pids: list[int]) -> list[int]:
+    """The pids that still run (a zombie has ended). A process may end between any two looks
+    at it, so one that vanishes while looked at counts as ended."""
+    import psutil
+
+    alive = []
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+    return alive
+
+
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
     """The nodes of any Ray cluster whose dashboard is reachable (local, or GKE through
     `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
@@ -425,8 +444,8 @@ def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
 # (a fatal "Timed out waiting for file .../dashboard_agent_listen_port"), and the node's start
 # then fails, which does not happen on a VM of its own. Linux shares the CPU between sessions
 # first (autogroups), so the boost goes to the node's session as well as to its processes.
-# Once the node has joined, it goes back to normal priority (settle_priority), and a worker node's
-# session to a lower weight than the head's: the head's session holds the driver, learner,
+# Once the node has joined, it goes back to normal priority (LocalCluster.settle), and a worker
+# node's session to a lower weight than the head's: the head's session holds the driver, learner,
 # replay, evaluator and Ray's GCS, which on GKE have a machine of their own, while each worker
 # node's holds an actor or two. At equal weights two busy actor nodes left the head a third of
 # the CPU, and notebook 04's learner took 41-57 s to start on 2 cores; at nice 5 (a weight of a
@@ -446,10 +465,7 @@ def _set_autogroup_nice(session_leader: int, nice: int) -> None:
         Path(f"/proc/{session_leader}/autogroup").write_text(str(nice))
 
 
-def settle_priority(node: Node, session_nice: int = 0) -> None:
-    """Back to normal priority for every process of a node that has joined (its workers, started
-    later by its raylet, inherit this), and its session's CPU share to `session_nice`'s weight
-    (WORKER_NICE for a worker node)."""
+def _settle_priority(node: Node, session_nice: int) -> None:
     import psutil
 
     _set_autogroup_nice(node.process.pid, session_nice)

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrl.cluster import WORKER_NICE, LocalCluster, _node_ports, pick_head_ports, settle_priority
+from distrl.cluster import LocalCluster, _node_ports, pick_head_ports
 
 
 @dataclass
@@ -194,7 +194,7 @@ class ManifestRehearsal(LocalCluster):
                 pod.argv += _node_ports(i, head_ports=head_ports)
                 node = self._start_node(pod.name, pod.argv, pod.cpus, pod.env)
                 self.wait_for_nodes(i + 1)
-                settle_priority(node, WORKER_NICE if i else 0)
+                self.settle(node)
             self._wait_for_jobs_api()
         except BaseException:
             self.stop()
