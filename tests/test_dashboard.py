@@ -125,6 +125,9 @@ def test_every_tile_has_data_after_a_short_instrumented_run(instrumented_run):
     empty = [title for title, df in tiles.items() if df.empty]
     assert not empty, f"tiles without data: {empty}"
     steps = tiles["traffic: env steps/s (rl.sample.samples)"]
-    assert (steps["value"] > 0).all() and set(steps["rl.run.id"]) == {run_id}
+    # A 5-s window may hold no env steps: the rate limiter holds the actors while the learner
+    # is still starting (seen once in CI). Never negative, and the run did step.
+    assert (steps["value"] >= 0).all() and (steps["value"] > 0).any()
+    assert set(steps["rl.run.id"]) == {run_id}
     latency = tiles["latency: rl.loop.duration p50/p95/p99"]
     assert set(latency["statistic"]) == {"p50", "p95", "p99"}
