@@ -88,3 +88,14 @@ def test_a_plain_install_brings_every_import(tmp_path):
     notebooks = plain | _requirement_names(project["optional-dependencies"]["notebooks"])
     missing = _unmet(plain, {"notebooks": notebooks})
     assert missing == [], "a plain install lacks:\n" + "\n".join(missing)
+
+
+def test_ray_imports_no_grammar_builder_into_every_process():
+    """Every Ray process (each worker, each agent) imports Ray, and Ray imports jsonschema's
+    format checkers: from jsonschema 4.25 these load rfc3987-syntax, which builds a Lark
+    grammar on import (2.5 s of CPU a process here). pyproject.toml caps jsonschema for that."""
+    code = "import json, sys, ray, jsonschema._format; print(json.dumps(sorted(sys.modules)))"
+    loaded = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                       check=True, timeout=120).stdout)
+    assert "ray" in loaded
+    assert not {"rfc3987_syntax", "lark"} & set(loaded)
