@@ -1,6 +1,9 @@
 """End to end with real Ray processes: replay, learner, actors and evaluator."""
 
 import json
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
@@ -65,6 +68,18 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
         assert timeline[earlier] <= timeline[later], (earlier, later, timeline)
     assert timeline["target"] - timeline["train() called"] == pytest.approx(
         result.time_to_target_s, abs=0.01)
+
+
+def test_process_age_counts_from_the_process_start_not_a_whole_second_before_it():
+    """The timeline's "process start": psutil's create_time rounds the boot time down to a
+    whole second, which made every start-up milestone up to 1 s later than it was."""
+    code = ("import time; time.sleep(0.3); from distrl.apex import process_age_s; "
+            "print(process_age_s())")
+    before = time.monotonic()
+    age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               check=True, timeout=60).stdout)
+    elapsed = time.monotonic() - before
+    assert 0.3 <= age <= elapsed + 0.02, (age, elapsed)  # the kernel counts in 10-ms ticks
 
 
 def test_acrobot_short_run_improves_on_random(local_ray, tmp_path):
