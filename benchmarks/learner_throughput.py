@@ -1,6 +1,6 @@
-"""Learner updates/s at batch 512 for the default network, on one CPU core (and a GPU if any).
+"""Learner updates/s at the default batch and network, on one CPU core (or a GPU with --device gpu).
 
-    python benchmarks/learner_throughput.py [--batch-size 512] [--hidden-sizes 128 128]
+    python benchmarks/learner_throughput.py [--batch-size 512] [--hidden-sizes 128 128] [--device gpu]
 
 Target (issue 2): aim for at least 150 updates/s on one CPU core.
 """

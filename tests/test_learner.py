@@ -131,3 +131,40 @@ def test_the_learner_keeps_to_the_threads_it_was_given():
     # This module called configure_tensorflow(num_threads=1) before anything else used TF.
     assert tf.config.threading.get_intra_op_parallelism_threads() == 1
     assert tf.config.threading.get_inter_op_parallelism_threads() == 1
+
+
+@pytest.mark.slow
+def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_importable():
+    """The learner's process imports Keras without its optional pandas and matplotlib (1 s of
+    its start-up); a Learner still trains there, and both import normally afterwards."""
+    import json
+    import subprocess
+    import sys
+
+    code = """if True:
+        import json, sys
+        import numpy as np
+        from distrl.config import ApexConfig
+        from distrl.learner import Learner, configure_tensorflow
+        from distrl.network import NetworkSpec, init_weights
+        from distrl.replay import SampledBatch, Transitions
+        configure_tensorflow(num_threads=1, lean=True)
+        spec = NetworkSpec(4, 2, (8,), True)
+        learner = Learner(ApexConfig(), spec, init_weights(spec, 0))
+        rng = np.random.default_rng(0)
+        t = Transitions(obs=rng.normal(size=(16, 4)), action=rng.integers(0, 2, 16),
+                        reward=np.ones(16), discount=np.full(16, 0.97),
+                        next_obs=rng.normal(size=(16, 4)), priority=np.ones(16))
+        loss, td_abs, _ = learner.update(SampledBatch(t, np.arange(16), np.ones(16), np.ones(16)))
+        loaded = [m for m in ("pandas", "matplotlib") if m in sys.modules]
+        import matplotlib.pyplot, pandas
+        print(json.dumps({"loaded": loaded, "loss": loss, "td": len(td_abs),
+                          "after": [pandas.__name__, matplotlib.pyplot.__name__]}))
+    """
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=180)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout.strip().splitlines()[-1])
+    assert report["loaded"] == []
+    assert np.isfinite(report["loss"]) and report["td"] == 16
+    assert report["after"] == ["pandas", "matplotlib.pyplot"]

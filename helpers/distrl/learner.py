@@ -46,10 +46,36 @@ def _quiet_native_stderr():
         os.close(saved)
 
 
-def configure_tensorflow(num_threads: int | None = None) -> list[str]:
-    """Import TensorFlow quietly, optionally cap its CPU threads; returns the visible GPUs."""
+# Keras probes for these when it is imported (pandas for its data adapters, matplotlib.pyplot
+# for its plotting helpers): about 1 s of CPU in a process that only trains, on the learner's
+# path to its first update (`python -X importtime -c "import tensorflow"`).
+KERAS_OPTIONAL = ("pandas", "matplotlib")
+
+
+@contextlib.contextmanager
+def _hidden(names: tuple[str, ...]):
+    """Inside the block, `import name` fails for each of these not imported yet; afterwards
+    they import normally (what cached the failure does without them, as Keras does)."""
+    hidden = [n for n in names if n not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None  # the import system's "not available" marker
+    try:
+        yield
+    finally:
+        for name in hidden:
+            if sys.modules.get(name, ...) is None:
+                del sys.modules[name]
+
+
+def configure_tensorflow(num_threads: int | None = None, lean: bool = False) -> list[str]:
+    """Import TensorFlow quietly, optionally cap its CPU threads; returns the visible GPUs.
+
+    lean: for a process that only trains (the learner's): Keras is imported without pandas
+    and matplotlib, so its DataFrame inputs and plotting helpers stay unavailable in it.
+    """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    with _quiet_native_stderr():
+    with _quiet_native_stderr(), _hidden(KERAS_OPTIONAL if lean else ()):
+        import keras  # noqa: F401  (inside the block whatever imports it first)
         import tensorflow as tf
 
         # Before anything initialises TensorFlow's runtime (listing devices does): afterwards

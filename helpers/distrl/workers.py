@@ -156,7 +156,7 @@ class LearnerWorker:
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
         from distrl.learner import Learner, configure_tensorflow
 
-        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)))
+        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True)
         if config.num_gpus > 0 and not self.gpus:
             raise RuntimeError(
                 f"num_gpus={config.num_gpus}: Ray gave the learner a GPU "
