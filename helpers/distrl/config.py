@@ -71,10 +71,12 @@ class ApexConfig:
     """how far (as a fraction of samples_per_insert) the live ratio may drift before one side waits"""
 
     # --- learner ---
-    # 128, from benchmarks/sweep.py round 4 (3 seeds): median 47k env steps (41k-66k), 2.6k
-    # updates and 26.9 s to solve CartPole-v1, against 184k, 2.8k and 35.0 s with 512. At the
-    # same samples per insert a smaller batch lets the actors insert less per update: the
-    # learner trains as often on fresher, less redundant data, and each update is cheaper.
+    # 128, from benchmarks/sweep.py rounds 4-6 (benchmarks/results/sweep_cartpole.json). Round 6
+    # (5 seeds, a quiet machine): median 50k env steps (43k-155k), 2.8k updates and 30.4 s
+    # (28.8-62.9 s) to solve CartPole-v1, against 208k, 3.2k and 39.2 s (31.7-44.3 s) with 512;
+    # round 4 (3 seeds) agreed. At the same samples per insert a smaller batch lets the actors
+    # insert less per update: fresher, less redundant data, and cheaper updates. Its tail is
+    # longer (one seed in five took 63 s); 64 and 256 did no better in round 5.
     batch_size: int = 128
     """transitions per learner update"""
     # 4e-3, from benchmarks/sweep.py round 3 (5 seeds, benchmarks/results/sweep_cartpole.json):
