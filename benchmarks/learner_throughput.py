@@ -17,6 +17,32 @@ from distrl.network import NetworkSpec, init_weights
 from distrl.replay import PrioritizedReplay, Transitions
 
 
+def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
+                       device: str = "cpu") -> float:
+    """Learner updates/s on batches from a full replay, after tracing and 10 warm-up updates
+    (TensorFlow already configured by the caller)."""
+    import tensorflow as tf
+
+    rng = np.random.default_rng(0)
+    n = 50_000
+    replay = PrioritizedReplay(n, (4,))
+    replay.add(Transitions(obs=rng.normal(size=(n, 4)).astype(np.float32),
+                           action=rng.integers(0, 2, n),
+                           reward=rng.normal(size=n).astype(np.float32),
+                           discount=np.full(n, 0.97, np.float32),
+                           next_obs=rng.normal(size=(n, 4)).astype(np.float32),
+                           priority=rng.random(n).astype(np.float32)))
+    batches = [replay.sample(config.batch_size) for _ in range(32)]
+    with tf.device("/GPU:0" if device == "gpu" else "/CPU:0"):
+        learner = Learner(config, spec, init_weights(spec, 0))
+        for b in batches[:10]:
+            learner.update(b)  # trace and warm up
+        start = time.perf_counter()
+        for i in range(updates):
+            learner.update(batches[i % len(batches)])
+        return updates / (time.perf_counter() - start)
+
+
 def main() -> None:
     defaults = ApexConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -32,28 +58,9 @@ def main() -> None:
     gpus = configure_tensorflow(num_threads=1 if args.device == "cpu" else None)
     if args.device == "gpu" and not gpus:
         raise SystemExit("--device gpu: TensorFlow sees no GPU on this machine")
-    import tensorflow as tf
-
     config = ApexConfig(hidden_sizes=tuple(args.hidden_sizes), batch_size=args.batch_size)
     spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
-    rng = np.random.default_rng(0)
-    n = 50_000
-    replay = PrioritizedReplay(n, (4,))
-    replay.add(Transitions(obs=rng.normal(size=(n, 4)).astype(np.float32),
-                           action=rng.integers(0, 2, n),
-                           reward=rng.normal(size=n).astype(np.float32),
-                           discount=np.full(n, 0.97, np.float32),
-                           next_obs=rng.normal(size=(n, 4)).astype(np.float32),
-                           priority=rng.random(n).astype(np.float32)))
-    batches = [replay.sample(args.batch_size) for _ in range(32)]
-    with tf.device("/GPU:0" if args.device == "gpu" else "/CPU:0"):
-        learner = Learner(config, spec, init_weights(spec, 0))
-        for b in batches[:10]:
-            learner.update(b)  # trace and warm up
-        start = time.perf_counter()
-        for i in range(args.updates):
-            learner.update(batches[i % len(batches)])
-        rate = args.updates / (time.perf_counter() - start)
+    rate = updates_per_second(config, spec, args.updates, args.device)
     flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
     print(f"learner on {args.device} ({gpus or 'one core'}), batch {args.batch_size}, hidden "
           f"{config.hidden_sizes}: {rate:,.0f} updates/s (target 150: {rate / 150:.2f}x), "

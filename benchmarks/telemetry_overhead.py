@@ -65,7 +65,13 @@ def direct_cost() -> None:
             rl.duration("rl.train.duration", 1.5, attrs)
             per_update.append(time.perf_counter() - t0)
         tel.shutdown()
-    update_s = 1 / 600  # the learner's measured update time on one core (learner benchmark)
+    from learner_throughput import updates_per_second
+
+    from distrl.learner import configure_tensorflow
+
+    configure_tensorflow(num_threads=1)
+    update_s = 1 / updates_per_second(config, NetworkSpec(4, 2, config.hidden_sizes, config.dueling),
+                                      300)  # one update at the default batch, measured here
     print(f"direct cost: actor {record_s / blocks * 1e6:.1f} us of recording per block of "
           f"{block_s / blocks * 1e3:.2f} ms = {record_s / block_s:.2%}; learner "
           f"{np.median(per_update) * 1e6:.1f} us per update of ~{update_s * 1e3:.1f} ms = "
