@@ -18,7 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from time_to_solve import run_training, time_to_solve_s  # benchmarks/ is on sys.path
+from learner_throughput import updates_per_second  # benchmarks/ is on sys.path
+from time_to_solve import run_training, time_to_solve_s
 
 from distrl.collector import LocalCollector
 
@@ -30,11 +31,17 @@ def direct_cost() -> None:
     from distrl import telemetry as otel
     from distrl.actor import Actor
     from distrl.config import ApexConfig
+    from distrl.learner import configure_tensorflow
     from distrl.network import NetworkSpec, init_weights
     from distrl.process_telemetry import STEP_SAMPLES_PER_BLOCK, TRAFFIC_FLUSH_BLOCKS, TrafficTally
 
     config = ApexConfig()
-    actor = Actor(config, 0, init_weights(NetworkSpec(4, 2, config.hidden_sizes), 0))
+    spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
+    # One learner update at the default batch, timed before the collector's server threads
+    # start beside it.
+    configure_tensorflow(num_threads=1)
+    update_s = 1 / updates_per_second(config, spec, 300)
+    actor = Actor(config, 0, init_weights(spec, 0))
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         tel = otel.setup_telemetry(endpoint=collector.endpoint, export_interval_ms=1000)
@@ -65,13 +72,6 @@ def direct_cost() -> None:
             rl.duration("rl.train.duration", 1.5, attrs)
             per_update.append(time.perf_counter() - t0)
         tel.shutdown()
-    from learner_throughput import updates_per_second
-
-    from distrl.learner import configure_tensorflow
-
-    configure_tensorflow(num_threads=1)
-    update_s = 1 / updates_per_second(config, NetworkSpec(4, 2, config.hidden_sizes, config.dueling),
-                                      300)  # one update at the default batch, measured here
     print(f"direct cost: actor {record_s / blocks * 1e6:.1f} us of recording per block of "
           f"{block_s / blocks * 1e3:.2f} ms = {record_s / block_s:.2%}; learner "
           f"{np.median(per_update) * 1e6:.1f} us per update of ~{update_s * 1e3:.1f} ms = "

@@ -75,7 +75,7 @@ def configure_tensorflow(num_threads: int | None = None, lean: bool = False) -> 
     """
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with _quiet_native_stderr(), _hidden(KERAS_OPTIONAL if lean else ()):
-        import keras  # noqa: F401  (inside the block whatever imports it first)
+        import keras  # noqa: F401  (TensorFlow imports it too: this keeps that inside the block)
         import tensorflow as tf
 
         # Before anything initialises TensorFlow's runtime (listing devices does): afterwards
