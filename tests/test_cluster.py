@@ -24,6 +24,7 @@ from distrl.cluster import (
     LocalCluster,
     _node_ports,
     free_ports,
+    init_local_ray,
     main,
     pick_head_ports,
     read_state,
@@ -210,6 +211,59 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
 def test_bad_cluster_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
         LocalCluster(**kwargs)
+
+
+# A driver whose first raylet dies as it starts (SIGKILL the moment it appears): Ray waits its
+# fixed 30 s for that node, init_local_ray names the failed session's logs and starts Ray again.
+RAYLET_DIES_AT_LAUNCH = """
+import json, sys, threading, time
+import psutil, ray
+from distrl.cluster import init_local_ray
+
+killed = []
+def kill_first_raylet():
+    me = psutil.Process()
+    while not killed:
+        for child in me.children():
+            try:
+                if child.name() == "raylet":
+                    child.kill()
+                    killed.append(child.pid)
+            except psutil.Error:
+                pass
+        time.sleep(0.002)
+threading.Thread(target=kill_first_raylet, daemon=True).start()
+init_local_ray(num_cpus=1, include_dashboard=False, logging_level="error")
+up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
+raylets = [c.pid for c in psutil.Process().children() if c.name() == "raylet"]
+ray.shutdown()
+print(json.dumps({"killed": killed, "raylets": raylets, "up": up}))
+"""
+
+
+def test_a_raylet_that_dies_at_launch_gets_a_second_start():
+    before = ray_processes()
+    run = subprocess.run([sys.executable, "-c", RAYLET_DIES_AT_LAUNCH], capture_output=True,
+                         text=True, timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(result["killed"]) == 1 and result["up"] == "task ran"
+    assert result["raylets"] and result["killed"][0] not in result["raylets"]  # a new raylet
+    assert "Ray's node did not start" in run.stderr and "/logs" in run.stderr
+    assert "starting Ray again (2 of 2)" in run.stderr
+    wait_for(lambda: not (ray_processes() - before), 30, "both sessions' processes to end")
+
+
+def test_init_local_ray_refuses_bad_values_and_passes_other_errors_on_at_once(capsys):
+    for attempts in (0, 1.5, True, "2"):
+        with pytest.raises(ValueError, match=f"attempts={attempts!r}"):
+            init_local_ray(attempts=attempts)
+    with pytest.raises(ValueError, match="address='auto'.*ray.init"):
+        init_local_ray(address="auto")
+    with pytest.raises(RuntimeError, match="no_such_option") as raised:
+        init_local_ray(no_such_option=1)  # Ray refuses it before starting anything
+    assert not isinstance(raised.value, ClusterError)
+    assert "starting Ray again" not in capsys.readouterr().err  # not taken for a slow start
 
 
 def test_running_counts_ended_zombie_and_vanished_processes_as_ended():

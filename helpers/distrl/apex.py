@@ -39,6 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl.actor import env_spec, slot_epsilons
+from distrl.cluster import init_local_ray
 from distrl.config import ApexConfig
 from distrl.faults import ActorFleet, Deadline, catch_sigterm, cause, get_within, restore_sigterm
 from distrl.network import NetworkSpec
@@ -299,9 +300,12 @@ class ApeX:
         import signal
 
         notes_before = len(_DASHBOARD_FAILURES.notes)
+        options = dict(include_dashboard=False, logging_level="warning", log_to_driver=True)
         try:
-            ray.init(address=os.environ.get("RAY_ADDRESS") or "local",
-                     include_dashboard=False, logging_level="warning", log_to_driver=True)
+            if os.environ.get("RAY_ADDRESS"):
+                ray.init(address=os.environ["RAY_ADDRESS"], **options)
+            else:
+                init_local_ray(**options)
         except SystemExit as e:  # Ray's own SIGTERM handler, installed inside ray.init
             if e.code != signal.SIGTERM:
                 raise

@@ -384,6 +384,59 @@ def running(pids: list[int]) -> list[int]:
     return alive
 
 
+# Ray waits a fixed 30 s for a new node's raylet to register with the GCS (raylet_start_wait_time_s
+# in ray/_private/node.py, not a setting in Ray 2.60), then gives up: "The current node timed out
+# during startup". CI on 2 cores once met a raylet that never even opened its log (Ray sends a
+# raylet's output to /dev/null until it does), and notebook 05 failed on its first cell that
+# starts Ray. A second start, in a new session, is what a reader would do by hand.
+NODE_START_TIMEOUT = "timed out during startup"
+
+
+def init_local_ray(attempts: int = 2, **ray_init_kwargs):
+    """ray.init(address="local", **ray_init_kwargs): a new Ray on this machine, never a cluster
+    that an old `ray start` recorded. A node that does not register within Ray's fixed 30 s is
+    started again (up to `attempts` starts in all), and each failed start names its logs."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
+        raise ValueError(f"attempts={attempts!r}: expected an integer >= 1")
+    if "address" in ray_init_kwargs:
+        raise ValueError(f"address={ray_init_kwargs['address']!r}: init_local_ray always starts "
+                         "a new local Ray; call ray.init(address=...) to join a cluster")
+    import ray
+
+    temp_dir = Path(ray_init_kwargs.get("_temp_dir") or Path(tempfile.gettempdir()) / "ray")
+    for attempt in range(1, attempts + 1):
+        began = time.time()
+        try:
+            return ray.init(address="local", **ray_init_kwargs)
+        except Exception as e:
+            if NODE_START_TIMEOUT not in str(e):
+                raise
+            ray.shutdown()
+            logs = _failed_start_logs(temp_dir, began)
+            if attempt == attempts:
+                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) (its raylet"
+                                   f" did not register within Ray's 30 s); {logs}") from e
+            print(f"Ray's node did not start (its raylet did not register within Ray's 30 s); "
+                  f"{logs}; starting Ray again ({attempt + 1} of {attempts})",
+                  file=sys.stderr, flush=True)
+
+
+def _failed_start_logs(temp_dir: Path, since: float) -> str:
+    """Where the newest Ray session since `since` keeps its logs, and whether its raylet got as
+    far as opening its own."""
+    sessions = []
+    for d in temp_dir.glob("session_2*"):  # not session_latest, a link to one of them
+        with contextlib.suppress(OSError):  # one may be removed while looked at
+            if (mtime := d.stat().st_mtime) >= since - 1:
+                sessions.append((mtime, d))
+    if not sessions:
+        return f"no session directory under {temp_dir}"
+    logs = max(sessions)[1] / "logs"
+    if (logs / "raylet.out").exists():
+        return f"logs in {logs} (see raylet.out)"
+    return f"logs in {logs}: no raylet.out, the raylet ended or hung before opening its log"
+
+
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
     """The nodes of any Ray cluster whose dashboard is reachable (local, or GKE through
     `kubectl port-forward`): id, ip, state, head or not, CPUs and GPUs."""
