@@ -21,6 +21,7 @@ import numpy as np
 import ray
 
 from distrl.actor import Actor, env_spec
+from distrl.cluster import init_local_ray
 from distrl.config import ApexConfig
 from distrl.network import NetworkSpec, init_weights
 from distrl.workers import ReplayShards, ReplayWorker
@@ -50,7 +51,7 @@ def main() -> None:
     actor_rate, block = per_actor_rate(config)
     print(f"one actor process: {actor_rate:,.0f} env steps/s ({len(block)} transitions per block)")
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="error")
+    init_local_ray(num_cpus=2, include_dashboard=False, logging_level="error")
     replays = [ray.remote(ReplayWorker).options(max_concurrency=16, num_cpus=0).remote(
         config, env_spec(config.env_id)[0], 1e9) for _ in range(args.shards)]
     shards = ReplayShards(replays)

@@ -11,6 +11,7 @@ import ray
 
 from distrl.actor import slot_epsilons
 from distrl.apex import ApeX, TrainingResult
+from distrl.cluster import init_local_ray
 from distrl.config import ApexConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -18,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="warning")
+    init_local_ray(num_cpus=2, include_dashboard=False, logging_level="warning")
     yield
     ray.shutdown()
 

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 from distrl.apex import ApeX, TrainingResult
+from distrl.cluster import init_local_ray
 from distrl.config import ApexConfig
 from distrl.learner import latest_checkpoint, read_checkpoint
 from distrl.tutorial import ERROR_LINE
@@ -29,7 +30,7 @@ SMALL = dict(env_id="CartPole-v1", num_actors=2, envs_per_actor=8, hidden_sizes=
 def ray_local():
     import ray
 
-    ray.init(address="local", num_cpus=2, include_dashboard=False, logging_level="error")
+    init_local_ray(num_cpus=2, include_dashboard=False, logging_level="error")
     yield ray
     ray.shutdown()
 
