@@ -85,10 +85,22 @@ INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _pb = {name: getattr(monitoring_v3, name).pb() for name in (
     "ListTimeSeriesRequest", "ListTimeSeriesResponse", "ListMetricDescriptorsRequest",
     "ListMetricDescriptorsResponse", "GetMetricDescriptorRequest", "TimeSeries", "Aggregation")}
-Aligner = _pb["Aggregation"].Aligner
-Reducer = _pb["Aggregation"].Reducer
-Kind = metric_pb2.MetricDescriptor.MetricKind
-ValueType = metric_pb2.MetricDescriptor.ValueType
+
+
+class _Enum:
+    """A protobuf enum with its values as plain attributes (Value and Name as before): each
+    attribute lookup on protobuf's enum wrapper costs about 1.6 µs, and reading a query's rows
+    made several a point (9% of a 120,000-point query's time)."""
+
+    def __init__(self, wrapper):
+        self.__dict__.update(wrapper.items())
+        self.Value, self.Name = wrapper.Value, wrapper.Name
+
+
+Aligner = _Enum(_pb["Aggregation"].Aligner)
+Reducer = _Enum(_pb["Aggregation"].Reducer)
+Kind = _Enum(metric_pb2.MetricDescriptor.MetricKind)
+ValueType = _Enum(metric_pb2.MetricDescriptor.ValueType)
 HEADERS = _pb["ListTimeSeriesRequest"].TimeSeriesView.Value("HEADERS")
 
 
@@ -403,6 +415,12 @@ class Budget:
                           "the interval, or filter or group the series")
 
 
+# What read_series uses of a point (not its id, min or max).
+POINT_COLUMNS = ", ".join(f"p.{c}" for c in (
+    "resource_id", "attributes", "temporality", "start_ns", "time_ns", "value", "int_value",
+    "count", "sum", "bounds", "bucket_counts", "exponential", "scope"))
+
+
 def _sql_int(ns: int) -> int:
     return min(max(ns, INT64_MIN), INT64_MAX)  # SQLite integers are signed 64-bit
 
@@ -413,20 +431,21 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
     (for a gauge, only those after since_ns), in the descriptor's kind (delta points of a
     cumulative metric are summed up, cumulative points of a delta metric differenced)."""
     kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
-    sql = ("SELECT p.*, r.attributes AS resource FROM points p JOIN resources r ON "
-           "r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
+    sql = (f"SELECT {POINT_COLUMNS}, r.attributes AS resource FROM points p JOIN resources r "
+           "ON r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
     params: tuple = (descriptor["metric_type"], _sql_int(end_ns))
     if kind == Kind.GAUGE and since_ns is not None:  # counters need the points before, too
         sql += " AND time_ns > ?"
         params += (_sql_int(since_ns),)
     series: dict = {}
+    resources: dict = {}  # a process's resource is the same on each of its series
     rows = store.rows(sql + " ORDER BY time_ns, p.id", params,
                       budget.stopped if budget else None)
     try:
         for row in rows:
             if budget:
                 budget.row()
-            _add_row(series, row, project, terms, kind, value_type)
+            _add_row(series, resources, row, project, terms, kind, value_type)
     except sqlite3.OperationalError as err:
         if budget and budget.stopped():
             raise budget.refusal() from None
@@ -439,15 +458,16 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
     return out
 
 
-def _add_row(series: dict, row: dict, project: str, terms: list[Term], kind: int,
-             value_type: int) -> None:
+def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
+             kind: int, value_type: int) -> None:
     key = (row["resource_id"], row["scope"], row["attributes"])
     if key not in series:  # a new series: decide once whether the filter keeps it
         labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
         if row["scope"]:
             labels.setdefault("otel_scope_name", row["scope"])
-        s = Series(labels, resource_labels(json.loads(row["resource"]), project), kind,
-                   value_type)
+        if row["resource_id"] not in resources:
+            resources[row["resource_id"]] = resource_labels(json.loads(row["resource"]), project)
+        s = Series(labels, dict(resources[row["resource_id"]]), kind, value_type)
         series[key] = s if _matches(terms, s) else None
     s = series[key]
     if s is None:
