@@ -4,11 +4,13 @@ started it dies. The fault scenarios run with every core kept busy (the busy_cpu
 Nodes that arrive on demand and a lost node that is replaced (the autoscaled Spot pool) are the
 scenario of notebook 04, which tests/test_notebooks.py runs: one end-to-end run per scenario."""
 
+import contextlib
 import json
 import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -17,6 +19,7 @@ import pytest
 
 from distrl import jobs
 from distrl.cluster import (
+    NODE_START_TIMEOUT,
     RAY_CURRENT_CLUSTER,
     STATE_FILE,
     WORKER_NICE,
@@ -252,6 +255,39 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start():
     assert "Ray's node did not start" in run.stderr and "/logs" in run.stderr
     assert "starting Ray again (2 of 2)" in run.stderr
     wait_for(lambda: not (ray_processes() - before), 30, "both sessions' processes to end")
+
+
+def test_a_node_whose_raylet_dies_at_launch_is_started_again(tmp_path, capsys):
+    """`ray start --head` waits Ray's fixed 30 s for a raylet killed the moment it appears,
+    then exits; the cluster starts the head again, keeps the failed start's log, and comes up."""
+    killed, done = [], threading.Event()
+
+    def kill_first_raylet():
+        me = psutil.Process()
+        while not killed and not done.is_set():
+            for p in me.children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    if p.name() == "raylet":
+                        p.kill()
+                        killed.append(p.pid)
+                        break
+            time.sleep(0.002)
+
+    threading.Thread(target=kill_first_raylet, daemon=True).start()
+    before = ray_processes()
+    try:
+        with LocalCluster(num_workers=0, log_dir=tmp_path) as cluster:
+            assert [n["state"] for n in cluster.node_table()] == ["ALIVE"]
+            assert [n.name for n in cluster.nodes] == ["head"]
+            pids = cluster.pids()
+    finally:
+        done.set()
+    assert len(killed) == 1 and killed[0] not in pids
+    err = capsys.readouterr().err
+    assert "node head did not start" in err and "starting it again" in err
+    assert NODE_START_TIMEOUT in (tmp_path / "head.failed-start.log").read_text()
+    assert_gone(pids)
+    wait_for(lambda: not (ray_processes() - before), 30, "both heads' processes to end")
 
 
 def test_init_local_ray_refuses_bad_values_and_passes_other_errors_on_at_once(capsys):

@@ -178,20 +178,16 @@ class LocalCluster:
         atexit.register(self.stop)  # a normal exit, also of a kernel after a failed cell
         self._reaper = _start_reaper(self._state_file())
         try:
-            self._start_node("head", [
+            self.join(lambda: self._start_node("head", [
                 "ray", "start", "--head", "--block", f"--port={self.port}",
                 f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                 *_node_ports(0, head_ports=(self.port, self.dashboard_port)),
-                "--disable-usage-stats"], self.head_cpus, {})
-            self.wait_for_nodes(1)
-            self.settle(self.nodes[0])
+                "--disable-usage-stats"], self.head_cpus, {}))
             # One node at a time: nodes on one machine share the session directory, and Ray's
             # choice of socket names there (raylet.1, raylet.2, ...) races when they start at once.
             for i in range(self.num_workers):
-                node = self.add_worker(name=f"worker-{i + 1}")
-                self.wait_for_nodes(2 + i)
-                self.settle(node)
+                self.join(lambda i=i: self.add_worker(name=f"worker-{i + 1}"))
             self._wait_for_jobs_api()
             if self.autoscale is not None:
                 from distrl.autoscale import LocalAutoscaler
@@ -227,6 +223,27 @@ class LocalCluster:
         node = Node(name, process, log, cpus, group)
         self.nodes.append(node)
         self._save_state()
+        return node
+
+    def join(self, start: Callable[[], Node]) -> Node:
+        """start() one more node and wait until it is alive in the cluster. A node that `ray
+        start` gave up on (Ray's fixed 30 s for its raylet, as in init_local_ray) is started
+        once more; the failed start's log is kept beside the new one."""
+        count = len(self.nodes) + 1
+        node = start()
+        try:
+            self.wait_for_nodes(count)
+        except ClusterError:
+            if node.alive() or NODE_START_TIMEOUT not in node.log_tail(100_000):
+                raise
+            self.remove_node(node)  # it has exited; this ends anything it left
+            failed = node.log.with_suffix(".failed-start.log")
+            node.log.replace(failed)
+            print(f"node {node.name} did not start (Ray gave up on its raylet after its fixed "
+                  f"30 s); its log: {failed}; starting it again", file=sys.stderr, flush=True)
+            node = start()
+            self.wait_for_nodes(count)
+        self.settle(node)
         return node
 
     def settle(self, node: Node) -> None:
@@ -388,7 +405,8 @@ def running(pids: list[int]) -> list[int]:
 # in ray/_private/node.py, not a setting in Ray 2.60), then gives up: "The current node timed out
 # during startup". CI on 2 cores once met a raylet that never even opened its log (Ray sends a
 # raylet's output to /dev/null until it does), and notebook 05 failed on its first cell that
-# starts Ray. A second start, in a new session, is what a reader would do by hand.
+# starts Ray. A second start, in a new session, is what a reader would do by hand. `ray start`
+# waits the same way: LocalCluster.join starts such a node once more.
 NODE_START_TIMEOUT = "timed out during startup"
 
 

@@ -192,9 +192,7 @@ class ManifestRehearsal(LocalCluster):
                 # ports picked earlier may be taken by the nodes started in between.
                 head_ports = (self.port, self.dashboard_port) if i == 0 else ()
                 pod.argv += _node_ports(i, head_ports=head_ports)
-                node = self._start_node(pod.name, pod.argv, pod.cpus, pod.env)
-                self.wait_for_nodes(i + 1)
-                self.settle(node)
+                self.join(lambda pod=pod: self._start_node(pod.name, pod.argv, pod.cpus, pod.env))
             self._wait_for_jobs_api()
         except BaseException:
             self.stop()
