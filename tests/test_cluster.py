@@ -216,50 +216,11 @@ def test_bad_cluster_settings_are_refused(kwargs, message):
         LocalCluster(**kwargs)
 
 
-# A driver whose first raylet dies as it starts (SIGKILL the moment it appears): Ray waits its
-# fixed 30 s for that node, init_local_ray names the failed session's logs and starts Ray again.
-RAYLET_DIES_AT_LAUNCH = """
-import json, sys, threading, time
-import psutil, ray
-from distrl.cluster import init_local_ray
-
-killed = []
-def kill_first_raylet():
-    me = psutil.Process()
-    while not killed:
-        for child in me.children():
-            try:
-                if child.name() == "raylet":
-                    child.kill()
-                    killed.append(child.pid)
-            except psutil.Error:
-                pass
-        time.sleep(0.002)
-threading.Thread(target=kill_first_raylet, daemon=True).start()
-init_local_ray(num_cpus=1, include_dashboard=False, logging_level="error")
-up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
-raylets = [c.pid for c in psutil.Process().children() if c.name() == "raylet"]
-ray.shutdown()
-print(json.dumps({"killed": killed, "raylets": raylets, "up": up}))
-"""
-
-
-def test_a_raylet_that_dies_at_launch_gets_a_second_start():
-    before = ray_processes()
-    run = subprocess.run([sys.executable, "-c", RAYLET_DIES_AT_LAUNCH], capture_output=True,
-                         text=True, timeout=240)
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
-    assert len(result["killed"]) == 1 and result["up"] == "task ran"
-    assert result["raylets"] and result["killed"][0] not in result["raylets"]  # a new raylet
-    assert "Ray's node did not start" in run.stderr and "/logs" in run.stderr
-    assert "starting Ray again (2 of 2)" in run.stderr
-    wait_for(lambda: not (ray_processes() - before), 30, "both sessions' processes to end")
-
-
-def test_a_node_whose_raylet_dies_at_launch_is_started_again(tmp_path, capsys):
-    """`ray start --head` waits Ray's fixed 30 s for a raylet killed the moment it appears,
-    then exits; the cluster starts the head again, keeps the failed start's log, and comes up."""
+@pytest.fixture
+def raylet_killed_at_launch():
+    """SIGKILL the first raylet that appears under this test process (also one a `ray start` or
+    a driver subprocess starts) the moment it appears: Ray then waits its fixed 30 s for that
+    node and gives up. Yields the killed pids (one)."""
     killed, done = [], threading.Event()
 
     def kill_first_raylet():
@@ -274,14 +235,47 @@ def test_a_node_whose_raylet_dies_at_launch_is_started_again(tmp_path, capsys):
             time.sleep(0.002)
 
     threading.Thread(target=kill_first_raylet, daemon=True).start()
+    yield killed
+    done.set()
+
+
+# A driver that starts Ray with init_local_ray and runs a task on it.
+DRIVER = """
+import json, psutil, ray
+from distrl.cluster import init_local_ray
+init_local_ray(num_cpus=1, include_dashboard=False, logging_level="error")
+up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
+raylets = [c.pid for c in psutil.Process().children() if c.name() == "raylet"]
+ray.shutdown()
+print(json.dumps({"raylets": raylets, "up": up}))
+"""
+
+
+def test_a_raylet_that_dies_at_launch_gets_a_second_start(raylet_killed_at_launch):
+    """init_local_ray names the failed session's logs and starts Ray again."""
     before = ray_processes()
-    try:
-        with LocalCluster(num_workers=0, log_dir=tmp_path) as cluster:
-            assert [n["state"] for n in cluster.node_table()] == ["ALIVE"]
-            assert [n.name for n in cluster.nodes] == ["head"]
-            pids = cluster.pids()
-    finally:
-        done.set()
+    run = subprocess.run([sys.executable, "-c", DRIVER], capture_output=True, text=True,
+                         timeout=240)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    killed = raylet_killed_at_launch
+    assert len(killed) == 1 and result["up"] == "task ran"
+    assert result["raylets"] and killed[0] not in result["raylets"]  # a new raylet
+    assert "Ray's node did not start" in run.stderr and "/logs" in run.stderr
+    assert "starting Ray again (2 of 2)" in run.stderr
+    wait_for(lambda: not (ray_processes() - before), 30, "both sessions' processes to end")
+
+
+def test_a_node_whose_raylet_dies_at_launch_is_started_again(tmp_path, capsys,
+                                                             raylet_killed_at_launch):
+    """`ray start --head` gives up on its killed raylet and exits; the cluster starts the head
+    again, keeps the failed start's log, and comes up."""
+    before = ray_processes()
+    with LocalCluster(num_workers=0, log_dir=tmp_path) as cluster:
+        assert [n["state"] for n in cluster.node_table()] == ["ALIVE"]
+        assert [n.name for n in cluster.nodes] == ["head"]
+        pids = cluster.pids()
+    killed = raylet_killed_at_launch
     assert len(killed) == 1 and killed[0] not in pids
     err = capsys.readouterr().err
     assert "node head did not start" in err and "starting it again" in err

@@ -440,16 +440,15 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
 
 
 def _failed_start_logs(temp_dir: Path, since: float) -> str:
-    """Where the newest Ray session since `since` keeps its logs, and whether its raylet got as
-    far as opening its own."""
-    sessions = []
-    for d in temp_dir.glob("session_2*"):  # not session_latest, a link to one of them
-        with contextlib.suppress(OSError):  # one may be removed while looked at
-            if (mtime := d.stat().st_mtime) >= since - 1:
-                sessions.append((mtime, d))
-    if not sessions:
+    """Where the session Ray made last (if since `since`) keeps its logs, and whether its
+    raylet got as far as opening its own."""
+    session = temp_dir / "session_latest"  # Ray's link to the session it made last
+    try:
+        if session.stat().st_mtime < since - 1:
+            return f"no new session directory under {temp_dir}"
+    except OSError:
         return f"no session directory under {temp_dir}"
-    logs = max(sessions)[1] / "logs"
+    logs = session.resolve() / "logs"
     if (logs / "raylet.out").exists():
         return f"logs in {logs} (see raylet.out)"
     return f"logs in {logs}: no raylet.out, the raylet ended or hung before opening its log"

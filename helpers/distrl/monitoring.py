@@ -467,7 +467,7 @@ def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list
             labels.setdefault("otel_scope_name", row["scope"])
         if row["resource_id"] not in resources:
             resources[row["resource_id"]] = resource_labels(json.loads(row["resource"]), project)
-        s = Series(labels, dict(resources[row["resource_id"]]), kind, value_type)
+        s = Series(labels, resources[row["resource_id"]], kind, value_type)  # read-only, shared
         series[key] = s if _matches(terms, s) else None
     s = series[key]
     if s is None:
