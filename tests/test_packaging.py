@@ -99,3 +99,27 @@ def test_ray_imports_no_grammar_builder_into_every_process():
                                        check=True, timeout=120).stdout)
     assert "ray" in loaded
     assert not {"rfc3987_syntax", "lark"} & set(loaded)
+
+
+def test_children_started_beside_a_live_grpc_channel_all_run():
+    """Ray starts its GCS and raylet with a preexec_fn beside the driver's gRPC channels (the
+    collector's, Cloud Monitoring's): with gRPC's fork support on, about 1 such child in 100
+    aborts before exec (grpc/grpc#43055; benchmarks/popen_beside_grpc.py). Importing distrl
+    first turns it off; importing grpc first is a warning that says what to do."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "popen_beside_grpc", ROOT / "benchmarks" / "popen_beside_grpc.py")
+    probe = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(probe)
+    codes = probe.exit_codes(import_distrl=True, children=600)
+    assert len(codes) == 600 and set(codes) == {0}, sorted(set(codes))
+    late = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                           "import grpc, distrl"], env=probe.clean_env(), capture_output=True,
+                          text=True, timeout=120)
+    assert late.returncode != 0 and "import distrl first" in late.stderr, late.stderr[-2000:]
+    chosen = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c",
+                             "import grpc, distrl, os; print(os.environ['GRPC_ENABLE_FORK_SUPPORT'])"],
+                            env={**probe.clean_env(), "GRPC_ENABLE_FORK_SUPPORT": "1"},
+                            capture_output=True, text=True, timeout=120)
+    assert chosen.stdout.strip() == "1", chosen.stderr[-2000:]  # the reader's own choice stands

@@ -227,20 +227,20 @@ class LocalCluster:
 
     def join(self, start: Callable[[], Node]) -> Node:
         """start() one more node and wait until it is alive in the cluster. A node that `ray
-        start` gave up on (Ray's fixed 30 s for its raylet, as in init_local_ray) is started
-        once more; the failed start's log is kept beside the new one."""
+        start` gave up on (Ray's fixed 30 s for its GCS or raylet, as in init_local_ray) is
+        started once more; the failed start's log is kept beside the new one."""
         count = len(self.nodes) + 1
         node = start()
         try:
             self.wait_for_nodes(count)
         except ClusterError:
-            if node.alive() or NODE_START_TIMEOUT not in node.log_tail(100_000):
+            if node.alive() or not ray_gave_up(node.log_tail(100_000)):
                 raise
             self.remove_node(node)  # it has exited; this ends anything it left
             failed = node.log.with_suffix(".failed-start.log")
             node.log.replace(failed)
-            print(f"node {node.name} did not start (Ray gave up on its raylet after its fixed "
-                  f"30 s); its log: {failed}; starting it again", file=sys.stderr, flush=True)
+            print(f"node {node.name} did not start (Ray gave up on its GCS or raylet after its "
+                  f"fixed 30 s); its log: {failed}; starting it again", file=sys.stderr, flush=True)
             node = start()
             self.wait_for_nodes(count)
         self.settle(node)
@@ -401,19 +401,32 @@ def running(pids: list[int]) -> list[int]:
     return alive
 
 
-# Ray waits a fixed 30 s for a new node's raylet to register with the GCS (raylet_start_wait_time_s
-# in ray/_private/node.py, not a setting in Ray 2.60), then gives up: "The current node timed out
-# during startup". CI on 2 cores once met a raylet that never even opened its log (Ray sends a
-# raylet's output to /dev/null until it does), and notebook 05 failed on its first cell that
-# starts Ray. A second start, in a new session, is what a reader would do by hand. `ray start`
-# waits the same way: LocalCluster.join starts such a node once more.
+# Ray gives up on a new node after fixed waits of 20-30 s: for the GCS to write its port file
+# ("Timed out waiting for file .../gcs_server_port_...", RAY_gcs_server_port_wait_time_s) or, with
+# a fixed GCS port as `ray start --head --port` has, to answer ("Failed to start GCS"), and for
+# the raylet to register (raylet_start_wait_time_s in ray/_private/node.py, not a setting in Ray
+# 2.60: "The current node timed out during startup"). The GCS or raylet that never came had aborted
+# before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
+# turns those off: beside a live channel on 2 cores, 5 of 42 ray.init calls failed with them on, 0
+# of 45 with them off. A second start, in a new session, is what a reader would do by hand for
+# whatever else kills a node at launch.
+# `ray start` waits the same way: LocalCluster.join covers it.
 NODE_START_TIMEOUT = "timed out during startup"
+GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
+GCS_START_FAILED = "Failed to start GCS"
+
+
+def ray_gave_up(message: str) -> bool:
+    """Whether Ray's message (or a `ray start` log) says it gave up waiting for a new node."""
+    return (NODE_START_TIMEOUT in message or GCS_START_FAILED in message
+            or (GCS_PORT_FILE_TIMEOUT in message and "gcs_server_port" in message))
 
 
 def init_local_ray(attempts: int = 2, **ray_init_kwargs):
     """ray.init(address="local", **ray_init_kwargs): a new Ray on this machine, never a cluster
-    that an old `ray start` recorded. A node that does not register within Ray's fixed 30 s is
-    started again (up to `attempts` starts in all), and each failed start names its logs."""
+    that an old `ray start` recorded. A node whose GCS or raylet does not come up within Ray's
+    fixed 30 s is started again (up to `attempts` starts in all); each failed start names its
+    logs, and what it had started is stopped first."""
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts={attempts!r}: expected an integer >= 1")
     if "address" in ray_init_kwargs:
@@ -427,31 +440,61 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
         try:
             return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
-            if NODE_START_TIMEOUT not in str(e):
+            if not ray_gave_up(str(e)):
                 raise
-            ray.shutdown()
-            logs = _failed_start_logs(temp_dir, began)
+            ray.shutdown()  # Ray never got a node object: its processes are still running
+            session = _new_session(temp_dir, began)
+            logs = _failed_start_logs(session, temp_dir)
+            if session is not None:
+                _stop_children_of_session(session)
             if attempt == attempts:
-                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) (its raylet"
-                                   f" did not register within Ray's 30 s); {logs}") from e
-            print(f"Ray's node did not start (its raylet did not register within Ray's 30 s); "
-                  f"{logs}; starting Ray again ({attempt + 1} of {attempts})",
+                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) (its GCS "
+                                   f"or raylet did not come up within Ray's 30 s); {logs}") from e
+            print(f"Ray's node did not start (its GCS or raylet did not come up within Ray's "
+                  f"30 s); {logs}; starting Ray again ({attempt + 1} of {attempts})",
                   file=sys.stderr, flush=True)
 
 
-def _failed_start_logs(temp_dir: Path, since: float) -> str:
-    """Where the session Ray made last (if since `since`) keeps its logs, and whether its
-    raylet got as far as opening its own."""
+def _new_session(temp_dir: Path, since: float) -> Path | None:
+    """The session directory Ray made last, if it made it since `since`."""
     session = temp_dir / "session_latest"  # Ray's link to the session it made last
     try:
-        if session.stat().st_mtime < since - 1:
-            return f"no new session directory under {temp_dir}"
+        return session.resolve() if session.stat().st_mtime >= since - 1 else None
     except OSError:
-        return f"no session directory under {temp_dir}"
-    logs = session.resolve() / "logs"
-    if (logs / "raylet.out").exists():
-        return f"logs in {logs} (see raylet.out)"
-    return f"logs in {logs}: no raylet.out, the raylet ended or hung before opening its log"
+        return None
+
+
+def _failed_start_logs(session: Path | None, temp_dir: Path) -> str:
+    """Where a failed start's session keeps its logs, and which of the GCS and the raylet never
+    got as far as opening its own."""
+    if session is None:
+        return f"no new session directory under {temp_dir}"
+    logs = session / "logs"
+    if not (logs / "gcs_server.out").exists():  # Ray starts the raylet only after its GCS
+        return f"logs in {logs}: no gcs_server.out, the GCS ended or hung before opening its log"
+    if not (logs / "raylet.out").exists():
+        return f"logs in {logs}: no raylet.out, the raylet ended or hung before opening its log"
+    return f"logs in {logs} (see gcs_server.out and raylet.out)"
+
+
+def _stop_children_of_session(session: Path, grace_s: float = 5.0) -> None:
+    """SIGTERM, then SIGKILL, this process's children that belong to a session (their command
+    lines name its directory): what a failed ray.init started and no ray.shutdown() can reach."""
+    import psutil
+
+    children = []
+    for child in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if str(session) in " ".join(child.cmdline()):
+                children.append(child)
+    for child in children:
+        with contextlib.suppress(psutil.Error):
+            child.terminate()
+    _, alive = psutil.wait_procs(children, timeout=grace_s)
+    for child in alive:
+        with contextlib.suppress(psutil.Error):
+            child.kill()
+    psutil.wait_procs(alive, timeout=grace_s)
 
 
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
