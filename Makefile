@@ -47,6 +47,7 @@ bench: install
 	$(BIN)/python benchmarks/multinode_throughput.py
 	$(BIN)/python benchmarks/autoscale_recovery.py
 	$(BIN)/python benchmarks/telemetry_volume.py
+	$(BIN)/python benchmarks/popen_beside_grpc.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network).
 lock:
