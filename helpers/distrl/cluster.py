@@ -407,7 +407,7 @@ def running(pids: list[int]) -> list[int]:
 # the raylet to register (raylet_start_wait_time_s in ray/_private/node.py, not a setting in Ray
 # 2.60: "The current node timed out during startup"). The GCS or raylet that never came had aborted
 # before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
-# turns those off: beside a live channel on 2 cores, 5 of 42 ray.init calls failed with them on, 0
+# turns those off: beside a live channel on 2 cores, 3 of 35 ray.init calls failed with them on, 0
 # of 45 with them off. A second start, in a new session, is what a reader would do by hand for
 # whatever else kills a node at launch.
 # `ray start` waits the same way: LocalCluster.join covers it.
