@@ -231,16 +231,15 @@ print(json.dumps({"raylets": raylets, "up": up, "cmdlines": cmdlines}))
 """
 
 
-def test_a_gcs_or_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
+def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
     """Ray waits a fixed 30 s for a new node's GCS and for its raylet, then gives up. Both ways
-    the series starts a node try once more: a driver's init_local_ray (ray.init; its first raylet
-    is SIGKILLed the moment it appears) and a LocalCluster head (`ray start`; its first GCS).
-    They run side by side, so the two 30-s waits overlap."""
+    the series starts a node try once more: a driver's init_local_ray (ray.init) and a
+    LocalCluster head (`ray start`), each losing its first raylet the moment it appears. They
+    run side by side, so the two 30-s waits overlap."""
     before = ray_processes()
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True)
     killed, done = {}, threading.Event()  # "driver" or "head": the pid it lost
-    victim = {"driver": "raylet", "head": "gcs_server"}
 
     def kill_first_of_each():
         me = psutil.Process()
@@ -248,7 +247,7 @@ def test_a_gcs_or_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsy
             for p in me.children(recursive=True):
                 with contextlib.suppress(psutil.Error):
                     side = "driver" if driver.pid in {a.pid for a in p.parents()} else "head"
-                    if side not in killed and p.name() == victim[side]:
+                    if side not in killed and p.name() == "raylet":
                         p.kill()
                         killed[side] = p.pid
             time.sleep(0.002)
@@ -270,8 +269,6 @@ def test_a_gcs_or_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsy
     err = capsys.readouterr().err
     assert "node head did not start" in err and "starting it again" in err, err[-3000:]
     failed_log = (tmp_path / "head.failed-start.log").read_text()
-    # Mostly "Failed to start GCS"; a kill that lands once the GCS listens leaves the raylet
-    # without a GCS instead ("timed out during startup"): either is Ray giving up.
     assert ray_gave_up(failed_log), failed_log[-3000:]
     assert_gone(pids)
     # The driver: a new raylet ran its task, it said which session's logs to read, and that
@@ -292,7 +289,12 @@ def test_what_counts_as_ray_giving_up_on_a_node():
     """Ray's three messages (ray/_private/node.py; the GCS port file's wait in _raylet.so), and
     look-alikes that must pass through."""
     assert ray_gave_up("The current node timed out during startup. This could happen because")
-    assert ray_gave_up("RuntimeError: Failed to start GCS.  Last 0 lines of error files:")
+    # `ray start --head --port` (a fixed GCS port) whose GCS died, two ways (one seen in CI):
+    assert ray_gave_up('  File "ray/_private/node.py", line 1025, in _init_gcs_client\n'
+                       "    raise RuntimeError(\nRuntimeError: Failed to start GCS.")
+    assert ray_gave_up('  File "ray/_private/node.py", line 1017, in _init_gcs_client\n'
+                       "FileNotFoundError: [Errno 2] No such file or directory: "
+                       "'/tmp/ray/session_x/logs/gcs_server.err'")
     assert ray_gave_up("Timed out waiting for file /tmp/ray/session_x/gcs_server_port_ab12")
     assert not ray_gave_up("Timed out waiting for file /tmp/ray/session_x/results.json")
     assert not ray_gave_up("Can't find a `node_ip_address.json` file")

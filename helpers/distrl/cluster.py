@@ -403,7 +403,8 @@ def running(pids: list[int]) -> list[int]:
 
 # Ray gives up on a new node after fixed waits of 20-30 s: for the GCS to write its port file
 # ("Timed out waiting for file .../gcs_server_port_...", RAY_gcs_server_port_wait_time_s) or, with
-# a fixed GCS port as `ray start --head --port` has, to answer ("Failed to start GCS"), and for
+# a fixed GCS port as `ray start --head --port` has, to answer ("Failed to start GCS", or a
+# FileNotFoundError for the gcs_server.err it then reads: both raised in _init_gcs_client), and for
 # the raylet to register (raylet_start_wait_time_s in ray/_private/node.py, not a setting in Ray
 # 2.60: "The current node timed out during startup"). The GCS or raylet that never came had aborted
 # before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
@@ -413,7 +414,7 @@ def running(pids: list[int]) -> list[int]:
 # `ray start` waits the same way: LocalCluster.join covers it.
 NODE_START_TIMEOUT = "timed out during startup"
 GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
-GCS_START_FAILED = "Failed to start GCS"
+GCS_START_FAILED = "in _init_gcs_client"  # a `ray start` traceback's frame
 
 
 def ray_gave_up(message: str) -> bool:
