@@ -286,8 +286,8 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
 
 
 def test_what_counts_as_ray_giving_up_on_a_node():
-    """Ray's three messages (ray/_private/node.py; the GCS port file's wait in _raylet.so), and
-    look-alikes that must pass through."""
+    """Ray's four messages (the raylet's and `ray start`'s two in ray/_private/node.py; the GCS
+    port file's wait in _raylet.so), and look-alikes that must pass through."""
     assert ray_gave_up("The current node timed out during startup. This could happen because")
     # `ray start --head --port` (a fixed GCS port) whose GCS died, two ways (one seen in CI):
     assert ray_gave_up('  File "ray/_private/node.py", line 1025, in _init_gcs_client\n'

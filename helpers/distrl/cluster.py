@@ -350,11 +350,7 @@ class LocalCluster:
                     node.process.wait(max(0.0, deadline - time.monotonic()))
         for node in self.nodes:  # `ray start --block` may leave children on SIGTERM
             _kill_group(node.process, signal.SIGKILL, 5.0)
-        _, alive = psutil.wait_procs(procs, timeout=10)
-        for p in alive:  # anything that left the process group
-            with contextlib.suppress(psutil.NoSuchProcess):
-                p.kill()
-        psutil.wait_procs(alive, timeout=5)
+        _kill_survivors(procs, wait_s=10)  # anything that left the process group
         self.nodes = []
         if self._reaper is not None:  # nothing left for it to do
             _kill_group(self._reaper, signal.SIGKILL, 5.0)
@@ -410,16 +406,15 @@ def running(pids: list[int]) -> list[int]:
 # before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
 # turns those off: beside a live channel on 2 cores, 3 of 35 ray.init calls failed with them on, 0
 # of 45 with them off. A second start, in a new session, is what a reader would do by hand for
-# whatever else kills a node at launch.
-# `ray start` waits the same way: LocalCluster.join covers it.
+# whatever else kills a node at launch; LocalCluster.join does the same for `ray start`.
 NODE_START_TIMEOUT = "timed out during startup"
 GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
-GCS_START_FAILED = "in _init_gcs_client"  # a `ray start` traceback's frame
+GCS_CLIENT_FAILED = "in _init_gcs_client"  # the frame of both in a `ray start` traceback
 
 
 def ray_gave_up(message: str) -> bool:
     """Whether Ray's message (or a `ray start` log) says it gave up waiting for a new node."""
-    return (NODE_START_TIMEOUT in message or GCS_START_FAILED in message
+    return (NODE_START_TIMEOUT in message or GCS_CLIENT_FAILED in message
             or (GCS_PORT_FILE_TIMEOUT in message and "gcs_server_port" in message))
 
 
@@ -487,15 +482,20 @@ def _stop_children_of_session(session: Path, grace_s: float = 5.0) -> None:
     for child in psutil.Process().children(recursive=True):
         with contextlib.suppress(psutil.Error):
             if str(session) in " ".join(child.cmdline()):
+                child.terminate()
                 children.append(child)
-    for child in children:
+    _kill_survivors(children, wait_s=grace_s)
+
+
+def _kill_survivors(procs: list, wait_s: float) -> None:
+    """Wait up to wait_s for psutil processes to end; SIGKILL the rest and wait for them too."""
+    import psutil
+
+    _, alive = psutil.wait_procs(procs, timeout=wait_s)
+    for p in alive:
         with contextlib.suppress(psutil.Error):
-            child.terminate()
-    _, alive = psutil.wait_procs(children, timeout=grace_s)
-    for child in alive:
-        with contextlib.suppress(psutil.Error):
-            child.kill()
-    psutil.wait_procs(alive, timeout=grace_s)
+            p.kill()
+    psutil.wait_procs(alive, timeout=5)
 
 
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
