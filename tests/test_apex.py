@@ -92,16 +92,27 @@ def test_acrobot_short_run_improves_on_random(local_ray, tmp_path):
     assert result.best_eval_return >= -250
 
 
-def test_command_line_run_stops_at_its_budget(local_ray, tmp_path, capsys):
+def test_command_line_run_with_no_collector_stops_at_its_budget(local_ray, tmp_path, capsys):
+    """The command line with telemetry on and nothing listening at its endpoint: every
+    process's exports fail, and the run still trains to its budget."""
+    import socket
+
     from distrl.train import main
 
-    code = main(["--env", "CartPole-v1", "--target-return", "none", "--max-env-steps", "20000",
-                 "--output-dir", str(tmp_path), "--progress", "false", "--num-actors", "1"])
+    with socket.socket() as probe:  # a port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = main(["--env", "CartPole-v1", "--target-return", "none", "--max-learner-updates",
+                 "100", "--max-seconds", "120", "--output-dir", str(tmp_path), "--progress",
+                 "false", "--num-actors", "1", "--telemetry", "true", "--otlp-endpoint",
+                 f"http://127.0.0.1:{port}", "--metric-export-interval-s", "1"])
     assert code == 0
-    assert "stopped (max_env_steps)" in capsys.readouterr().out
+    assert "stopped (max_learner_updates)" in capsys.readouterr().out
     result = TrainingResult.load(tmp_path / "results.json")
-    assert result.stop_reason == "max_env_steps" and not result.reached_target
-    assert result.env_steps >= 20_000 and result.config["num_actors"] == 1
+    assert result.stop_reason == "max_learner_updates", result.stop_detail
+    assert not result.reached_target and result.learner_updates >= 100
+    assert result.env_steps > 0 and result.config["num_actors"] == 1
+    assert result.config["telemetry"] is True
 
 
 @pytest.mark.timeout(60)  # must not wait forever for a GPU that is not there
@@ -188,21 +199,6 @@ def _points(db, metric_type):
     from distrl.collector import CollectorStore
 
     return CollectorStore(db).points(metric_type)
-
-
-def test_telemetry_on_with_no_collector_still_trains(local_ray, tmp_path):
-    import socket
-
-    probe = socket.socket()
-    probe.bind(("127.0.0.1", 0))
-    port = probe.getsockname()[1]
-    probe.close()
-    config = ApexConfig(target_return=None, max_learner_updates=100, max_seconds=120,
-                        output_dir=str(tmp_path), progress=False, telemetry=True,
-                        otlp_endpoint=f"http://127.0.0.1:{port}", metric_export_interval_s=1.0)
-    result = ApeX(config).train()
-    assert result.stop_reason == "max_learner_updates", result.stop_detail
-    assert result.learner_updates >= 100 and result.env_steps > 0
 
 
 def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(local_ray):

@@ -229,7 +229,7 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
         for phase in range(int(sys.argv[2])):
             gauge.set(phase)
             print(phase, flush=True)
-            time.sleep(0.5)
+            time.sleep(0.25)  # a phase spans export intervals
         tel.shutdown()
     """)
     first = LocalCollector(db, port=0).start()

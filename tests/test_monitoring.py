@@ -633,6 +633,68 @@ def test_a_large_result_comes_in_pages_every_client_can_receive(tmp_path):
         assert sum(len(s.points) for p in pages for s in p.time_series) == 120_000
 
 
+def _pages(service, request) -> list:
+    pages = [service.list_time_series(request)]
+    while pages[-1].next_page_token:
+        request.page_token = pages[-1].next_page_token
+        pages.append(service.list_time_series(request))
+    return pages
+
+
+def _points_by_run(pages) -> dict:
+    got: dict = {}
+    for page in pages:
+        for ts in page.time_series:
+            got.setdefault(ts.metric.labels["rl.run.id"], []).extend(
+                p.value.double_value for p in ts.points)
+    return got
+
+
+@pytest.mark.parametrize("cache_bytes", [64 * 2**20, 1])
+def test_later_pages_come_from_the_first_pages_result_or_are_read_again(tmp_path, cache_bytes):
+    """The result of a listing's first page is kept (its headers serialized, no list of every
+    point) and later pages read it: points written between pages do not shift them. Where the
+    page cache cannot hold it, every page reads the store again and still fits on."""
+    import tracemalloc
+
+    store = _filled(tmp_path, series=50, points=4, limits=Limits(page_cache_bytes=cache_bytes))
+    try:
+        service = monitoring.MetricService(store)
+        request = _gauge_request(page_size=30)
+        first = service.list_time_series(request)
+        assert sum(len(ts.points) for ts in first.time_series) == 30
+        store.write_metrics(_request("i1", [_gauge([  # a new series between the pages
+            (_series_attrs("run-late", "CartPole-v1"), T0 + 2 * S, 9.0)])]))
+        request.page_token = first.next_page_token
+        pages = [first, *_pages(service, request)]
+        kept = cache_bytes > 1
+        assert [sum(len(ts.points) for ts in p.time_series) for p in pages] == \
+            [30] * 6 + [20 if kept else 21]
+        got = _points_by_run(pages)
+        assert ("run-late" in got) is not kept  # read again: the new series joins the end
+        got.pop("run-late", None)
+        # Each series whole, once, newest point first, across page boundaries.
+        assert got == {f"run-{i}": [3.0, 2.0, 1.0, 0.0] for i in range(50)}
+        if kept:  # the kept result's size estimate bounds what it holds
+            descriptor = service._descriptor(PREFIX + "rl.train.loss/gauge")
+            tracemalloc.start()
+            try:
+                before = tracemalloc.get_traced_memory()[0]
+                series = service._series(request, descriptor, "local",
+                                         monitoring.parse_filter(request.filter), 0,
+                                         T0 + 130 * S, monitoring.Budget(store.limits))
+                result = monitoring.PagedResult(series, PREFIX + "rl.train.loss/gauge", "",
+                                                headers_only=False)
+                del series
+                estimate = result.compact()
+                held = tracemalloc.get_traced_memory()[0] - before
+            finally:
+                tracemalloc.stop()
+            assert held <= estimate <= 3 * held, (held, estimate)
+    finally:
+        store.close()
+
+
 def test_times_outside_a_timestamp_and_huge_filters_get_short_errors(mon):
     huge = 'metric.type = "x" AND metric.labels.k = "' + "v" * 1_000_000 + '"'
     with pytest.raises(exceptions.InvalidArgument) as err:

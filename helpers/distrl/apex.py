@@ -407,7 +407,7 @@ class _Run:
     def say(self, kind: str, detail: str) -> None:
         self.events.append({"time_s": time.monotonic() - self.t_start, "kind": kind,
                             "detail": detail})
-        line = f"[distrl] {detail}"
+        line = f"[distrl] {self.config.env_id}: {detail}"  # which run, where runs share a log
         if self.bar is not None:
             self.bar.write(line)
         else:

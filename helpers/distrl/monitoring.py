@@ -54,6 +54,7 @@ import base64
 import bisect
 import functools
 import hashlib
+import itertools
 import json
 import math
 import operator
@@ -874,6 +875,71 @@ def _header(s: Series, metric_type: str, unit: str):
     return ts
 
 
+
+class PagedResult:
+    """A ListTimeSeries result as its pages read it. Kept for the next pages, each series is
+    its header serialized once (a fraction of what its label dicts take) and its points; a
+    FULL page finds its first point by bisecting the running point counts, so no flat list of
+    every point is built."""
+
+    def __init__(self, series: list[Series], metric_type: str, unit: str, headers_only: bool):
+        self.series: list[Series] | None = series  # until kept: compact() drops them
+        self.metric_type, self.unit, self.headers_only = metric_type, unit, headers_only
+        self.headers: list[bytes | None] = [None] * len(series)
+        self.types = [(s.kind, s.value_type) for s in series]
+        self.points = [s.points for s in series]  # oldest first; a page gives newest first
+        self.ends = list(itertools.accumulate(len(p) for p in self.points))
+        # HEADERS: page_size counts series; FULL: points, and a series may go on next page.
+        self.total = len(series) if headers_only else (self.ends[-1] if series else 0)
+
+    def _header(self, i: int, into) -> None:
+        if self.headers[i] is None:
+            self.headers[i] = _header(self.series[i], self.metric_type,
+                                      self.unit).SerializeToString()
+        into.MergeFromString(self.headers[i])
+
+    def compact(self) -> int:
+        """Serialize every header and drop the series; returns the estimated size in bytes
+        (Python's: a bytes object's length and 33 more, list slots and per-series tuples;
+        160 a point: a tuple of two large ints and a float, and its list slot)."""
+        for i, h in enumerate(self.headers):
+            if h is None:
+                self.headers[i] = _header(self.series[i], self.metric_type,
+                                          self.unit).SerializeToString()
+        self.series = None
+        return (sum(len(h) for h in self.headers) + 200 * len(self.headers)
+                + 160 * (self.ends[-1] if self.ends else 0))
+
+    def page(self, response, offset: int, size: int, max_bytes: int) -> int:
+        """Add entries from `offset` to response, up to `size` of them or until it holds more
+        than max_bytes; returns how many it added."""
+        stop, pos, response_bytes = min(self.total, offset + size), offset, 0
+        if self.headers_only:
+            while pos < stop and response_bytes <= max_bytes:
+                header = response.time_series.add()
+                self._header(pos, header)
+                response_bytes += header.ByteSize()
+                pos += 1
+            return pos - offset
+        i, current = bisect.bisect_right(self.ends, pos), None  # the series holding `pos`
+        while pos < stop and response_bytes <= max_bytes:
+            if pos == self.ends[i]:  # on to the next series (none is empty)
+                i, current = i + 1, None
+            if current is None:  # (add() returns the stored message)
+                current = response.time_series.add()
+                self._header(i, current)
+                response_bytes += current.ByteSize()
+            kind, value_type = self.types[i]
+            start, end, value = self.points[i][self.ends[i] - 1 - pos]  # newest first
+            point = current.points.add()
+            _timestamp(point.interval.end_time, end)
+            if kind != Kind.GAUGE:
+                _timestamp(point.interval.start_time, start)
+            _typed_value(point.value, value, value_type)
+            response_bytes += point.ByteSize() + 4
+            pos += 1
+        return pos - offset
+
 class MetricService:
     """Answers MetricService requests (protobuf messages) from a CollectorStore, within the
     store's limits (collector.Limits)."""
@@ -980,37 +1046,12 @@ class MetricService:
             unit = f"{unit}/s" if unit else "1/s"
         result = self.pages.get(result_id) if result_id else None
         if result is None:  # the first page, or a page whose result left the cache
-            result = self._series(request, descriptor, project, terms, start_ns, end_ns,
-                                  budget)
-        series, flat = result
-        # HEADERS: page_size counts series; FULL: points, and a series may go on next page.
-        entries = series if headers_only else flat
-        taken, response_bytes, current, current_index = 0, 0, None, None
-        for entry in entries[offset:offset + size]:
-            if response_bytes > MAX_RESPONSE_BYTES:
-                break
-            taken += 1
-            if headers_only:
-                header = _header(entry, metric_type, unit)
-                response_bytes += header.ByteSize()
-                response.time_series.append(header)
-                continue
-            i, (start, end, value) = entry
-            if i != current_index:  # (append copies; add() returns the stored message)
-                current, current_index = response.time_series.add(), i
-                current.CopyFrom(_header(series[i], metric_type, unit))
-                response_bytes += current.ByteSize()
-            point = current.points.add()
-            _timestamp(point.interval.end_time, end)
-            if series[i].kind != Kind.GAUGE:
-                _timestamp(point.interval.start_time, start)
-            _typed_value(point.value, value, series[i].value_type)
-            response_bytes += point.ByteSize() + 4
-        if offset + taken < len(entries):
+            result = PagedResult(self._series(request, descriptor, project, terms, start_ns,
+                                              end_ns, budget), metric_type, unit, headers_only)
+        taken = result.page(response, offset, size, MAX_RESPONSE_BYTES)
+        if offset + taken < result.total:
             if not result_id:
-                points = len(flat) if flat else sum(len(s.points) for s in series)
-                # Python's size of a point tuple and of a series with its label dicts.
-                result_id = self.pages.put(result, 300 * points + 3000 * len(series))
+                result_id = self.pages.put(result, result.compact())
             response.next_page_token = _page_token(request, offset + taken, result_id)
         return response
 
@@ -1040,8 +1081,7 @@ class MetricService:
         return hints
 
     def _series(self, request, descriptor, project, terms, start_ns, end_ns, budget):
-        """The request's series after aggregation, and for FULL their points as
-        (series index, point), newest first."""
+        """The request's series after aggregation, those with points."""
         aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
         period_ns = _ns(request.aggregation.alignment_period) if aligned else 0
         # Nothing older than the first period (or the interval) can matter to a gauge.
@@ -1052,10 +1092,7 @@ class MetricService:
         budget.check()
         series = aggregate(series, request.aggregation, start_ns, end_ns)
         budget.check()
-        series = [s for s in series if s.points]
-        flat = ([] if request.view == HEADERS else
-                [(i, p) for i, s in enumerate(series) for p in reversed(s.points)])
-        return series, flat
+        return [s for s in series if s.points]
 
 
 _METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
