@@ -7,6 +7,10 @@ Fills a collector over OTLP/gRPC with what a run of that many processes exports 
 (every RL instrument from every process, cumulative counters and histograms as the SDK sends
 them), then times `Monitoring.golden_signals()` (one ListTimeSeries per chart and percentile,
 through google-cloud-monitoring's client) at 60-s alignment over the whole window.
+
+Then a listing too large for one response (--listing-series gauge series of 3 points, raw):
+each page's time, with the collector keeping the first page's result for the later pages
+and with a page cache too small to keep it (every page reads the store again).
 """
 
 import argparse
@@ -22,7 +26,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from distrl import dashboard, explore
 from distrl import telemetry as otel
-from distrl.collector import LocalCollector
+from distrl.collector import CollectorStore, Limits, LocalCollector
 
 S = 10**9
 
@@ -60,11 +64,55 @@ def export(process: int, k: int, t0: int, interval_s: float):
     return metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[rm])
 
 
+def listing_in_pages(series: int) -> None:
+    """Pages of one raw ListTimeSeries of `series` gauge series, result kept and not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        db = Path(tmp) / "otel.db"
+        store = CollectorStore(db, create=True)
+        t0 = int(time.time()) * S - 60 * S
+        for lo in range(0, series, 5_000):
+            m = metrics_pb2.Metric(name="rl.train.loss", unit="1")
+            for i in range(lo, min(lo + 5_000, series)):
+                attrs = [kv("rl.run.id", f"run-{i}"), kv("rl.environment.name", "CartPole-v1")]
+                for k in range(3):
+                    m.gauge.data_points.add(attributes=attrs, time_unix_nano=t0 + k * S,
+                                            as_double=float(k))
+            rm = metrics_pb2.ResourceMetrics()
+            rm.resource.attributes.extend([kv("service.name", "rl-training-service")])
+            rm.scope_metrics.add().metrics.append(m)
+            store.write_metrics(metrics_service_pb2.ExportMetricsServiceRequest(
+                resource_metrics=[rm]))
+        store.close()
+        end = dt.datetime.now(dt.UTC)
+        timings = {}
+        for label, limits in [("result kept", Limits()),
+                              ("read again", Limits(page_cache_bytes=1))]:
+            with LocalCollector(db, port=0, limits=limits) as collector:
+                mon = explore.Monitoring(endpoint=collector.endpoint)
+                start = last = time.perf_counter()
+                pages = []
+                for _page in mon.client.list_time_series(request={
+                        "name": mon.project_name,
+                        "filter": 'metric.type = "prometheus.googleapis.com/rl.train.loss/gauge"',
+                        "interval": {"start_time": end - dt.timedelta(minutes=5),
+                                     "end_time": end}}, timeout=120).pages:
+                    now = time.perf_counter()
+                    pages.append(now - last)
+                    last = now
+                timings[label] = time.perf_counter() - start
+                print(f"listing of {series:,} series x 3 points, {label}: {len(pages)} pages in "
+                      f"{timings[label]:.2f} s (each: "
+                      f"{', '.join(f'{t:.2f}' for t in pages)} s)", flush=True)
+        print(f"kept / read again: {timings['result kept'] / timings['read again']:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--processes", type=int, default=6)
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--export-interval-s", type=float, default=10.0)
+    parser.add_argument("--listing-series", type=int, default=40_000,
+                        help="series of the paged listing (0: skip it)")
     args = parser.parse_args()
     exports = int(args.hours * 3600 / args.export_interval_s)
     end = dt.datetime.now(dt.UTC).replace(microsecond=0)
@@ -90,6 +138,8 @@ def main() -> None:
                   f"points ({args.processes} processes, {args.hours:g} h at "
                   f"{args.export_interval_s:g} s): {elapsed:.2f} s, {elapsed / calls * 1e3:.0f} "
                   f"ms per call, {rows:,} aligned points returned", flush=True)
+    if args.listing_series:
+        listing_in_pages(args.listing_series)
 
 
 if __name__ == "__main__":

@@ -522,6 +522,43 @@ def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
         assert store.points(PREFIX + "big/gauge") == []
 
 
+# Every limit away from its default, so a limit that does not reach the collector shows.
+ODD_LIMITS = Limits(max_message_bytes=3 * MiB + 1, max_exports=3, max_queries=1,
+                    cache_bytes=5 * MiB, page_cache_bytes=1, max_rows_scanned=10,
+                    max_series_periods=20, max_query_s=7.5)
+
+
+def test_every_limit_is_an_option_of_the_collector_command():
+    import argparse
+    import dataclasses
+
+    from distrl.collector import add_limit_options, limit_argv, limits_from
+
+    assert all(getattr(ODD_LIMITS, f.name) != getattr(Limits(), f.name)
+               for f in dataclasses.fields(Limits))
+    parser = argparse.ArgumentParser()
+    add_limit_options(parser)
+    assert limits_from(parser.parse_args(limit_argv(ODD_LIMITS))) == ODD_LIMITS
+    assert limits_from(parser.parse_args([])) == Limits()
+    with pytest.raises(ValueError, match="page_cache_bytes=-1048576 is invalid"):
+        limits_from(parser.parse_args(["--page-cache-mib", "-1"]))
+
+
+def test_a_local_collector_runs_with_every_limit_it_was_given(tmp_path):
+    """LocalCollector handed its child three of its eight limits: a page cache or a read
+    ceiling set here was the default there. Its child now prints and keeps them all."""
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=ODD_LIMITS) as collector:
+        assert collector.banner.endswith(ODD_LIMITS.describe()), collector.banner
+        assert _export_with_retries(collector.endpoint.removeprefix("http://"),
+                                    _gauges("many", 20)) == "OK"
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        with pytest.raises(ResourceExhausted, match="reads more than 10 points"):
+            list(mon.client.list_time_series(request={
+                "name": mon.project_name, "filter": f'metric.type = "{PREFIX}many/gauge"',
+                "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 100}}},
+                timeout=30))
+
+
 def test_remote_listening_needs_an_explicit_option_and_honours_a_bearer_token(
         tmp_path, capsys, monkeypatch):
     with pytest.raises(ValueError, match="host='0.0.0.0' is not a loopback address"):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import functools
 import hmac
 import ipaddress
@@ -93,6 +94,57 @@ class Limits:
                 f"{self.max_series_periods:,} series x periods and {self.max_query_s:g} s, "
                 f"caches {self.cache_bytes / MiB:g} MiB + pages {self.page_cache_bytes / MiB:g} "
                 "MiB")
+
+
+# Each Limits field as a command-line option of `distrl collector` (sizes in MiB), so that
+# LocalCollector hands its child every limit it was given, not only some.
+LIMIT_HELP = {
+    "max_message_bytes": "largest Export request taken, MiB",
+    "max_exports": "concurrent Export calls per receiver",
+    "max_queries": "concurrent Cloud Monitoring queries",
+    "cache_bytes": "attribute and resource caches of the writer, MiB",
+    "page_cache_bytes": "results kept for their next pages, MiB",
+    "max_rows_scanned": "points one ListTimeSeries may read",
+    "max_series_periods": "series x alignment periods of one ListTimeSeries",
+    "max_query_s": "a read's own deadline, seconds",
+}
+
+
+def _limit_flag(name: str) -> str:
+    return "--" + (name.removesuffix("_bytes") + "_mib" if name.endswith("_bytes")
+                   else name).replace("_", "-")
+
+
+def add_limit_options(parser: argparse.ArgumentParser) -> None:
+    defaults = Limits()
+    for f in dataclasses.fields(Limits):
+        value = getattr(defaults, f.name)
+        in_mib = f.name.endswith("_bytes")
+        as_float = in_mib or isinstance(value, float)
+        default = value / MiB if in_mib else value
+        parser.add_argument(_limit_flag(f.name), dest=f.name, default=default,
+                            type=float if as_float else int,
+                            metavar="MIB" if in_mib else "S" if as_float else "N",
+                            help=f"{LIMIT_HELP[f.name]} (default "
+                                 f"{f'{default:g}' if as_float else f'{default:,}'})")
+
+
+def limits_from(args: argparse.Namespace) -> Limits:
+    """The Limits of parsed options; a bad value raises ValueError naming the limit."""
+    return Limits(**{f.name: round(getattr(args, f.name) * MiB) if f.name.endswith("_bytes")
+                     else getattr(args, f.name) for f in dataclasses.fields(Limits)})
+
+
+def limit_argv(limits: Limits) -> list[str]:
+    """The options that give a `distrl collector` process these limits (exact: MiB is a
+    power of two, and repr() keeps every bit of a float)."""
+    argv = []
+    for f in dataclasses.fields(Limits):
+        value = getattr(limits, f.name)
+        argv += [_limit_flag(f.name), repr(value / MiB) if f.name.endswith("_bytes")
+                 else repr(value)]
+    return argv
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS resources (
@@ -876,6 +928,7 @@ class LocalCollector:
         self.limits = limits or Limits()
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
+        self.banner = ""  # the child's "listening" line, once started
 
     @property
     def endpoint(self) -> str:
@@ -902,9 +955,7 @@ class LocalCollector:
             cmd.append("--allow-remote")
         if self.token_file is not None:
             cmd += ["--token-file", str(self.token_file)]
-        cmd += ["--max-message-mib", f"{self.limits.max_message_bytes / MiB!r}",
-                "--max-exports", str(self.limits.max_exports),
-                "--max-queries", str(self.limits.max_queries)]
+        cmd += limit_argv(self.limits)
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         line = _read_line(self.process.stdout, self.start_timeout_s)
@@ -914,6 +965,7 @@ class LocalCollector:
             _, err = self.process.communicate(timeout=10)
             self.process = None
             raise OSError(f"the collector did not start: {(err or line or 'no output').strip()}")
+        self.banner = line.strip()  # where it listens, and its limits
         self.port = int(match.group(1))
         if self.http_port is not None:
             self.http_port = int(re.search(r"OTLP/HTTP on http://[^:]+:(\d+)", line).group(1))
@@ -965,14 +1017,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", default=None,
                         help="file holding a bearer token every call must send "
                              "(OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>)")
-    defaults = Limits()
-    parser.add_argument("--max-message-mib", type=float,
-                        default=defaults.max_message_bytes / MiB,
-                        help="largest Export request taken, MiB")
-    parser.add_argument("--max-exports", type=int, default=defaults.max_exports,
-                        help="concurrent Export calls per receiver")
-    parser.add_argument("--max-queries", type=int, default=defaults.max_queries,
-                        help="concurrent Cloud Monitoring queries")
+    add_limit_options(parser)
     args = parser.parse_args(argv)
     # Reads are Python work holding the interpreter lock; a shorter switch interval than the
     # default 5 ms hands it to the writer and the export threads sooner (export p99 under
@@ -983,8 +1028,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     try:
-        limits = Limits(max_message_bytes=int(args.max_message_mib * MiB),
-                        max_exports=args.max_exports, max_queries=args.max_queries)
+        limits = limits_from(args)
         collector = CollectorServer(args.db, host=args.host, port=args.port,
                                     http_port=args.http_port, allow_remote=args.allow_remote,
                                     token_file=args.token_file, limits=limits).start()
