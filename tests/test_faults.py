@@ -94,6 +94,33 @@ def assert_counters_consistent(result):
     assert 0 < result.transitions_inserted <= result.env_steps + unreported
 
 
+def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
+    """Two actors that each need both CPUs: one gets a process and sits in its __init__, the
+    other is queued. The driver's line says which is which (notebook 04's resumed job called
+    actors that were starting on free CPUs "waiting for a CPU")."""
+    from distrl.faults import ActorFleet, in_a_process
+
+    @ray_local.remote(num_cpus=2)
+    class SlowStart:
+        def __init__(self):
+            time.sleep(30)
+
+    actors = [SlowStart.remote(), SlowStart.remote()]
+    try:
+        started = wait_for(lambda: in_a_process(actors, [0, 1]), 30, "one actor's process")
+        assert len(started) == 1, started
+        (placed,), (queued,) = started, {0, 1} - started
+        now = time.monotonic()
+        line = ActorFleet(actors, now).waiting_line(now + 5, started)
+        assert line == ("0 of 2 actors running; " + "; ".join(
+            f"actor {i} {'starting' if i == placed else 'waiting for a CPU'} since 5 s"
+            for i in (0, 1))), line
+        assert in_a_process(actors, [queued]) == set()
+    finally:
+        for actor in actors:
+            ray_local.kill(actor)
+
+
 def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys):
     config = ApexConfig(**SMALL, max_seconds=200.0, output_dir=str(tmp_path))
     stop = threading.Event()

@@ -41,7 +41,15 @@ import numpy as np
 from distrl.actor import env_spec, slot_epsilons
 from distrl.cluster import init_local_ray
 from distrl.config import ApexConfig
-from distrl.faults import ActorFleet, Deadline, catch_sigterm, cause, get_within, restore_sigterm
+from distrl.faults import (
+    ActorFleet,
+    Deadline,
+    catch_sigterm,
+    cause,
+    get_within,
+    in_a_process,
+    restore_sigterm,
+)
 from distrl.network import NetworkSpec
 from distrl.process_telemetry import IterationTraces, ProcessTelemetry
 from distrl.workers import (
@@ -508,9 +516,10 @@ class _Run:
             return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
-        if fleet.waiting(now) and now >= self.next_waiting_report:
+        if (waiting := fleet.waiting(now)) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
-            self.say("actors_waiting", fleet.waiting_line(now))
+            starting = in_a_process(t.actors, [i for i, _ in waiting])
+            self.say("actors_waiting", fleet.waiting_line(now, starting))
         if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now

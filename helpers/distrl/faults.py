@@ -101,6 +101,23 @@ def restore_sigterm(previous) -> None:
 # --------------------------------------------------------------------------- the actor fleet
 
 
+def in_a_process(actors: list, indices) -> set[int]:
+    """Of these actors (by index), those Ray has given a process: still in __init__ or not yet
+    reporting, not waiting for a CPU. Ray's GCS actor table has a pid for an actor placed on a
+    worker before the actor is ALIVE, and pid 0 for one queued for resources (measured on Ray
+    2.60; the worker's own boot, a second or two, also shows pid 0). A private API
+    (ray._private.state, as node_groups reads): on any error, none counts as started."""
+    from ray._private import state
+
+    started = set()
+    for i in indices:
+        with contextlib.suppress(Exception):
+            info = state.actors(actor_id=actors[i]._actor_id.hex())
+            if info["Pid"] and info["State"] in ("PENDING_CREATION", "ALIVE"):
+                started.add(i)
+    return started
+
+
 class ActorFleet:
     """The driver's view of its actors: who runs, who waits for a node (and since when), and
     counters that survive restarts. The driver hands it every reply of an actor's run() or
@@ -231,10 +248,11 @@ class ActorFleet:
         return [(i, now - w) for i, w in enumerate(self.waiting_since)
                 if w is not None and i not in self.retired]
 
-    def waiting_line(self, now: float) -> str:
-        """E.g. '1 of 2 actors running; actor 0 waiting for a CPU since 40 s'."""
-        waits = "; ".join(f"actor {i} waiting for a CPU since {s:.0f} s"
-                          for i, s in self.waiting(now))
+    def waiting_line(self, now: float, starting: set[int] | frozenset = frozenset()) -> str:
+        """E.g. '1 of 3 actors running; actor 0 starting since 8 s; actor 2 waiting for a CPU
+        since 40 s'. `starting`: the actors Ray has given a process already (in_a_process)."""
+        waits = "; ".join(f"actor {i} {'starting' if i in starting else 'waiting for a CPU'} "
+                          f"since {s:.0f} s" for i, s in self.waiting(now))
         return f"{self.running()} of {self.expected} actors running" + (
             f"; {waits}" if waits else "")
 
