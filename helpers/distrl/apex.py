@@ -516,10 +516,9 @@ class _Run:
             return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
-        if (waiting := fleet.waiting(now)) and now >= self.next_waiting_report:
+        if fleet.waiting(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
-            starting = in_a_process(t.actors, [i for i, _ in waiting])
-            self.say("actors_waiting", fleet.waiting_line(now, starting))
+            self.say("actors_waiting", self.waiting_line(now))
         if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now
@@ -528,12 +527,18 @@ class _Run:
         idle = fleet.none_running_since
         if idle is not None and now - idle >= c.actor_wait_s:
             self.stop("no_actors", f"no actor has run for {now - idle:.0f} s (actor_wait_s="
-                      f"{c.actor_wait_s:g}): {fleet.waiting_line(now)}; the cluster has no free "
+                      f"{c.actor_wait_s:g}): {self.waiting_line(now)}; the cluster has no free "
                       "CPU for them (a node pool at its limit or quota?)")
         learner_wait_s = max(c.actor_wait_s, LEARNER_WAIT_S)
         if self.learner_stats is None and now - self.t_start >= learner_wait_s:
             self.stop("no_learner", f"the learner has not started after {learner_wait_s:g} s "
                       "(no node can give it learner_cpus/num_gpus?)")
+
+    def waiting_line(self, now: float) -> str:
+        """The fleet's line on its actors that do not run, each starting or waiting for a CPU."""
+        fleet = self.fleet
+        return fleet.waiting_line(now, in_a_process(fleet.actors,
+                                                    [i for i, _ in fleet.waiting(now)]))
 
     def _show_progress(self, env_steps: int) -> None:
         self.bar.update(env_steps - self.bar.n)

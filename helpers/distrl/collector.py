@@ -61,16 +61,25 @@ class Limits:
     about 8 times its size (wire bytes, the parsed message, the rows; measured with
     benchmarks/collector_under_load.py), plus the caches."""
 
+    # Each docstring is also the help of the field's `distrl collector` option.
     # 4 MiB: gRPC's and the OpenTelemetry Collector's default; an SDK export is kilobytes.
-    max_message_bytes: int = 4 * MiB   # one Export request, either receiver
-    max_exports: int = 8               # concurrent Export calls per receiver; more are refused
-                                       # (RESOURCE_EXHAUSTED, HTTP 503), which exporters retry
-    max_queries: int = 2               # concurrent reads; more get RESOURCE_EXHAUSTED
-    cache_bytes: int = 16 * MiB        # attribute and resource caches of the writer
-    page_cache_bytes: int = 64 * MiB   # results kept for their next pages
-    max_rows_scanned: int = 2_000_000  # points one ListTimeSeries may read
-    max_series_periods: int = 5_000_000  # series x alignment periods of one ListTimeSeries
-    max_query_s: float = 30.0          # a read's own deadline (the client's, when shorter)
+    max_message_bytes: int = 4 * MiB
+    """largest Export request taken, either receiver"""
+    max_exports: int = 8
+    """concurrent Export calls per receiver; more are refused (RESOURCE_EXHAUSTED, HTTP 503),
+    which exporters retry"""
+    max_queries: int = 2
+    """concurrent reads; more get RESOURCE_EXHAUSTED"""
+    cache_bytes: int = 16 * MiB
+    """attribute and resource caches of the writer"""
+    page_cache_bytes: int = 64 * MiB
+    """results kept for their next pages"""
+    max_rows_scanned: int = 2_000_000
+    """points one ListTimeSeries may read"""
+    max_series_periods: int = 5_000_000
+    """series x alignment periods of one ListTimeSeries"""
+    max_query_s: float = 30.0
+    """a read's own deadline in seconds (the client's, when shorter)"""
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
@@ -98,25 +107,15 @@ class Limits:
 
 # Each Limits field as a command-line option of `distrl collector` (sizes in MiB), so that
 # LocalCollector hands its child every limit it was given, not only some.
-LIMIT_HELP = {
-    "max_message_bytes": "largest Export request taken, MiB",
-    "max_exports": "concurrent Export calls per receiver",
-    "max_queries": "concurrent Cloud Monitoring queries",
-    "cache_bytes": "attribute and resource caches of the writer, MiB",
-    "page_cache_bytes": "results kept for their next pages, MiB",
-    "max_rows_scanned": "points one ListTimeSeries may read",
-    "max_series_periods": "series x alignment periods of one ListTimeSeries",
-    "max_query_s": "a read's own deadline, seconds",
-}
-
-
 def _limit_flag(name: str) -> str:
     return "--" + (name.removesuffix("_bytes") + "_mib" if name.endswith("_bytes")
                    else name).replace("_", "-")
 
 
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
-    defaults = Limits()
+    from distrl.config import field_help
+
+    defaults, docs = Limits(), field_help(Limits)
     for f in dataclasses.fields(Limits):
         value = getattr(defaults, f.name)
         in_mib = f.name.endswith("_bytes")
@@ -125,8 +124,9 @@ def add_limit_options(parser: argparse.ArgumentParser) -> None:
         parser.add_argument(_limit_flag(f.name), dest=f.name, default=default,
                             type=float if as_float else int,
                             metavar="MIB" if in_mib else "S" if as_float else "N",
-                            help=f"{LIMIT_HELP[f.name]} (default "
-                                 f"{f'{default:g}' if as_float else f'{default:,}'})")
+                            help=f"{' '.join(docs[f.name].split())} (default "
+                                 f"{f'{default:g}' if as_float else f'{default:,}'}"
+                                 f"{' MiB' if in_mib else ''})")
 
 
 def limits_from(args: argparse.Namespace) -> Limits:

@@ -278,9 +278,9 @@ def _validate(c: ApexConfig) -> None:
 
 
 @cache
-def field_help() -> dict[str, str]:
-    """Map each ApexConfig field to the docstring written under it."""
-    tree = ast.parse(inspect.getsource(ApexConfig))
+def field_help(cls: type | None = None) -> dict[str, str]:
+    """Map each field of a dataclass (ApexConfig by default) to the docstring written under it."""
+    tree = ast.parse(inspect.getsource(cls or ApexConfig))
     body = tree.body[0].body
     docs: dict[str, str] = {}
     for stmt, nxt in zip(body, body[1:]):

@@ -102,20 +102,19 @@ def restore_sigterm(previous) -> None:
 
 
 def in_a_process(actors: list, indices) -> set[int]:
-    """Of these actors (by index), those Ray has given a process: still in __init__ or not yet
-    reporting, not waiting for a CPU. Ray's GCS actor table has a pid for an actor placed on a
-    worker before the actor is ALIVE, and pid 0 for one queued for resources (measured on Ray
-    2.60; the worker's own boot, a second or two, also shows pid 0). A private API
-    (ray._private.state, as node_groups reads): on any error, none counts as started."""
-    from ray._private import state
+    """Of these actors (by index), those Ray has given a process: still in __init__, not
+    waiting for a CPU. In Ray's GCS actor table an actor placed on a worker is PENDING_CREATION
+    with its pid, one queued for resources has pid 0 (measured on Ray 2.60; the worker's own
+    boot, a second or two, also shows pid 0). One call for every pending actor of the cluster;
+    a private API (ray._private.state, as node_groups reads): on any error none counts."""
+    try:
+        from ray._private import state
 
-    started = set()
-    for i in indices:
-        with contextlib.suppress(Exception):
-            info = state.actors(actor_id=actors[i]._actor_id.hex())
-            if info["Pid"] and info["State"] in ("PENDING_CREATION", "ALIVE"):
-                started.add(i)
-    return started
+        pending = state.actors(actor_state_name="PENDING_CREATION")
+        return {i for i in indices
+                if pending.get(actors[i]._actor_id.hex(), {}).get("Pid")}
+    except Exception:  # noqa: BLE001 - a private API: "waiting" is the safe answer
+        return set()
 
 
 class ActorFleet:
