@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import threading
 import time
 
 import gymnasium as gym
@@ -19,6 +20,12 @@ import numpy as np
 from distrl.config import ApexConfig, epsilons
 from distrl.network import numpy_q_values
 from distrl.replay import Transitions
+
+# gym.make imports an env's module on its first use. Two threads importing a package and one
+# of its submodules at once (classic_control and classic_control.acrobot) can each find the
+# other's module half-initialised: ImportError or KeyError, in 19 of 20 fresh processes where
+# two drivers (notebook 05's threads) checked CartPole-v1 and Acrobot-v1 at once.
+_FIRST_MAKE = threading.Lock()
 
 
 def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
@@ -31,7 +38,8 @@ def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"env_id={env_id!r} is not a registered gymnasium environment{hint} "
                          "(gymnasium.pprint_registry() lists them)")
-    env = gym.make(env_id)
+    with _FIRST_MAKE:
+        env = gym.make(env_id)
     try:
         obs_space, act_space = env.observation_space, env.action_space
     finally:
