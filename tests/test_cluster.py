@@ -52,18 +52,30 @@ def ray_processes() -> set[int]:
     return out
 
 
+def ray_left(before: set[int]) -> dict[int, str]:
+    """Ray processes that were not there `before`, with their command lines (what a timeout
+    names)."""
+    left = {}
+    for pid in ray_processes() - before:
+        with contextlib.suppress(psutil.Error):
+            left[pid] = " ".join(psutil.Process(pid).cmdline())[:160]
+    return left
+
+
 def assert_gone(pids: list[int]) -> None:
     alive = running(pids)
     assert not alive, f"left running: {alive}"
 
 
-def wait_for(predicate, timeout_s: float, what: str):
+def wait_for(predicate, timeout_s: float, what: str, left=None):
+    """predicate()'s first true value within timeout_s; `left()`: what the failure names."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := predicate():
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}"
+                         + (f"; left: {left()}" if left else ""))
 
 
 def autogroup_nice(session_leader: int) -> int:
@@ -86,7 +98,7 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
         # A worker node's session gets a third of the head's CPU weight (cluster.WORKER_NICE).
         assert [autogroup_nice(n.process.pid) for n in cluster.nodes] == [0, WORKER_NICE]
         client = cluster.job_client()
-        budget = 45.0  # under load the learner's start-up takes most of 30 s (one loaded run: 0 updates)
+        budget = 30.0
         job_id = jobs.submit_training(client, [*SMALL_RUN, "--num-actors", "2", "--actor-cpus",
                                                "1", "--max-seconds", str(budget)],
                                       output_dir=str(out))
@@ -103,9 +115,16 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
     assert result["wall_time_s"] < budget + 25  # the stop sequence fits a Spot notice
     assert any("waiting for a CPU" in line for line in lines), lines[-40:]
     assert any("waited" in state for state in result["actor_states"]), result["actor_states"]
-    assert "running" in result["actor_states"]  # the other actor trained on
-    assert result["env_steps"] > 0 and result["learner_updates"] > 0
-    assert result["checkpoint"] and os.path.exists(result["checkpoint"])
+    assert "running" in result["actor_states"] and result["env_steps"] > 0  # the other trained on
+    # Whether the learner's TensorFlow start-up ends inside the budget depends on the load (a
+    # CI run: not in 45 s), so updates and a checkpoint are not asserted here (test_faults has
+    # both: a learner that trained and was stopped, one that never got a CPU). Until it runs,
+    # every 10-s report names it.
+    events = result["events"]
+    learner_at = min([e["time_s"] for e in events if e["kind"] == "learner_running"],
+                     default=float("inf"))
+    assert all("; learner " in e["detail"] for e in events
+               if e["kind"] == "waiting" and e["time_s"] < learner_at), events
 
 
 def test_a_failed_head_start_leaves_nothing_running(tmp_path):
@@ -120,7 +139,8 @@ def test_a_failed_head_start_leaves_nothing_running(tmp_path):
         with pytest.raises(ClusterError, match="node head exited with code"):
             cluster.start()
     assert cluster.nodes == []
-    wait_for(lambda: not (ray_processes() - before), 30, "the head's processes to end")
+    wait_for(lambda: not ray_left(before), 30, "the head's processes to end",
+             left=lambda: ray_left(before))
 
 
 def test_an_unreachable_head_is_a_clear_error_and_leaves_nothing(tmp_path):
@@ -281,8 +301,28 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
     failed = re.search(r"logs in (\S+)/logs(: no raylet\.out, the raylet ended| \(see)",
                        driver_err)  # (see ...: the kill came after the raylet opened its log)
     assert failed, driver_err[-3000:]
+    assert failed.group(1).endswith(f"_{driver.pid}"), failed.group(1)  # its own, not the head's
     assert not [c for c in result["cmdlines"] if failed.group(1) in c], result["cmdlines"]
-    wait_for(lambda: not (ray_processes() - before), 30, "all four sessions' processes to end")
+    wait_for(lambda: not ray_left(before), 30, "all four sessions' processes to end",
+             left=lambda: ray_left(before))
+
+
+def test_a_failed_start_is_traced_to_its_own_session_not_the_newest(tmp_path):
+    """Ray's session_latest link names whichever Ray started last on the machine (a `ray start`
+    head beside the driver); the driver's failed start is the session named after its pid."""
+    from distrl.cluster import _new_session
+
+    began = time.time()
+    mine = tmp_path / f"session_2026-12-02_10-00-00_000001_{os.getpid()}"
+    other = tmp_path / "session_2026-12-02_10-00-01_000002_999999"
+    old = tmp_path / f"session_2026-12-01_10-00-00_000003_{os.getpid()}"
+    for path in (old, mine, other):
+        path.mkdir()
+    os.utime(old, (began - 3600, began - 3600))  # an earlier run's, with a reused pid
+    (tmp_path / "session_latest").symlink_to(other)
+    assert _new_session(tmp_path, began) == mine
+    mine.rmdir()
+    assert _new_session(tmp_path, began) is None
 
 
 def test_what_counts_as_ray_giving_up_on_a_node():

@@ -59,6 +59,7 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def said(capsys, text: str, seen: list[str]) -> bool:
@@ -119,6 +120,34 @@ def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
     finally:
         for actor in actors:
             ray_local.kill(actor)
+
+
+def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_on_budget(ray_local, tmp_path):
+    """Someone else's work holds one of the two CPUs, so the learner (it asks for both) waits
+    while the actors run on the other. Every 10-s report names the learner beside the actors,
+    and the run still ends by max_seconds with its results: no update, no checkpoint."""
+    import re
+
+    @ray_local.remote(num_cpus=1)
+    class Holder:
+        def ready(self):
+            return True
+
+    holder = Holder.remote()
+    try:
+        ray_local.get(holder.ready.remote(), timeout=60)
+        config = ApexConfig(**SMALL, learner_cpus=2.0, actor_cpus=0.5, autoscaling=True,
+                            max_seconds=22.0, output_dir=str(tmp_path))
+        result = ApeX(config).train()
+    finally:
+        ray_local.kill(holder)
+    assert result.stop_reason == "max_seconds", result.stop_detail
+    reports = [e["detail"] for e in result.events if e["kind"] == "waiting"]
+    assert reports and all(re.search(r"; learner waiting for a CPU since [12]\d s$", r)
+                           for r in reports), reports
+    assert result.env_steps > 0 and result.actor_states == ["running", "running"]
+    assert result.learner_updates == 0 and result.checkpoint is None
+    assert "learner running" not in result.timeline
 
 
 def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys):

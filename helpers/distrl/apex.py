@@ -62,7 +62,7 @@ from distrl.workers import (
 )
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
-WAITING_REPORT_S = 10.0    # how often it says which actors still wait for a node
+WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
 LEARNER_WAIT_S = 120.0     # the least time given to a learner to start (TensorFlow, a busy node)
 
@@ -437,6 +437,7 @@ class _Run:
         self.fleet = ActorFleet(t.actors, now)
         self.fleet.start()
         self.learner_run = t.learner.run.remote()
+        self.learner_since = now
         self.learner_stats: dict | None = None
         self.learner_final: dict = {}  # what run() returned, once it has ended on its own
         self.learner_ref = None
@@ -516,9 +517,9 @@ class _Run:
             return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
-        if fleet.waiting(now) and now >= self.next_waiting_report:
+        if (fleet.waiting(now) or self.learner_stats is None) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
-            self.say("actors_waiting", self.waiting_line(now))
+            self.say("waiting", self.waiting_line(now))
         if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now
@@ -535,10 +536,21 @@ class _Run:
                       "(no node can give it learner_cpus/num_gpus?)")
 
     def waiting_line(self, now: float) -> str:
-        """The fleet's line on its actors that do not run, each starting or waiting for a CPU."""
-        fleet = self.fleet
-        return fleet.waiting_line(now, in_a_process(fleet.actors,
-                                                    [i for i, _ in fleet.waiting(now)]))
+        """The fleet's line on its actors that do not run, each starting or waiting for a CPU,
+        then the learner's while it does not run (on a busy node its TensorFlow start-up can
+        take a minute, and without this line the run looks stuck)."""
+        fleet, learner = self.fleet, self.topology.learner
+        waiting = [i for i, _ in fleet.waiting(now)]
+        learner_waits = self.learner_stats is None
+        # One GCS call for both: the learner's index is the one after the actors'.
+        started = in_a_process([*fleet.actors, learner],
+                               waiting + ([len(fleet.actors)] if learner_waits else []))
+        line = fleet.waiting_line(now, started)
+        if learner_waits:
+            resource = "a GPU" if self.config.num_gpus else "a CPU"
+            state = "starting" if len(fleet.actors) in started else f"waiting for {resource}"
+            line += f"; learner {state} since {now - self.learner_since:.0f} s"
+        return line
 
     def _show_progress(self, env_steps: int) -> None:
         self.bar.update(env_steps - self.bar.n)

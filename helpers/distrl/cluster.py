@@ -452,12 +452,17 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
 
 
 def _new_session(temp_dir: Path, since: float) -> Path | None:
-    """The session directory Ray made last, if it made it since `since`."""
-    session = temp_dir / "session_latest"  # Ray's link to the session it made last
-    try:
-        return session.resolve() if session.stat().st_mtime >= since - 1 else None
-    except OSError:
-        return None
+    """The session directory this process's ray.init made since `since`, if any. Ray names a
+    new head's session after the pid that started it ("session_<date>_<pid>",
+    ray/_private/node.py). Its "session_latest" link is shared by every Ray on the machine: it
+    may name a `ray start` head that began meanwhile, and the failed start's own processes
+    would be left running."""
+    sessions = []
+    for path in temp_dir.glob(f"session_*_{os.getpid()}"):
+        with contextlib.suppress(OSError):
+            if (mtime := path.stat().st_mtime) >= since - 1:
+                sessions.append((mtime, path))
+    return max(sessions)[1] if sessions else None
 
 
 def _failed_start_logs(session: Path | None, temp_dir: Path) -> str:
