@@ -137,13 +137,13 @@ def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_on_budget(ray_l
     try:
         ray_local.get(holder.ready.remote(), timeout=60)
         config = ApexConfig(**SMALL, learner_cpus=2.0, actor_cpus=0.5, autoscaling=True,
-                            max_seconds=22.0, output_dir=str(tmp_path))
+                            max_seconds=15.0, output_dir=str(tmp_path))
         result = ApeX(config).train()
     finally:
         ray_local.kill(holder)
     assert result.stop_reason == "max_seconds", result.stop_detail
     reports = [e["detail"] for e in result.events if e["kind"] == "waiting"]
-    assert reports and all(re.search(r"; learner waiting for a CPU since [12]\d s$", r)
+    assert reports and all(re.search(r"; learner waiting for a CPU since 1\d s$", r)
                            for r in reports), reports
     assert result.env_steps > 0 and result.actor_states == ["running", "running"]
     assert result.learner_updates == 0 and result.checkpoint is None
@@ -356,7 +356,7 @@ def test_no_actor_for_actor_wait_s_ends_the_run(ray_local, tmp_path, busy_cpus):
     """Actors that no node can host while nodes are said to come on demand: the run does not
     wait forever; after actor_wait_s it ends as 'no_actors', says why, and saves its results."""
     config = ApexConfig(**SMALL, actor_cpus=1.0, learner_cpus=2.0, autoscaling=True,
-                        actor_wait_s=15.0, max_seconds=120.0, output_dir=str(tmp_path))
+                        actor_wait_s=8.0, max_seconds=120.0, output_dir=str(tmp_path))
     result = ApeX(config).train()
     assert result.stop_reason == "no_actors"
     assert "no actor has run for" in result.stop_detail and "waiting for a CPU" in result.stop_detail
