@@ -121,3 +121,52 @@ def test_monitoring_requests_reject_bad_query_values():
             mon.request("rl.sample.samples", **kwargs)
     with pytest.raises(ValueError, match="board is invalid"):
         explore.preview_dashboard(mon, {"tiles": []})
+
+
+# A TensorBoard log as the learner's tf.summary.scalar writes it (a float tensor with the
+# scalars plugin's metadata) and as TF 1 did (simple_value), by TensorBoard's own writer (on its
+# stub too: the real TensorFlow would cost this test 5 s), out of order.
+TENSORBOARD_WRITE = """
+import sys, types
+sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
+from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
+from tensorboard.summary.writer.event_file_writer import EventFileWriter
+
+writer = EventFileWriter(sys.argv[1])
+for step in (300, 100, 200):
+    tensor = tensor_pb2.TensorProto(dtype=1, float_val=[step / 100])  # DT_FLOAT
+    meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
+        plugin_name="scalars"))
+    writer.add_event(event_pb2.Event(step=step, summary=summary_pb2.Summary(value=[
+        summary_pb2.Summary.Value(tag="learner/loss", tensor=tensor, metadata=meta),
+        summary_pb2.Summary.Value(tag="old/simple", simple_value=-step)])))
+writer.close()
+"""
+# Read back through explore in a fresh process: TensorFlow must stay unimported.
+TENSORBOARD_READ = """
+import json, sys
+from distrl import explore
+
+logdir = sys.argv[1]
+print(json.dumps({"loss": explore.tensorboard_scalars(logdir, "learner/loss"),
+                  "simple": explore.tensorboard_scalars(logdir, "old/simple"),
+                  "missing": explore.tensorboard_scalars(logdir, "no/such/tag"),
+                  "tensorflow": "tensorflow" in sys.modules}))
+"""
+
+
+def test_tensorboard_scalars_are_read_by_step_without_tensorflow(tmp_path):
+    import json
+    import subprocess
+    import sys
+
+    for script in (TENSORBOARD_WRITE, TENSORBOARD_READ):
+        out = subprocess.run([sys.executable, "-c", script, str(tmp_path)],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr[-3000:]
+    read = json.loads(out.stdout.strip().splitlines()[-1])
+    assert read == {"loss": [[100, 1.0], [200, 2.0], [300, 3.0]],
+                    "simple": [[100, -100.0], [200, -200.0], [300, -300.0]],
+                    "missing": [], "tensorflow": False}
+    with pytest.raises(FileNotFoundError, match="logdir='.*nowhere'"):
+        explore.tensorboard_scalars(tmp_path / "nowhere", "learner/loss")

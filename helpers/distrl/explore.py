@@ -13,6 +13,10 @@ Straight from the local store (SQLite), for what Cloud Monitoring's API has no c
     latency_percentiles(store, "rl.sample.duration")          # p50/p95/p99 per rl.loop
     slowest_iterations(store)                                  # traces, slowest first
     plot_trace_waterfall(store.spans(trace_id))                # one loop iteration across processes
+
+And from the learner's TensorBoard logs, without TensorFlow:
+
+    tensorboard_scalars("runs/job/tensorboard", "learner/loss")  # [(update, loss), ...]
 """
 
 from __future__ import annotations
@@ -212,6 +216,34 @@ def slowest_iterations(store, n: int = 5):
 _KINDS = {**{name: "histogram" for name in otel.LATENCY_HISTOGRAMS},
           **{name: "counter" for name in otel.COUNTERS},
           **{name: "gauge" for name in otel.GAUGES}}
+
+
+def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
+    """(step, value) of one scalar in a TensorBoard log directory, by step; [] without it.
+
+    Read with TensorBoard's own reader on its TensorFlow-free stub: it would otherwise import
+    TensorFlow, about 5 s in a notebook's kernel, whose C++ start-up lines print to its stderr.
+    The stub is taken when a `tensorboard.compat.notf` module imports (the marker of
+    TensorBoard's own build without TensorFlow, tensorboard/compat/__init__.py); a process that
+    has imported TensorFlow already keeps reading with it.
+    """
+    import sys
+    import types
+    from pathlib import Path
+
+    if not Path(logdir).is_dir():
+        raise FileNotFoundError(f"logdir={str(logdir)!r}: no such directory")
+    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from tensorboard.util.tensor_util import make_ndarray
+
+    acc = EventAccumulator(str(logdir)).Reload()
+    tags = acc.Tags()
+    if tag in tags.get("tensors", []):  # tf.summary.scalar (TF 2) writes tensors
+        return sorted((e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag))
+    if tag in tags.get("scalars", []):
+        return sorted((e.step, float(e.value)) for e in acc.Scalars(tag))
+    return []
 
 
 def metric_type(name: str) -> str:
