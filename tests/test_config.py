@@ -36,6 +36,7 @@ from distrl.train import build_parser, main
     ("samples_per_insert", -1, ">= 0"),
     ("dueling", "yes", "True or False"),
     ("env_id", "", "non-empty"),
+    ("learner_wait_s", 0, "a number of seconds > 0"),
 ])
 def test_bad_values_name_the_field_value_and_range(field, value, accepted):
     with pytest.raises(ValueError, match=rf"ApexConfig\.{field}=.*invalid: expected .*{accepted}"):

@@ -122,10 +122,12 @@ def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
             ray_local.kill(actor)
 
 
-def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_on_budget(ray_local, tmp_path):
+def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_as_no_learner(ray_local,
+                                                                                tmp_path):
     """Someone else's work holds one of the two CPUs, so the learner (it asks for both) waits
-    while the actors run on the other. Every 10-s report names the learner beside the actors,
-    and the run still ends by max_seconds with its results: no update, no checkpoint."""
+    while the actors run on the other. The 10-s report names the learner beside the actors, and
+    after learner_wait_s the run ends as 'no_learner' with its results: no update, no
+    checkpoint."""
     import re
 
     @ray_local.remote(num_cpus=1)
@@ -137,14 +139,18 @@ def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_on_budget(ray_l
     try:
         ray_local.get(holder.ready.remote(), timeout=60)
         config = ApexConfig(**SMALL, learner_cpus=2.0, actor_cpus=0.5, autoscaling=True,
-                            max_seconds=15.0, output_dir=str(tmp_path))
+                            learner_wait_s=12.0, max_seconds=120.0, output_dir=str(tmp_path))
         result = ApeX(config).train()
     finally:
         ray_local.kill(holder)
-    assert result.stop_reason == "max_seconds", result.stop_detail
+    assert result.stop_reason == "no_learner", result.stop_detail
+    assert re.fullmatch(r"the learner has not run for 1\d s \(learner_wait_s=12\): \d of 2 actors "
+                        r"running.*; learner waiting for a CPU since 1\d s; no node can give it "
+                        r"learner_cpus/num_gpus\?", result.stop_detail), result.stop_detail
     reports = [e["detail"] for e in result.events if e["kind"] == "waiting"]
     assert reports and all(re.search(r"; learner waiting for a CPU since 1\d s$", r)
                            for r in reports), reports
+    assert result.wall_time_s < 40
     assert result.env_steps > 0 and result.actor_states == ["running", "running"]
     assert result.learner_updates == 0 and result.checkpoint is None
     assert "learner running" not in result.timeline

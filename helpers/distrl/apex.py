@@ -19,7 +19,8 @@ Nodes come and go (distrl.faults): the processes are created at once, so actors 
 can host yet are the demand an autoscaler reacts to; training starts as soon as the learner and
 one actor run, and the others join as nodes arrive. A lost actor is restarted by Ray wherever a
 CPU is free, and the run goes on with fewer actors meanwhile. If no actor runs for actor_wait_s
-the run ends ("no_actors"). A lost learner or replay ends the run; `resume="auto"` continues
+the run ends ("no_actors"), and so it does if the learner does not run for learner_wait_s
+("no_learner"). A lost learner or replay ends the run; `resume="auto"` continues
 from the newest checkpoint. With replay_shards > 1 several replay processes share the work.
 """
 
@@ -64,7 +65,6 @@ from distrl.workers import (
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
-LEARNER_WAIT_S = 120.0     # the least time given to a learner to start (TensorFlow, a busy node)
 
 
 @dataclass
@@ -530,10 +530,10 @@ class _Run:
             self.stop("no_actors", f"no actor has run for {now - idle:.0f} s (actor_wait_s="
                       f"{c.actor_wait_s:g}): {self.waiting_line(now)}; the cluster has no free "
                       "CPU for them (a node pool at its limit or quota?)")
-        learner_wait_s = max(c.actor_wait_s, LEARNER_WAIT_S)
-        if self.learner_stats is None and now - self.t_start >= learner_wait_s:
-            self.stop("no_learner", f"the learner has not started after {learner_wait_s:g} s "
-                      "(no node can give it learner_cpus/num_gpus?)")
+        if self.learner_stats is None and now - self.learner_since >= c.learner_wait_s:
+            self.stop("no_learner", f"the learner has not run for {now - self.learner_since:.0f} "
+                      f"s (learner_wait_s={c.learner_wait_s:g}): {self.waiting_line(now)}; no "
+                      "node can give it learner_cpus/num_gpus?")
 
     def waiting_line(self, now: float) -> str:
         """The fleet's line on its actors that do not run, each starting or waiting for a CPU,

@@ -155,6 +155,9 @@ class ApexConfig:
     """nodes join on demand (an autoscaler): actors wait for CPUs, not refused (None: ask Ray's record)"""
     actor_wait_s: float = 300.0
     """seconds with no actor running (all waiting for a node) before the run ends as 'no_actors'"""
+    learner_wait_s: float = 300.0
+    """seconds the learner may take to run (a node for it, then its TensorFlow start-up) before
+    the run ends as 'no_learner'"""
     progress: bool = True
     """show a progress bar"""
 
@@ -243,6 +246,8 @@ def _validate(c: ApexConfig) -> None:
            c.resource_timeout_s, "a number >= 0")
     _check(_is_num(c.actor_wait_s) and c.actor_wait_s > 0, "actor_wait_s", c.actor_wait_s,
            "a number of seconds > 0")
+    _check(_is_num(c.learner_wait_s) and c.learner_wait_s > 0, "learner_wait_s",
+           c.learner_wait_s, "a number of seconds > 0")
     _check(c.autoscaling is None or isinstance(c.autoscaling, bool), "autoscaling",
            c.autoscaling, "None (detect), True or False")
     _check(len(c.hidden_sizes) >= 1 and all(_is_int(h) and h >= 1 for h in c.hidden_sizes),
