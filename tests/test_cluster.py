@@ -67,15 +67,22 @@ def assert_gone(pids: list[int]) -> None:
     assert not alive, f"left running: {alive}"
 
 
-def wait_for(predicate, timeout_s: float, what: str, left=None):
-    """predicate()'s first true value within timeout_s; `left()`: what the failure names."""
+def wait_for(predicate, timeout_s: float, what: str):
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if value := predicate():
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}"
-                         + (f"; left: {left()}" if left else ""))
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+
+
+def wait_for_ray_to_end(before: set[int], timeout_s: float, what: str) -> None:
+    """Every Ray process that was not there `before` ends within timeout_s; a failure names the
+    ones left, with their command lines."""
+    try:
+        wait_for(lambda: not ray_left(before), timeout_s, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; left: {ray_left(before)}") from None
 
 
 def autogroup_nice(session_leader: int) -> int:
@@ -139,8 +146,7 @@ def test_a_failed_head_start_leaves_nothing_running(tmp_path):
         with pytest.raises(ClusterError, match="node head exited with code"):
             cluster.start()
     assert cluster.nodes == []
-    wait_for(lambda: not ray_left(before), 30, "the head's processes to end",
-             left=lambda: ray_left(before))
+    wait_for_ray_to_end(before, 30, "the head's processes to end")
 
 
 def test_an_unreachable_head_is_a_clear_error_and_leaves_nothing(tmp_path):
@@ -303,8 +309,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
     assert failed, driver_err[-3000:]
     assert failed.group(1).endswith(f"_{driver.pid}"), failed.group(1)  # its own, not the head's
     assert not [c for c in result["cmdlines"] if failed.group(1) in c], result["cmdlines"]
-    wait_for(lambda: not ray_left(before), 30, "all four sessions' processes to end",
-             left=lambda: ray_left(before))
+    wait_for_ray_to_end(before, 30, "all four sessions' processes to end")
 
 
 def test_a_failed_start_is_traced_to_its_own_session_not_the_newest(tmp_path):

@@ -59,7 +59,6 @@ def wait_for(predicate, timeout_s: float, what: str):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def said(capsys, text: str, seen: list[str]) -> bool:

@@ -49,6 +49,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 
 from distrl import monitoring
+from distrl.config import field_help
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MiB = 2**20
@@ -113,8 +114,6 @@ def _limit_flag(name: str) -> str:
 
 
 def add_limit_options(parser: argparse.ArgumentParser) -> None:
-    from distrl.config import field_help
-
     defaults, docs = Limits(), field_help(Limits)
     for f in dataclasses.fields(Limits):
         value = getattr(defaults, f.name)

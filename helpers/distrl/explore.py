@@ -23,6 +23,9 @@ from __future__ import annotations
 
 import datetime as dt
 import re
+import sys
+import types
+from pathlib import Path
 
 import numpy as np
 
@@ -227,10 +230,6 @@ def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
     TensorBoard's own build without TensorFlow, tensorboard/compat/__init__.py); a process that
     has imported TensorFlow already keeps reading with it.
     """
-    import sys
-    import types
-    from pathlib import Path
-
     if not Path(logdir).is_dir():
         raise FileNotFoundError(f"logdir={str(logdir)!r}: no such directory")
     sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))

@@ -350,10 +350,10 @@ class ActorWorker:
         else:
             # The learner's newest weights: a restarted actor (a lost node, a killed process)
             # picks up where training is, and nothing large sits in the object store for
-            # restarts. The learner may still be starting (TensorFlow on a busy node): wait as
-            # long as the driver waits for actors.
+            # restarts. The learner may still be starting (TensorFlow on a busy node, a GPU
+            # node from zero): wait as long as the driver waits for it.
             version, weights = _get(self.learner.get_weights.remote(-1),
-                                    max(PEER_TIMEOUT_S, config.actor_wait_s))
+                                    max(PEER_TIMEOUT_S, config.learner_wait_s))
         self.actor = Actor(config, index, weights)
         self.actor.set_weights(weights, version)
         self.node_id = _node_id()  # where this life of the actor runs (a restart may move it)
