@@ -18,9 +18,10 @@ from distrl.replay import PrioritizedReplay, Transitions
 
 
 def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
-                       device: str = "cpu") -> float:
-    """Learner updates/s on batches from a full replay, after tracing and 10 warm-up updates
-    (TensorFlow already configured by the caller)."""
+                       device: str = "cpu", per_call: int = 1) -> float:
+    """Learner updates/s on batches from a full replay, after tracing and 10 warm-up calls
+    (TensorFlow already configured by the caller); per_call batches go into each call
+    (update_many, as the learner process calls it with batches_per_fetch)."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
@@ -35,12 +36,15 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
     batches = [replay.sample(config.batch_size) for _ in range(32)]
     with tf.device("/GPU:0" if device == "gpu" else "/CPU:0"):
         learner = Learner(config, spec, init_weights(spec, 0))
-        for b in batches[:10]:
-            learner.update(b)  # trace and warm up
+        groups = [batches[i:i + per_call] for i in range(0, len(batches) - per_call + 1,
+                                                           per_call)]
+        for group in groups[:10]:
+            learner.update_many(group)  # trace and warm up
+        calls = max(1, updates // per_call)
         start = time.perf_counter()
-        for i in range(updates):
-            learner.update(batches[i % len(batches)])
-        return updates / (time.perf_counter() - start)
+        for i in range(calls):
+            learner.update_many(groups[i % len(groups)])
+        return calls * per_call / (time.perf_counter() - start)
 
 
 def main() -> None:
@@ -50,6 +54,8 @@ def main() -> None:
     parser.add_argument("--hidden-sizes", type=int, nargs="+", default=list(defaults.hidden_sizes))
     parser.add_argument("--updates", type=int, default=500)
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
+    parser.add_argument("--per-call", type=int, default=defaults.batches_per_fetch,
+                        help="batches per update_many call (the learner's batches_per_fetch)")
     args = parser.parse_args()
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
@@ -60,11 +66,14 @@ def main() -> None:
         raise SystemExit("--device gpu: TensorFlow sees no GPU on this machine")
     config = ApexConfig(hidden_sizes=tuple(args.hidden_sizes), batch_size=args.batch_size)
     spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
-    rate = updates_per_second(config, spec, args.updates, args.device)
     flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
+    single = updates_per_second(config, spec, args.updates, args.device)
+    rate = updates_per_second(config, spec, args.updates, args.device, args.per_call)
     print(f"learner on {args.device} ({gpus or 'one core'}), batch {args.batch_size}, hidden "
-          f"{config.hidden_sizes}: {rate:,.0f} updates/s (target 150: {rate / 150:.2f}x), "
-          f"{rate * args.batch_size:,.0f} samples/s, ~{rate * flops / 1e9:.1f} GFLOP/s")
+          f"{config.hidden_sizes}: {rate:,.0f} updates/s with {args.per_call} batches per call "
+          f"(target 150: {rate / 150:.2f}x), {rate * args.batch_size:,.0f} samples/s, "
+          f"~{rate * flops / 1e9:.1f} GFLOP/s; one batch per call: {single:,.0f} updates/s "
+          f"(ratio {rate / single:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """The learner: n-step double DQN with a target network, Huber loss and new priorities.
 
     learner = Learner(config, spec, initial_weights)
-    loss, td_abs = learner.update(batch)       # one tf.function step on a SampledBatch
+    loss, td_abs, diag = learner.update(batch)  # one gradient step on a SampledBatch
+    results = learner.update_many(batches)      # several, in one call into the graph
     weights = learner.get_weights()            # numpy, versioned by learner.updates
     learner.save_checkpoint(directory)
 
@@ -105,13 +106,33 @@ class Learner:
                                                epsilon=config.adam_epsilon)
         self.optimizer.build(self.online.trainable_variables)
         self.updates = 0
-        # Traced once, for these input types: calling the concrete function skips tf.function's
-        # per-call dispatch on its arguments, which for a network this small costs about as
-        # much as the update itself (1.3 against 2.2 ms per update, benchmarks/learner_throughput.py).
-        obs, column = tf.TensorSpec([None, spec.obs_size], tf.float32), tf.TensorSpec([None])
-        self._train_step = tf.function(self._step, jit_compile=config.jit_compile
-                                       ).get_concrete_function(
-            obs, tf.TensorSpec([None], tf.int32), column, column, obs, column)
+        # The target network's variables, paired with the online network's by layer name.
+        self._pairs = [(t, o) for name, _, _ in spec.layer_shapes()
+                       for t, o in zip(self.target.get_layer(name).weights,
+                                       self.online.get_layer(name).weights)]
+        # Traced once, for any number of batches of any size: calling the concrete function
+        # skips tf.function's per-call dispatch on its arguments.
+        obs = tf.TensorSpec([None, None, spec.obs_size], tf.float32)
+        column = tf.TensorSpec([None, None], tf.float32)
+        self._train_steps = tf.function(self._steps, jit_compile=config.jit_compile
+                                        ).get_concrete_function(
+            obs, tf.TensorSpec([None, None], tf.int32), column, column, obs, column,
+            tf.TensorSpec([None], tf.bool))
+
+    def _steps(self, obs, action, reward, discount, next_obs, weights, copy_target):
+        """len(obs) gradient steps in a row, one per batch (inputs stacked on a first axis);
+        after step k the target network takes the online weights where copy_target[k]."""
+        import tensorflow as tf
+
+        num = tf.shape(obs)[0]
+        outputs = [tf.TensorArray(tf.float32, size=num) for _ in range(4)]
+        # A graph loop, not an unrolled one: the step is traced (and compiled) once.
+        for k in tf.range(num):
+            step = self._step(obs[k], action[k], reward[k], discount[k], next_obs[k], weights[k])
+            outputs = [out.write(k, value) for out, value in zip(outputs, step)]
+            for target, online in self._pairs:  # an exact copy where asked, else unchanged
+                target.assign(tf.where(copy_target[k], online, target))
+        return [out.stack() for out in outputs]
 
     def _step(self, obs, action, reward, discount, next_obs, weights):
         import keras
@@ -137,20 +158,42 @@ class Learner:
 
     def update(self, batch: SampledBatch) -> tuple[float, np.ndarray, dict]:
         """One gradient step; returns loss, new |TD| priorities and a few diagnostics."""
+        return self.update_many([batch])[0]
+
+    def update_many(self, batches: list[SampledBatch]) -> list[tuple[float, np.ndarray, dict]]:
+        """One gradient step per batch, in order, exactly as that many update() calls (the
+        target network follows the online one at the same steps), but in one call into the
+        graph: for a network this small the per-call cost (converting inputs, dispatch) is
+        about as large as the step itself (benchmarks/learner_throughput.py)."""
         import tensorflow as tf
 
-        t = batch.transitions
-        n = len(t)
-        loss, td_abs, grad_norm, mean_q = self._train_step(*(tf.constant(a) for a in (
-            t.obs.reshape(n, -1).astype(np.float32, copy=False), t.action.astype(np.int32),
-            t.reward.astype(np.float32, copy=False), t.discount.astype(np.float32, copy=False),
-            t.next_obs.reshape(n, -1).astype(np.float32, copy=False),
-            batch.weights.astype(np.float32, copy=False))))
-        self.updates += 1
-        if self.updates % self.config.target_update_period == 0:
-            self.target.set_weights(self.online.get_weights())
-        return float(loss), td_abs.numpy(), {"grad_norm": float(grad_norm),
-                                             "mean_q": float(mean_q)}
+        if not batches:
+            return []
+        sizes = {len(b.transitions) for b in batches}
+        if len(sizes) > 1:  # a graph takes batches of one size: take each size on its own
+            return [r for b in batches for r in self.update_many([b])]
+        (n,) = sizes
+        ts = [b.transitions for b in batches]
+
+        def stacked(arrays, dtype, shape):
+            return tf.constant(np.stack([np.asarray(a, dtype).reshape(shape) for a in arrays]))
+
+        period = self.config.target_update_period
+        copy_target = [(self.updates + k + 1) % period == 0 for k in range(len(batches))]
+        losses, td_abs, grad_norms, mean_qs = self._train_steps(
+            stacked([t.obs for t in ts], np.float32, (n, -1)),
+            stacked([t.action for t in ts], np.int32, (n,)),
+            stacked([t.reward for t in ts], np.float32, (n,)),
+            stacked([t.discount for t in ts], np.float32, (n,)),
+            stacked([t.next_obs for t in ts], np.float32, (n, -1)),
+            stacked([b.weights for b in batches], np.float32, (n,)),
+            tf.constant(copy_target))
+        self.updates += len(batches)
+        losses, td_abs = losses.numpy(), td_abs.numpy()
+        grad_norms, mean_qs = grad_norms.numpy(), mean_qs.numpy()
+        return [(float(losses[k]), td_abs[k], {"grad_norm": float(grad_norms[k]),
+                                               "mean_q": float(mean_qs[k])})
+                for k in range(len(batches))]
 
     def beta(self) -> float:
         """Importance-sampling exponent, annealed linearly over beta_anneal_updates."""

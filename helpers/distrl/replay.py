@@ -222,26 +222,41 @@ class PrioritizedReplay:
         w_i = (N * P(i)) ** -beta, divided by the batch's largest weight (as in Ape-X and
         Acme) so that weights only ever scale updates down.
         """
+        return self.sample_many(batch_size, 1, beta)[0]
+
+    def sample_many(self, batch_size: int, num_batches: int, beta: float = 0.4
+                    ) -> list[SampledBatch]:
+        """num_batches batches as sample() draws them, from one walk down the tree for all of
+        them: the priority mass is cut into batch_size * num_batches strata, and batch j takes
+        every num_batches-th stratum from the j-th on, so that each batch is stratified over
+        the whole mass as sample() is (with strata num_batches times as wide)."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay")
         if not isinstance(batch_size, int) or batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} is invalid: expected an integer >= 1")
+        if not isinstance(num_batches, int) or num_batches < 1:
+            raise ValueError(f"num_batches={num_batches!r} is invalid: expected an integer >= 1")
         if not 0.0 <= beta <= 1.0:
             raise ValueError(f"beta={beta!r} is invalid: expected a number in [0, 1]")
-        total = self.tree.total
-        mass = (np.arange(batch_size) + self.rng.random(batch_size)) * (total / batch_size)
+        total, n = self.tree.total, batch_size * num_batches
+        mass = (np.arange(n) + self.rng.random(n)) * (total / n)
         slots = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
+        slots = slots.reshape(batch_size, num_batches).T  # row j: strata j, j + num, ...
         leaves = self.tree.tree.take(slots + self.tree.leaf_offset)
         probabilities = leaves / total
         weights = (len(self) * probabilities) ** (-beta)
-        weights /= weights.max()
+        weights /= weights.max(axis=1, keepdims=True)
+        weights = weights.astype(np.float32)
+        keys = self.key.take(slots)
         # ndarray.take is markedly faster than fancy indexing for these random gathers.
-        transitions = Transitions(
-            obs=self.obs.take(slots, axis=0), action=self.action.take(slots),
-            reward=self.reward.take(slots), discount=self.discount.take(slots),
-            next_obs=self.next_obs.take(slots, axis=0), priority=leaves.astype(np.float32))
-        return SampledBatch(transitions, self.key.take(slots), weights.astype(np.float32),
-                            probabilities)
+        obs, next_obs = self.obs.take(slots, axis=0), self.next_obs.take(slots, axis=0)
+        action, reward = self.action.take(slots), self.reward.take(slots)
+        discount, priority = self.discount.take(slots), leaves.astype(np.float32)
+        return [SampledBatch(Transitions(obs=obs[j], action=action[j], reward=reward[j],
+                                         discount=discount[j], next_obs=next_obs[j],
+                                         priority=priority[j]),
+                             keys[j], weights[j], probabilities[j])
+                for j in range(num_batches)]
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
@@ -362,7 +377,7 @@ class ReplayService:
         if not self.limiter.await_sample(batch_size * num_batches, timeout):
             return None
         with self._lock:
-            return [self.replay.sample(batch_size, beta) for _ in range(num_batches)]
+            return self.replay.sample_many(batch_size, num_batches, beta)
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         with self._lock:
