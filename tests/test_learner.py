@@ -87,6 +87,38 @@ def test_target_network_follows_the_period_and_learning_reduces_loss():
     assert losses[-1] < losses[0]
 
 
+@pytest.mark.parametrize("jit_compile", [True, False])
+def test_many_batches_in_one_call_are_the_same_updates_one_by_one(jit_compile):
+    """update_many (the learner process's call) = that many update() calls: the same losses,
+    priorities and weights, with the target copied at the same steps (period 3, mid-call)."""
+    rng = np.random.default_rng(4)
+    spec = NetworkSpec(4, 2, (16, 8), True)
+    config = ApexConfig(hidden_sizes=(16, 8), target_update_period=3, learning_rate=1e-2,
+                        jit_compile=jit_compile)
+    batches = [tiny_batch(rng) for _ in range(5)]
+    one_by_one, at_once = (Learner(config, spec, init_weights(spec, 0)) for _ in range(2))
+    singles = [one_by_one.update(b) for b in batches[:4]]
+    many = at_once.update_many(batches[:4])
+    assert at_once.updates == one_by_one.updates == 4
+    for (loss_a, td_a, diag_a), (loss_b, td_b, diag_b) in zip(singles, many):
+        assert loss_b == pytest.approx(loss_a, rel=1e-5)
+        np.testing.assert_allclose(td_b, td_a, rtol=1e-5, atol=1e-6)
+        assert diag_b["mean_q"] == pytest.approx(diag_a["mean_q"], rel=1e-5, abs=1e-6)
+    # The copy after update 3 happened in both; update 4 moved only the online network.
+    for learner in (one_by_one, at_once):
+        target = get_keras_weights(learner.target, spec)
+        assert not np.allclose(target[0], learner.get_weights()[0])
+    for a, b in zip(get_keras_weights(one_by_one.target, spec),
+                    get_keras_weights(at_once.target, spec)):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    for a, b in zip(one_by_one.get_weights(), at_once.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    # Batches of different sizes go in one size at a time; none is nothing.
+    assert at_once.update_many([]) == []
+    assert len(at_once.update_many([batches[4], tiny_batch(rng, n=4)])) == 2
+    assert at_once.updates == 6
+
+
 def test_beta_anneals_linearly():
     spec = NetworkSpec(4, 2, (8,), True)
     config = ApexConfig(hidden_sizes=(8,), priority_beta=0.4, priority_beta_final=1.0,

@@ -47,6 +47,40 @@ def test_sampling_frequencies_match_priorities():
     assert stats.chisquare(counts).pvalue < 1e-6
 
 
+def test_several_batches_from_one_draw_are_each_proportional_and_stratified():
+    """sample_many (what the learner fetches): every batch samples in proportion to priority,
+    each batch covers the whole priority mass (one transition from each of its strata), and
+    each batch's weights are normalised on their own."""
+    rng = np.random.default_rng(2)
+    td = rng.exponential(1.0, 50).astype(np.float32).astype(np.float64)
+    replay = PrioritizedReplay(64, (3,), alpha=0.6, eps=1e-3, seed=7)
+    replay.add(make_block(50, priority=td))
+    p = (td + 1e-3) ** 0.6
+    p /= p.sum()
+    edges = np.concatenate([[0.0], np.cumsum(p)])  # the priority mass up to each key
+    counts = np.zeros((4, 50))
+    for _ in range(300):
+        batches = replay.sample_many(64, 4, beta=0.5)
+        assert [len(b.transitions) for b in batches] == [64] * 4
+        for j, batch in enumerate(batches):
+            np.add.at(counts[j], batch.keys, 1)
+            np.testing.assert_allclose(batch.probabilities, p[batch.keys], rtol=1e-9)
+            assert batch.weights.max() == pytest.approx(1.0)
+            w = (50 * p[batch.keys]) ** -0.5
+            np.testing.assert_allclose(batch.weights, w / w.max(), rtol=1e-5)
+            np.testing.assert_array_equal(batch.transitions.reward, batch.keys.astype(np.float32))
+            # Stratified: the i-th row lies in the i-th of 64 equal slices of the mass (a key
+            # spans the slices its mass overlaps).
+            lo = np.floor(edges[batch.keys] * 64 - 1e-9)
+            hi = np.ceil(edges[batch.keys + 1] * 64 + 1e-9)
+            rows = np.arange(64)
+            assert np.all((lo <= rows) & (rows < hi)), j
+    for j in range(4):
+        assert stats.chisquare(counts[j], counts[j].sum() * p).pvalue > 1e-3, j
+    with pytest.raises(ValueError, match="num_batches=0 is invalid"):
+        replay.sample_many(8, 0)
+
+
 def test_importance_weights_follow_the_formula():
     td = np.linspace(0.1, 5.0, 40).astype(np.float32).astype(np.float64)
     replay = PrioritizedReplay(40, (3,), alpha=0.7, eps=1e-3, seed=3)

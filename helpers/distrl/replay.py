@@ -226,10 +226,11 @@ class PrioritizedReplay:
 
     def sample_many(self, batch_size: int, num_batches: int, beta: float = 0.4
                     ) -> list[SampledBatch]:
-        """num_batches batches as sample() draws them, from one walk down the tree for all of
-        them: the priority mass is cut into batch_size * num_batches strata, and batch j takes
-        every num_batches-th stratum from the j-th on, so that each batch is stratified over
-        the whole mass as sample() is (with strata num_batches times as wide)."""
+        """num_batches batches, each drawn as sample() draws one, from one walk down the tree
+        for all of them: the mass is cut into batch_size strata as for one batch, each stratum
+        into num_batches sub-strata, one draw in each; every stratum hands its draws out to
+        the batches in a random order. So row i of every batch falls uniformly within stratum
+        i, as in sample(), and the batches together cover the mass more evenly."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -241,7 +242,9 @@ class PrioritizedReplay:
         total, n = self.tree.total, batch_size * num_batches
         mass = (np.arange(n) + self.rng.random(n)) * (total / n)
         slots = self.tree.find(np.minimum(mass, np.nextafter(total, 0)))
-        slots = slots.reshape(batch_size, num_batches).T  # row j: strata j, j + num, ...
+        # Row i: the draws of stratum i; shuffled along it, so that no batch keeps one part
+        # of every stratum (which would bias each batch though not their union).
+        slots = self.rng.permuted(slots.reshape(batch_size, num_batches), axis=1).T
         leaves = self.tree.tree.take(slots + self.tree.leaf_offset)
         probabilities = leaves / total
         weights = (len(self) * probabilities) ** (-beta)
