@@ -28,8 +28,11 @@ from distrl.config import ApexConfig
 # 2x, or go further on the side an earlier round pointed to (round 3: higher learning rates and
 # fewer samples per insert, after round 1; round 5: around batch 128, which round 4 chose, the
 # learning rate and samples per insert again, since both interact with the batch size; round
-# 6: batch 128 against the old 512 on 5 seeds, nothing else running, after round 5's noise).
+# 6: batch 128 against the old 512 on 5 seeds, nothing else running, after round 5's noise;
+# round 7: batches per fetch, once the learner trained them in one XLA call, and samples per
+# insert again, since a learner twice as fast changes what the actors can keep up with).
 GRID: dict[str, list[str]] = {
+    "batches_per_fetch": ["4", "16"],
     "learning_rate": ["2e-3", "8e-3"],
     "samples_per_insert": ["4", "16"],
     "target_update_period": ["25", "200"],

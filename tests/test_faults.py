@@ -21,9 +21,11 @@ from distrl.tutorial import ERROR_LINE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
+# The faults are under test here, not the learner's speed: no XLA compile, which costs each
+# learner start about 2 s of CPU on a quiet machine and several on the burners' busy cores.
 SMALL = dict(env_id="CartPole-v1", num_actors=2, envs_per_actor=8, hidden_sizes=(32, 32),
              batch_size=128, min_replay_size=500, replay_capacity=20_000, eval_interval_s=2.0,
-             progress=False, target_return=None, resource_timeout_s=30.0)
+             progress=False, target_return=None, resource_timeout_s=30.0, jit_compile=False)
 
 
 @pytest.fixture(scope="module")
@@ -275,7 +277,7 @@ def _train_command(out, *args: str) -> list[str]:
     return [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false",
             "--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", "32", "32",
             "--batch-size", "128", "--min-replay-size", "500", "--target-return", "none",
-            "--checkpoint-interval-s", "1000", *args]
+            "--checkpoint-interval-s", "1000", "--jit-compile", "false", *args]
 
 
 def _lines_of(proc: subprocess.Popen) -> list[str]:
