@@ -76,7 +76,7 @@ def test_target_network_follows_the_period_and_learning_reduces_loss():
     rng = np.random.default_rng(1)
     spec = NetworkSpec(4, 2, (16,), False)
     config = ApexConfig(hidden_sizes=(16,), dueling=False, target_update_period=3,
-                        learning_rate=1e-2)
+                        learning_rate=1e-2, jit_compile=False)  # the period, not XLA, on test
     learner = Learner(config, spec, init_weights(spec, 0))
     batch = tiny_batch(rng)
     losses = [learner.update(batch)[0] for _ in range(2)]
@@ -135,7 +135,7 @@ def test_beta_anneals_linearly():
 def test_checkpoint_round_trip(tmp_path):
     rng = np.random.default_rng(2)
     spec = NetworkSpec(4, 2, (8,), True)
-    config = ApexConfig(hidden_sizes=(8,), target_update_period=2)
+    config = ApexConfig(hidden_sizes=(8,), target_update_period=2, jit_compile=False)
     learner = Learner(config, spec, init_weights(spec, 0))
     batch = tiny_batch(rng)
     for _ in range(5):
