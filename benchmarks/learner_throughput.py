@@ -33,17 +33,15 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
                            discount=np.full(n, 0.97, np.float32),
                            next_obs=rng.normal(size=(n, 4)).astype(np.float32),
                            priority=rng.random(n).astype(np.float32)))
-    batches = [replay.sample(config.batch_size) for _ in range(32)]
+    stacks = [replay.sample_many(config.batch_size, per_call) for _ in range(max(1, 32 // per_call))]
     with tf.device("/GPU:0" if device == "gpu" else "/CPU:0"):
         learner = Learner(config, spec, init_weights(spec, 0))
-        groups = [batches[i:i + per_call] for i in range(0, len(batches) - per_call + 1,
-                                                           per_call)]
-        for group in groups[:10]:
-            learner.update_many(group)  # trace and warm up
+        for stack in stacks[:10]:
+            learner.update_many(stack)  # trace and warm up
         calls = max(1, updates // per_call)
         start = time.perf_counter()
         for i in range(calls):
-            learner.update_many(groups[i % len(groups)])
+            learner.update_many(stacks[i % len(stacks)])
         return calls * per_call / (time.perf_counter() - start)
 
 

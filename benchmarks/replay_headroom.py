@@ -69,11 +69,11 @@ def main() -> None:
     def learn():
         rng = np.random.default_rng(0)
         while not stop.is_set():
-            batches = shards.collect(shards.request(config.batch_size, 0.4, 4)) or []
-            if batches:
-                keys = np.concatenate([b.keys for b in batches])
+            stack = shards.collect(shards.request(config.batch_size, 0.4, 4))
+            if stack is not None:
+                keys = stack.keys.ravel()
                 ray.get(shards.update_priorities(keys, rng.random(len(keys))))
-            counts["updates"] += len(batches)
+                counts["updates"] += len(stack.keys)
 
     threads = [threading.Thread(target=produce, args=(i,)) for i in range(args.producers)]
     threads.append(threading.Thread(target=learn))

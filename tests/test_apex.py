@@ -225,7 +225,8 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
     client.collect(client.request(8, 0.4, 2))  # learn the shards' masses
     from_1 = rows = 0
     for _ in range(100):
-        for batch in client.collect(client.request(8, 0.4, 4)):
+        stack = client.collect(client.request(8, 0.4, 4))
+        for batch in (stack.take(k) for k in range(len(stack.keys))):
             shard = set((batch.keys % 2).tolist())
             assert len(shard) == 1  # a batch comes whole from one shard
             from_1 += shard == {1}

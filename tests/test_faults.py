@@ -225,11 +225,8 @@ def test_driver_killed_then_resubmitted_with_resume(ray_local, tmp_path, busy_cp
     ends what the killed driver started (its job is over); the cluster stays."""
     out = tmp_path / "run"
     common = [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false"]
-    first = subprocess.Popen(
-        [*common, "--env", "CartPole-v1", "--num-actors", "2", "--envs-per-actor", "8",
-         "--hidden-sizes", "32", "32", "--batch-size", "128", "--min-replay-size", "500",
-         "--target-return", "none", "--max-seconds", "200", "--checkpoint-interval-s", "3",
-         "--jit-compile", "false"],  # the resumed run takes it from the checkpoint's config
+    first = subprocess.Popen(  # the resumed run takes its settings from the checkpoint
+        _train_command(out, "--max-seconds", "200", "--checkpoint-interval-s", "3"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
         env=job_env(ray_local))
     try:

@@ -48,9 +48,9 @@ def test_sampling_frequencies_match_priorities():
 
 
 def test_several_batches_from_one_draw_are_each_proportional_and_stratified():
-    """sample_many (what the learner fetches): every batch samples in proportion to priority,
-    each batch covers the whole priority mass (one transition from each of its strata), and
-    each batch's weights are normalised on their own."""
+    """sample_many (what the learner fetches, as one stack): every batch samples in proportion
+    to priority, each batch covers the whole priority mass (one transition from each of its
+    strata), and each batch's weights are normalised on their own."""
     rng = np.random.default_rng(2)
     td = rng.exponential(1.0, 50).astype(np.float32).astype(np.float64)
     replay = PrioritizedReplay(64, (3,), alpha=0.6, eps=1e-3, seed=7)
@@ -60,7 +60,9 @@ def test_several_batches_from_one_draw_are_each_proportional_and_stratified():
     edges = np.concatenate([[0.0], np.cumsum(p)])  # the priority mass up to each key
     counts = np.zeros((4, 50))
     for _ in range(300):
-        batches = replay.sample_many(64, 4, beta=0.5)
+        stack = replay.sample_many(64, 4, beta=0.5)
+        assert stack.keys.shape == stack.transitions.obs.shape[:2] == (4, 64)
+        batches = [stack.take(j) for j in range(4)]
         assert [len(b.transitions) for b in batches] == [64] * 4
         for j, batch in enumerate(batches):
             np.add.at(counts[j], batch.keys, 1)
@@ -247,7 +249,7 @@ def test_replay_service_refuses_whole_blocks_and_loses_nothing():
     assert service.add(make_block(8, 8), timeout=0)   # budget 8: at the limit
     assert not service.add(make_block(8, 16), timeout=0.01)  # refused whole
     assert service.stats()["inserted"] == 16
-    [batch] = service.sample(8, 0.4, timeout=0)
+    batch = service.sample(8, 0.4, timeout=0).take(0)  # a stack of one batch
     assert len(batch.keys) == 8
     assert service.sample(8, 0.4, timeout=0, num_batches=2) is None  # budget 0 - 16 < -8
     assert service.add(make_block(8, 16), timeout=0)  # the retried block lands

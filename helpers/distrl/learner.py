@@ -2,7 +2,7 @@
 
     learner = Learner(config, spec, initial_weights)
     loss, td_abs, diag = learner.update(batch)  # one gradient step on a SampledBatch
-    results = learner.update_many(batches)      # several, in one call into the graph
+    losses, td_abs, diag = learner.update_many(replay.sample_many(128, 8))  # 8, in one call
     weights = learner.get_weights()            # numpy, versioned by learner.updates
     learner.save_checkpoint(directory)
 
@@ -158,42 +158,31 @@ class Learner:
 
     def update(self, batch: SampledBatch) -> tuple[float, np.ndarray, dict]:
         """One gradient step; returns loss, new |TD| priorities and a few diagnostics."""
-        return self.update_many([batch])[0]
+        losses, td_abs, diag = self.update_many(batch.take(np.newaxis))  # a stack of one
+        return float(losses[0]), td_abs[0], {k: float(v[0]) for k, v in diag.items()}
 
-    def update_many(self, batches: list[SampledBatch]) -> list[tuple[float, np.ndarray, dict]]:
-        """One gradient step per batch, in order, exactly as that many update() calls (the
-        target network follows the online one at the same steps), but in one call into the
-        graph: for a network this small the per-call cost (converting inputs, dispatch) is
-        about as large as the step itself (benchmarks/learner_throughput.py)."""
+    def update_many(self, stack: SampledBatch) -> tuple[np.ndarray, np.ndarray, dict]:
+        """One gradient step per batch of a stack (PrioritizedReplay.sample_many), in order,
+        exactly as that many update() calls (the target network follows the online one at the
+        same steps), but in one call into the graph: for a network this small the per-call
+        cost (converting inputs, dispatch) is about as large as the step itself
+        (benchmarks/learner_throughput.py). Returns the losses (num_batches,), new |TD|
+        priorities (num_batches, batch_size) and diagnostics, one value per batch."""
         import tensorflow as tf
 
-        if not batches:
-            return []
-        sizes = {len(b.transitions) for b in batches}
-        if len(sizes) > 1:  # a graph takes batches of one size: take each size on its own
-            return [r for b in batches for r in self.update_many([b])]
-        (n,) = sizes
-        ts = [b.transitions for b in batches]
-
-        def stacked(arrays, dtype, shape):
-            return tf.constant(np.stack([np.asarray(a, dtype).reshape(shape) for a in arrays]))
-
+        t = stack.transitions
+        num, size = t.action.shape[:2]
         period = self.config.target_update_period
-        copy_target = [(self.updates + k + 1) % period == 0 for k in range(len(batches))]
-        losses, td_abs, grad_norms, mean_qs = self._train_steps(
-            stacked([t.obs for t in ts], np.float32, (n, -1)),
-            stacked([t.action for t in ts], np.int32, (n,)),
-            stacked([t.reward for t in ts], np.float32, (n,)),
-            stacked([t.discount for t in ts], np.float32, (n,)),
-            stacked([t.next_obs for t in ts], np.float32, (n, -1)),
-            stacked([b.weights for b in batches], np.float32, (n,)),
-            tf.constant(copy_target))
-        self.updates += len(batches)
-        losses, td_abs = losses.numpy(), td_abs.numpy()
-        grad_norms, mean_qs = grad_norms.numpy(), mean_qs.numpy()
-        return [(float(losses[k]), td_abs[k], {"grad_norm": float(grad_norms[k]),
-                                               "mean_q": float(mean_qs[k])})
-                for k in range(len(batches))]
+        copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
+        losses, td_abs, grad_norms, mean_qs = self._train_steps(*(tf.constant(a) for a in (
+            t.obs.reshape(num, size, -1).astype(np.float32, copy=False),
+            t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),
+            t.discount.astype(np.float32, copy=False),
+            t.next_obs.reshape(num, size, -1).astype(np.float32, copy=False),
+            stack.weights.astype(np.float32, copy=False), np.array(copy_target))))
+        self.updates += num
+        return losses.numpy(), td_abs.numpy(), {"grad_norm": grad_norms.numpy(),
+                                                "mean_q": mean_qs.numpy()}
 
     def beta(self) -> float:
         """Importance-sampling exponent, annealed linearly over beta_anneal_updates."""

@@ -20,7 +20,7 @@ import numpy as np
 
 @dataclass
 class Transitions:
-    """A block of n-step transitions, one row per transition.
+    """A block of n-step transitions, one row per transition (in a stack of batches, one per batch).
 
     reward is the discounted n-step return R = sum_k gamma^k r_k; discount is gamma^k for the
     k steps folded when the target should bootstrap from next_obs, and 0 when the episode
@@ -57,12 +57,27 @@ class Transitions:
 
 @dataclass
 class SampledBatch:
-    """A learner batch: the transitions, their replay keys and importance-sampling weights."""
+    """A learner batch: the transitions, their replay keys and importance-sampling weights.
+
+    From sample_many, a stack of batches: every array has a first axis of one row per batch
+    (keys, weights and probabilities shaped (num_batches, batch_size)); take(k) is batch k.
+    """
 
     transitions: Transitions
     keys: np.ndarray
     weights: np.ndarray
     probabilities: np.ndarray
+
+    def take(self, index) -> SampledBatch:
+        return SampledBatch(self.transitions.take(index), self.keys[index], self.weights[index],
+                            self.probabilities[index])
+
+    @staticmethod
+    def concat(stacks: list[SampledBatch]) -> SampledBatch:
+        """Stacks of batches (of one batch size) as one stack."""
+        return SampledBatch(Transitions.concat([s.transitions for s in stacks]),
+                            *(np.concatenate([getattr(s, name) for s in stacks])
+                              for name in ("keys", "weights", "probabilities")))
 
 
 class SumTree:
@@ -222,15 +237,16 @@ class PrioritizedReplay:
         w_i = (N * P(i)) ** -beta, divided by the batch's largest weight (as in Ape-X and
         Acme) so that weights only ever scale updates down.
         """
-        return self.sample_many(batch_size, 1, beta)[0]
+        return self.sample_many(batch_size, 1, beta).take(0)
 
-    def sample_many(self, batch_size: int, num_batches: int, beta: float = 0.4
-                    ) -> list[SampledBatch]:
-        """num_batches batches, each drawn as sample() draws one, from one walk down the tree
-        for all of them: the mass is cut into batch_size strata as for one batch, each stratum
-        into num_batches sub-strata, one draw in each; every stratum hands its draws out to
-        the batches in a random order. So row i of every batch falls uniformly within stratum
-        i, as in sample(), and the batches together cover the mass more evenly."""
+    def sample_many(self, batch_size: int, num_batches: int, beta: float = 0.4) -> SampledBatch:
+        """A stack of num_batches batches, each drawn as sample() draws one, from one walk
+        down the tree for all of them: the mass is cut into batch_size strata as for one batch,
+        each stratum into num_batches sub-strata, one draw in each; every stratum hands its
+        draws out to the batches in a random order. So row i of every batch falls uniformly
+        within stratum i, as in sample(), and the batches together cover the mass more evenly.
+        The stack crosses a process as one set of arrays and goes into the learner's graph as
+        it is (Learner.update_many)."""
         if len(self) == 0:
             raise ValueError("cannot sample from an empty replay")
         if not isinstance(batch_size, int) or batch_size < 1:
@@ -249,17 +265,13 @@ class PrioritizedReplay:
         probabilities = leaves / total
         weights = (len(self) * probabilities) ** (-beta)
         weights /= weights.max(axis=1, keepdims=True)
-        weights = weights.astype(np.float32)
-        keys = self.key.take(slots)
         # ndarray.take is markedly faster than fancy indexing for these random gathers.
-        obs, next_obs = self.obs.take(slots, axis=0), self.next_obs.take(slots, axis=0)
-        action, reward = self.action.take(slots), self.reward.take(slots)
-        discount, priority = self.discount.take(slots), leaves.astype(np.float32)
-        return [SampledBatch(Transitions(obs=obs[j], action=action[j], reward=reward[j],
-                                         discount=discount[j], next_obs=next_obs[j],
-                                         priority=priority[j]),
-                             keys[j], weights[j], probabilities[j])
-                for j in range(num_batches)]
+        transitions = Transitions(
+            obs=self.obs.take(slots, axis=0), action=self.action.take(slots),
+            reward=self.reward.take(slots), discount=self.discount.take(slots),
+            next_obs=self.next_obs.take(slots, axis=0), priority=leaves.astype(np.float32))
+        return SampledBatch(transitions, self.key.take(slots), weights.astype(np.float32),
+                            probabilities)
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
@@ -375,8 +387,9 @@ class ReplayService:
         return True
 
     def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
-               num_batches: int = 1) -> list[SampledBatch] | None:
-        """num_batches batches (one round trip for several learner updates), or None on timeout."""
+               num_batches: int = 1) -> SampledBatch | None:
+        """A stack of num_batches batches (one round trip for several learner updates), or None
+        on timeout."""
         if not self.limiter.await_sample(batch_size * num_batches, timeout):
             return None
         with self._lock:

@@ -63,11 +63,11 @@ class ReplayWorker(ReplayService):
         start = time.perf_counter()
         with self.tel.span("replay.sample", trace_carrier,
                            {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
-            batches = super().sample(batch_size, beta, timeout, num_batches)
-        if self.tel.enabled and batches is not None:
+            stack = super().sample(batch_size, beta, timeout, num_batches)
+        if self.tel.enabled and stack is not None:
             self.tel.rl.duration("rl.sample.duration", (time.perf_counter() - start) * 1e3,
                                  self._sample_attrs)
-        return batches
+        return stack
 
     def update_priorities(self, keys, td_abs, trace_carrier: dict | None = None) -> int:
         start = time.perf_counter()
@@ -88,9 +88,9 @@ class ReplayWorker(ReplayService):
     def sample_with_total(self, batch_size: int, beta: float, timeout: float | None = 1.0,
                           num_batches: int = 1, trace_carrier: dict | None = None):
         """sample() plus this shard's priority mass, which decides the learner's next draws."""
-        batches = self.sample(batch_size, beta, timeout, num_batches, trace_carrier)
+        stack = self.sample(batch_size, beta, timeout, num_batches, trace_carrier)
         with self._lock:
-            return batches, self.replay.tree.total
+            return stack, self.replay.tree.total
 
     def stats(self) -> dict:
         return {**super().stats(), "cpu_s": time.process_time()}
@@ -126,16 +126,17 @@ class ReplayShards:
                     batch_size, beta, num_batches=int(k), trace_carrier=trace_carrier))
                 for s, k in enumerate(counts) if k]
 
-    def collect(self, pending: list[tuple[int, object]]) -> list | None:
-        """The batches that arrived (a shard held back by its rate limiter sends none)."""
-        n, batches = len(self.shards), []
+    def collect(self, pending: list[tuple[int, object]]) -> SampledBatch | None:
+        """The stack of batches that arrived (a shard held back by its rate limiter sends
+        none), or None."""
+        n, stacks = len(self.shards), []
         for s, ref in pending:
             got, total = _get(ref)
             self.totals[s] = total
-            for b in got or []:
-                batches.append(b if n == 1 else SampledBatch(
-                    b.transitions, b.keys * n + s, b.weights, b.probabilities))
-        return batches or None
+            if got is not None:
+                stacks.append(got if n == 1 else SampledBatch(
+                    got.transitions, got.keys * n + s, got.weights, got.probabilities))
+        return None if not stacks else stacks[0] if len(stacks) == 1 else SampledBatch.concat(stacks)
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray,
                           trace_carrier: dict | None = None) -> list:
@@ -214,15 +215,16 @@ class LearnerWorker:
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
             t0 = time.monotonic()
-            batches = self.replay.collect(next_batches)
-            carrier = tel.take_carrier() if batches is not None else None
+            stack = self.replay.collect(next_batches)
+            carrier = tel.take_carrier() if stack is not None else None
             t1 = time.monotonic()
-            if batches is None:  # rate limiter or replay warm-up: ask again
+            if stack is None:  # rate limiter or replay warm-up: ask again
                 next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
                 with self._lock:
                     self._stats["wait_s"] += t1 - t0
                 continue
-            with tel.span(otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: len(batches),
+            num = len(stack.transitions)
+            with tel.span(otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: num,
                                                 otel.RL_TRAIN_BATCH_SIZE: c.batch_size}) as train_span:
                 child = carrier_of(train_span)
                 # Prefetch: replay prepares the next batches while these train.
@@ -231,37 +233,35 @@ class LearnerWorker:
                 u0 = time.perf_counter()
                 before = learner.updates
                 with self._update_lock:  # all the fetched batches in one call into the graph
-                    results = learner.update_many(batches)
+                    losses, td_abs, diag = learner.update_many(stack)
                 if tel.enabled:  # the duration of one update, as the convention has it
-                    per_update_ms = (time.perf_counter() - u0) * 1e3 / len(batches)
-                    for _ in batches:
+                    per_update_ms = (time.perf_counter() - u0) * 1e3 / num
+                    for _ in range(num):
                         tel.rl.duration("rl.train.duration", per_update_ms, tel.attrs)
-                loss, _, diag = results[-1]
+                loss, mean_q = float(losses[-1]), float(diag["mean_q"][-1])
                 if learner.updates // c.weight_publish_period > before // c.weight_publish_period:
                     self._publish()
                 if learner.updates // 100 > before // 100:
                     with self.writer.as_default(step=learner.updates):
                         tf.summary.scalar("learner/loss", loss)
-                        tf.summary.scalar("learner/mean_q", diag["mean_q"])
-                        tf.summary.scalar("learner/grad_norm", diag["grad_norm"])
+                        tf.summary.scalar("learner/mean_q", mean_q)
+                        tf.summary.scalar("learner/grad_norm", float(diag["grad_norm"][-1]))
                         tf.summary.scalar("learner/beta", learner.beta())
-                keys = [batch.keys for batch in batches]
-                priorities = [td_abs for _, td_abs, _ in results]
                 priority_refs.extend(self.replay.update_priorities(
-                    np.concatenate(keys), np.concatenate(priorities), trace_carrier=child))
+                    stack.keys.ravel(), td_abs.ravel(), trace_carrier=child))
             while len(priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
                 _get(priority_refs.popleft())
             t2 = time.monotonic()
             with self._lock:
                 s = self._stats
-                s.update(updates=learner.updates, loss=loss, mean_q=diag["mean_q"])
+                s.update(updates=learner.updates, loss=loss, mean_q=mean_q)
                 s["wait_s"] += t1 - t0
                 s["train_s"] += t2 - t1
             if tel.enabled:
                 tel.rl.duration("rl.loop.duration", (t2 - t0) * 1e3, tel.attrs)
-                tel.rl.add("rl.train.steps", len(batches), tel.attrs)
+                tel.rl.add("rl.train.steps", num, tel.attrs)
                 tel.rl.set("rl.train.loss", loss, tel.attrs)
-                tel.rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, len(batches)
+                tel.rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, num
                                                / max(t2 - t0, 1e-9), self.peak_flops), tel.attrs)
             if time.monotonic() - last_checkpoint >= c.checkpoint_interval_s:
                 self.save_checkpoint()
