@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+import psutil
 import pytest
 from conftest import respond
 
@@ -92,6 +93,33 @@ def test_tutorial_runner_reports_a_failing_notebook_and_runs_the_rest(kernel, tm
         in captured.err  # it ran through, and what it logged is not hidden
     assert "FAILED" in captured.out and "ok" in captured.out  # the table
     assert "1 of 2 notebook(s) did not run through" in captured.err
+
+
+def test_a_kernel_that_ran_through_is_shut_down_without_an_interrupt(kernel, tmp_path):
+    """jupyter_client sends SIGINT before every shutdown; when it lands inside one of the
+    kernel's message handlers, ipykernel logs "ERROR | KeyboardInterrupt caught in kernel." on
+    the console of a run that went well (seen at notebook 04's end in `make tutorial`). Here the
+    kernel keeps a SIGINT handler of its own after the cell, so an interrupt would show."""
+    import nbformat
+
+    from distrl.tutorial import run_notebook
+
+    marker = tmp_path / "interrupted"
+    params = nbformat.v4.new_code_cell("OUTPUT_DIR = ''")
+    params.metadata["tags"] = ["parameters"]
+    nb = nbformat.v4.new_notebook(metadata={"kernelspec": {
+        "name": kernel, "language": "python", "display_name": kernel}})
+    nb.cells = [params, nbformat.v4.new_code_cell(
+        "import signal\n"
+        "kernel = get_ipython().kernel\n"
+        "kernel.pre_handler_hook = kernel.post_handler_hook = lambda: None  # keep it below\n"
+        f"signal.signal(signal.SIGINT, lambda *_: open({str(marker)!r}, 'w').close())\n"
+        "import os\nprint('ran in', os.getpid())")]
+    nbformat.write(nb, tmp_path / "quiet.ipynb")
+    executed = run_notebook(tmp_path / "quiet.ipynb", tmp_path / "out", kernel=kernel)
+    pid = int(stream_text(executed).split("ran in")[1].split()[0])
+    assert not marker.exists(), "the kernel was sent SIGINT at shutdown"
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):

@@ -30,6 +30,22 @@ def find_notebooks(directory: Path = NOTEBOOKS_DIR, only: list[str] | None = Non
     return notebooks
 
 
+def _quiet_shutdown_kernel_manager():
+    """papermill's kernel manager, less the SIGINT that jupyter_client sends before every
+    shutdown (manager.py, _async_shutdown_kernel). When it lands while the kernel still handles
+    a message, ipykernel logs "ERROR | KeyboardInterrupt caught in kernel." on the console of a
+    run that went well (seen at notebook 04's end). The shutdown request alone ends an idle
+    kernel; a busy one is killed after shutdown_wait_time, as before."""
+    from jupyter_client import AsyncKernelManager
+
+    class QuietShutdownKernelManager(AsyncKernelManager):
+        async def _async_interrupt_kernel(self) -> None:
+            if not self.shutting_down:
+                await super()._async_interrupt_kernel()
+
+    return QuietShutdownKernelManager
+
+
 def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = None,
                  kernel: str = "distrl", cell_timeout_s: int = 1800) -> Path:
     """Execute one notebook into output_dir (cwd: its own folder). Raises on a failing cell."""
@@ -46,6 +62,7 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
             str(notebook), str(out), parameters=params, kernel_name=kernel,
             cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
             log_output=False, request_save_on_cell_execute=True,
+            kernel_manager_class=_quiet_shutdown_kernel_manager(),
             config=Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/kernel"}}))
     return out
 
