@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import functools
 import os
 import re
 import sys
@@ -30,12 +31,15 @@ def find_notebooks(directory: Path = NOTEBOOKS_DIR, only: list[str] | None = Non
     return notebooks
 
 
+@functools.cache  # one class, made on first use: jupyter_client loads with papermill, not here
 def _quiet_shutdown_kernel_manager():
     """papermill's kernel manager, less the SIGINT that jupyter_client sends before every
     shutdown (manager.py, _async_shutdown_kernel). When it lands while the kernel still handles
     a message, ipykernel logs "ERROR | KeyboardInterrupt caught in kernel." on the console of a
     run that went well (seen at notebook 04's end). The shutdown request alone ends an idle
-    kernel; a busy one is killed after shutdown_wait_time, as before."""
+    kernel. A kernel still busy in a cell past its timeout is no longer interrupted first: it is
+    killed after shutdown_wait_time (5 s), and what it started is stopped by the reapers that
+    cover a killed kernel (LocalCluster's, Ray's own)."""
     from jupyter_client import AsyncKernelManager
 
     class QuietShutdownKernelManager(AsyncKernelManager):
