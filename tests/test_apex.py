@@ -11,7 +11,7 @@ import ray
 
 from distrl.actor import slot_epsilons
 from distrl.apex import ApeX, TrainingResult
-from distrl.cluster import init_local_ray
+from distrl.cluster import init_local_ray, shutdown_ray
 from distrl.config import ApexConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 def local_ray():
     init_local_ray(num_cpus=2, include_dashboard=False, logging_level="warning")
     yield
-    ray.shutdown()
+    shutdown_ray()
 
 
 def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):

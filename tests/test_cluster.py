@@ -106,7 +106,7 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
         # A worker node's session gets a third of the head's CPU weight (cluster.WORKER_NICE).
         assert [autogroup_nice(n.process.pid) for n in cluster.nodes] == [0, WORKER_NICE]
         client = cluster.job_client()
-        budget = 30.0
+        budget = 20.0
         job_id = jobs.submit_training(client, [*SMALL_RUN, "--num-actors", "2", "--actor-cpus",
                                                "1", "--max-seconds", str(budget)],
                                       output_dir=str(out))
@@ -121,6 +121,9 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
     result = json.loads((out / "results.json").read_text())
     assert result["stop_reason"] == "max_seconds"
     assert result["wall_time_s"] < budget + 25  # the stop sequence fits a Spot notice
+    # The last line names the actor that never got its CPU back.
+    assert re.search(r"; actor [01] waiting for a CPU since \d+ s", result["stop_detail"]), \
+        result["stop_detail"]
     assert any("waiting for a CPU" in line for line in lines), lines[-40:]
     assert any("waited" in state for state in result["actor_states"]), result["actor_states"]
     assert "running" in result["actor_states"] and result["env_steps"] > 0  # the other trained on
@@ -256,6 +259,33 @@ cmdlines = [" ".join(c.cmdline()) for c in children]
 ray.shutdown()
 print(json.dumps({"raylets": raylets, "up": up, "cmdlines": cmdlines}))
 """
+
+
+SHUTDOWN = """
+import json
+from ray._private import worker
+from distrl.cluster import init_local_ray, running, shutdown_ray
+init_local_ray(num_cpus=1, include_dashboard=False)
+started = {kind: [i.process.pid for i in infos]
+           for kind, infos in worker._global_node.all_processes.items()}
+shutdown_ray()
+left = running([pid for pids in started.values() for pid in pids])  # before Ray's atexit
+print(json.dumps({"started": started, "left": left}))
+"""
+
+
+def test_shutdown_ray_ends_every_process_of_its_local_ray_without_an_error():
+    """shutdown_ray kills the autoscaler monitor before ray.shutdown() (which would wait 1 s on
+    it): every process that ray.init started is gone afterwards, and the monitor reported no
+    failure on its way out."""
+    run = subprocess.run([sys.executable, "-c", SHUTDOWN], capture_output=True, text=True,
+                         timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = json.loads(run.stdout.splitlines()[-1])
+    started = out["started"]
+    assert started["monitor"] and started["raylet"] and started["gcs_server"], started
+    assert out["left"] == [], out
+    assert "autoscaler failed" not in run.stdout + run.stderr, run.stderr[-3000:]
 
 
 def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):

@@ -4,6 +4,7 @@ learner and driver (also during start-up and while actors wait for a CPU), a kil
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from distrl.apex import ApeX, TrainingResult
-from distrl.cluster import init_local_ray
+from distrl.cluster import init_local_ray, shutdown_ray
 from distrl.config import ApexConfig
 from distrl.learner import latest_checkpoint, read_checkpoint
 from distrl.tutorial import ERROR_LINE
@@ -34,7 +35,7 @@ def ray_local():
 
     init_local_ray(num_cpus=2, include_dashboard=False, logging_level="error")
     yield ray
-    ray.shutdown()
+    shutdown_ray()
 
 
 def processes(title: str) -> list[psutil.Process]:
@@ -129,8 +130,6 @@ def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_as_no_learner(r
     while the actors run on the other. The 10-s report names the learner beside the actors, and
     after learner_wait_s the run ends as 'no_learner' with its results: no update, no
     checkpoint."""
-    import re
-
     @ray_local.remote(num_cpus=1)
     class Holder:
         def ready(self):
@@ -353,6 +352,8 @@ def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(ray_local, tmp_pat
     assert result["checkpoint"] == latest_checkpoint(out / "checkpoints")
     assert read_checkpoint(result["checkpoint"])[0]["updates"] == result["learner_updates"] > 0
     assert sum(state.startswith("never ran") for state in result["actor_states"]) == 2
+    assert re.search(r"; 1 of 3 actors running; actor \d waiting for a CPU since \d+ s; actor \d "
+                     "waiting", result["stop_detail"]), result["stop_detail"]  # its last line
     assert result["actor_states"].count("running") == 1
     assert result["throughput"][-1]["actors_waiting"] == 2  # at the end, two still waited
 

@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl.actor import env_spec, slot_epsilons
-from distrl.cluster import init_local_ray
+from distrl.cluster import init_local_ray, shutdown_ray
 from distrl.config import ApexConfig
 from distrl.faults import (
     ActorFleet,
@@ -300,7 +300,7 @@ class ApeX:
         finally:
             restore_sigterm(previous)
             if started_ray:
-                ray.shutdown()
+                shutdown_ray()
 
     def _init_ray(self, ray) -> None:
         """A Ray job's driver has RAY_ADDRESS; anything else gets a fresh local Ray, never a
@@ -514,9 +514,11 @@ class _Run:
         self._show_progress(env_steps)
         # The stops come after the record, so that the run's last state is in the throughput.
         if self.apex.sigterm.is_set():
-            return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint")
+            return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint"
+                             + self.not_running(now))
         if self.deadline.passed():
-            return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached")
+            return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
+                             + self.not_running(now))
         if (fleet.waiting(now) or self.learner_stats is None) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
             self.say("waiting", self.waiting_line(now))
@@ -534,6 +536,13 @@ class _Run:
             self.stop("no_learner", f"the learner has not run for {now - self.learner_since:.0f} "
                       f"s (learner_wait_s={c.learner_wait_s:g}): {self.waiting_line(now)}; no "
                       "node can give it learner_cpus/num_gpus?")
+
+    def not_running(self, now: float) -> str:
+        """For a stop line: '; ' and the waiting line if an actor or the learner does not run
+        (a run cut short says what never ran in its last line), else ''."""
+        if self.fleet.waiting(now) or self.learner_stats is None:
+            return f"; {self.waiting_line(now)}"
+        return ""
 
     def waiting_line(self, now: float) -> str:
         """The fleet's line on its actors that do not run, each starting or waiting for a CPU,
