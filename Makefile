@@ -48,6 +48,8 @@ bench: install
 	$(BIN)/python benchmarks/autoscale_recovery.py
 	$(BIN)/python benchmarks/telemetry_volume.py
 	$(BIN)/python benchmarks/popen_beside_grpc.py
+	$(BIN)/python benchmarks/process_startup.py
+	$(BIN)/python benchmarks/cluster_stop.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network).
 lock:

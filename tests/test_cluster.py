@@ -253,9 +253,14 @@ import json, psutil, ray
 from distrl.cluster import init_local_ray
 init_local_ray(num_cpus=1, include_dashboard=False, logging_level="error")
 up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
-children = [c for c in psutil.Process().children(recursive=True)]
-raylets = [c.pid for c in children if c.name() == "raylet"]
-cmdlines = [" ".join(c.cmdline()) for c in children]
+def described(c):
+    try:
+        return c.pid, c.name(), " ".join(c.cmdline())
+    except psutil.Error:  # ended, or a zombie, while looked at
+        return None
+children = [d for c in psutil.Process().children(recursive=True) if (d := described(c))]
+raylets = [pid for pid, name, _ in children if name == "raylet"]
+cmdlines = [cmdline for _, _, cmdline in children]
 ray.shutdown()
 print(json.dumps({"raylets": raylets, "up": up, "cmdlines": cmdlines}))
 """

@@ -255,6 +255,10 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert text.count("CartPole-v1: reached 150.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event
     assert "processes left: 0" in text
+    # The head stopped on SIGTERM, its monitor ended inside that stop (LocalCluster.stop), so
+    # `ray start` reported no subprocess as having died.
+    head_log = (out_dir / "cluster-logs" / "head.log").read_text()
+    assert "received SIGTERM" in head_log and "exited unexpectedly" not in head_log, head_log[-3000:]
 
 
 def test_05_explore_metrics(kernel, tmp_path: Path):

@@ -342,15 +342,19 @@ class LocalCluster:
         # between steps of its own start-up, which can take longer than the whole stop should.
         head = [n for n in self.nodes if n.name == "head"]
         for group in ([n for n in self.nodes if n.name != "head"], head):
-            for node in group:
-                _terminate_leader(node.process.pid)
             deadline = time.monotonic() + STOP_GRACE_S
+            for node in group:
+                gcs_and_monitor = _gcs_and_monitor(node.process.pid)
+                _terminate_leader(node.process.pid)
+                _skip_monitor_grace(*gcs_and_monitor, max(0.0, deadline - time.monotonic()))
             for node in group:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.process.wait(max(0.0, deadline - time.monotonic()))
         for node in self.nodes:  # `ray start --block` may leave children on SIGTERM
             _kill_group(node.process, signal.SIGKILL, 5.0)
-        _kill_survivors(procs, wait_s=10)  # anything that left the process group
+        # Anything that left the process groups (the dashboard's multiprocessing children,
+        # which end on their own about 1.5 s later): its node is gone, so at once.
+        _kill_survivors(procs, wait_s=0)
         self.nodes = []
         if self._reaper is not None:  # nothing left for it to do
             _kill_group(self._reaper, signal.SIGKILL, 5.0)
@@ -520,11 +524,31 @@ def _kill_survivors(procs: list, wait_s: float) -> None:
     """Wait up to wait_s for psutil processes to end; SIGKILL the rest and wait for them too."""
     import psutil
 
-    _, alive = psutil.wait_procs(procs, timeout=wait_s)
+    alive = _until_ended(procs, wait_s)
     for p in alive:
         with contextlib.suppress(psutil.Error):
             p.kill()
-    psutil.wait_procs(alive, timeout=5)
+    _until_ended(alive, 5.0)
+
+
+def _until_ended(procs: list, timeout_s: float) -> list:
+    """Wait up to timeout_s for psutil processes to end; returns those still running. A zombie
+    has ended: one that is not this process's child waits for init to reap it, which some
+    inits do only every second or two."""
+    import psutil
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        alive = []
+        for p in procs:
+            with contextlib.suppress(psutil.Error):
+                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+        # After the look: a child of ours that ended before it is reaped here, not left a zombie.
+        psutil.wait_procs(procs, timeout=0)
+        if not alive or time.monotonic() >= deadline:
+            return alive
+        time.sleep(0.05)
 
 
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
@@ -744,6 +768,36 @@ def _group_alive(pgid: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def _gcs_and_monitor(leader: int) -> tuple[list, list]:
+    """The GCS and the autoscaler monitor that a head's `ray start` runs (a worker node: none)."""
+    import psutil
+
+    gcs, monitor = [], []
+    with contextlib.suppress(psutil.Error):
+        for p in psutil.Process(leader).children(recursive=True):
+            with contextlib.suppress(psutil.Error):
+                if p.name() == "gcs_server":
+                    gcs.append(p)
+                elif any(a.endswith("autoscaler/_private/monitor.py") for a in p.cmdline()):
+                    monitor.append(p)
+    return gcs, monitor
+
+
+def _skip_monitor_grace(gcs: list, monitor: list, wait_s: float = STOP_GRACE_S) -> None:
+    """Once a stopping head's GCS has ended, SIGKILL its monitor. `ray start` stops the GCS
+    first, then sends the monitor SIGTERM, whose handler waits on the gone GCS until Ray kills
+    it after a fixed 1 s (ray/_private/node.py, _kill_process_impl). Killed then, it is already
+    inside that stop: `ray start` does not report it as a process that died unexpectedly."""
+    import psutil
+
+    if gcs and monitor:
+        _, alive = psutil.wait_procs(gcs, timeout=wait_s)
+        if not alive:
+            for p in monitor:
+                with contextlib.suppress(psutil.Error):
+                    p.kill()
 
 
 def _terminate_leader(pid: int) -> None:
