@@ -751,23 +751,35 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     if created is not None:
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
+        deadline = time.monotonic() + wait_s
+        heads = []
         for pgid in reversed(groups):
             if sig == signal.SIGTERM:
+                heads.append(_gcs_and_monitor(pgid))
                 _terminate_leader(pgid)
             else:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, sig)
-        deadline = time.monotonic() + wait_s
+        for gcs, monitor in heads:
+            _skip_monitor_grace(gcs, monitor, max(0.0, deadline - time.monotonic()))
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
-            time.sleep(0.2)
+            time.sleep(0.1)
 
 
 def _group_alive(pgid: int) -> bool:
+    """Whether a process of the group still runs (a zombie, waiting for init to reap it, has
+    ended)."""
+    import psutil
+
     try:
         os.killpg(pgid, 0)
-        return True
     except (ProcessLookupError, PermissionError):
         return False
+    for p in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            if os.getpgid(p.pid) == pgid and p.status() != psutil.STATUS_ZOMBIE:
+                return True
+    return False
 
 
 def _gcs_and_monitor(leader: int) -> tuple[list, list]:
