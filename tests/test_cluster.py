@@ -424,9 +424,13 @@ def test_a_nodes_ports_are_distinct_and_avoid_the_heads_ports():
     assert pick_head_ports(6380, 0)[0] == 6380 and pick_head_ports(6380, 0)[1] not in (0, 6380)
 
 
-def test_command_line_up_status_down(capsys):
+def test_command_line_up_status_down(capsys, tmp_path):
     assert not STATE_FILE.exists()
-    assert main(["up", "--workers", "1"]) == 0
+    (tmp_path / "a-file").write_text("")
+    assert main(["up", "--log-dir", str(tmp_path / "a-file")]) == 1
+    assert f"--log-dir {tmp_path / 'a-file'}: exists and is not a directory" in \
+        capsys.readouterr().err
+    assert main(["up", "--workers", "1", "--log-dir", str(tmp_path / "logs")]) == 0
     try:
         assert "Ray cluster up: 2 nodes" in capsys.readouterr().out
         state = json.loads(STATE_FILE.read_text())
@@ -437,7 +441,8 @@ def test_command_line_up_status_down(capsys):
         tree = groups + [c.pid for g in groups for c in psutil.Process(g).children(recursive=True)]
     finally:
         assert main(["down"]) == 0
-    assert "Ray cluster down" in capsys.readouterr().out
+    assert f"Ray cluster down; its logs stay in {tmp_path / 'logs'}" in capsys.readouterr().out
+    assert (tmp_path / "logs" / "head.log").exists() and (tmp_path / "logs" / "worker-1.log").exists()
     wait_for(lambda: not running(tree), 30, "the cluster's processes to end")
     assert not STATE_FILE.exists()
 

@@ -848,6 +848,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--cpus-per-worker", type=float, default=1)
     parser.add_argument("--head-cpus", type=float, default=1)
+    parser.add_argument("--log-dir", default=None,
+                        help="where the nodes' logs go (default: a new distrl-cluster-* folder "
+                             "in the temp dir); they stay after `down`")
     args = parser.parse_args(argv)
     try:
         state = read_state(STATE_FILE)
@@ -860,7 +863,11 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         try:
-            cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus).start()
+            if args.log_dir is not None and Path(args.log_dir).exists() \
+                    and not Path(args.log_dir).is_dir():
+                raise ValueError(f"--log-dir {args.log_dir}: exists and is not a directory")
+            cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus,
+                                   log_dir=args.log_dir).start()
             cluster.detach()
         except (ValueError, ClusterError) as e:
             print(f"error: {e}", file=sys.stderr)
@@ -880,5 +887,5 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     stop_groups(state["groups"], state["port"], grace_s=10.0, created=state["created"])
     STATE_FILE.unlink()
-    print("Ray cluster down")
+    print(f"Ray cluster down; its logs stay in {state.get('log_dir', '?')}")
     return 0
