@@ -240,6 +240,7 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
     ({"cpus_per_worker": -2}, "cpus_per_worker=-2"),
     ({"port": 70000}, "port=70000"),
     ({"start_timeout_s": 0}, "start_timeout_s=0"),
+    ({"log_dir": __file__}, "log_dir=.*test_cluster.py': exists and is not a directory"),
     ({"autoscale": {"max": 2}}, "autoscale=.*NodeGroup"),
 ])
 def test_bad_cluster_settings_are_refused(kwargs, message):
@@ -428,7 +429,7 @@ def test_command_line_up_status_down(capsys, tmp_path):
     assert not STATE_FILE.exists()
     (tmp_path / "a-file").write_text("")
     assert main(["up", "--log-dir", str(tmp_path / "a-file")]) == 1
-    assert f"--log-dir {tmp_path / 'a-file'}: exists and is not a directory" in \
+    assert f"log_dir='{tmp_path / 'a-file'}': exists and is not a directory" in \
         capsys.readouterr().err
     assert main(["up", "--workers", "1", "--log-dir", str(tmp_path / "logs")]) == 0
     try:

@@ -135,6 +135,9 @@ class LocalCluster:
                 raise ValueError(f"{name}={value!r}: expected a port from 0 (any free) to 65535")
         if not self.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s={self.start_timeout_s!r}: expected > 0")
+        if self.log_dir is not None and Path(self.log_dir).exists() \
+                and not Path(self.log_dir).is_dir():
+            raise ValueError(f"log_dir={str(self.log_dir)!r}: exists and is not a directory")
         from distrl.autoscale import NodeGroup
 
         if self.autoscale is not None and not isinstance(self.autoscale, NodeGroup):
@@ -343,10 +346,7 @@ class LocalCluster:
         head = [n for n in self.nodes if n.name == "head"]
         for group in ([n for n in self.nodes if n.name != "head"], head):
             deadline = time.monotonic() + STOP_GRACE_S
-            for node in group:
-                gcs_and_monitor = _gcs_and_monitor(node.process.pid)
-                _terminate_leader(node.process.pid)
-                _skip_monitor_grace(*gcs_and_monitor, max(0.0, deadline - time.monotonic()))
+            _terminate_leaders([node.process.pid for node in group], deadline)
             for node in group:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.process.wait(max(0.0, deadline - time.monotonic()))
@@ -539,11 +539,8 @@ def _until_ended(procs: list, timeout_s: float) -> list:
 
     deadline = time.monotonic() + timeout_s
     while True:
-        alive = []
-        for p in procs:
-            with contextlib.suppress(psutil.Error):
-                if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                    alive.append(p)
+        still = set(running([p.pid for p in procs]))
+        alive = [p for p in procs if p.pid in still]
         # After the look: a child of ours that ended before it is reaped here, not left a zombie.
         psutil.wait_procs(procs, timeout=0)
         if not alive or time.monotonic() >= deadline:
@@ -752,16 +749,12 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         deadline = time.monotonic() + wait_s
-        heads = []
-        for pgid in reversed(groups):
-            if sig == signal.SIGTERM:
-                heads.append(_gcs_and_monitor(pgid))
-                _terminate_leader(pgid)
-            else:
+        if sig == signal.SIGTERM:
+            _terminate_leaders(list(reversed(groups)), deadline)
+        else:
+            for pgid in reversed(groups):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pgid, sig)
-        for gcs, monitor in heads:
-            _skip_monitor_grace(gcs, monitor, max(0.0, deadline - time.monotonic()))
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.1)
 
@@ -797,7 +790,18 @@ def _gcs_and_monitor(leader: int) -> tuple[list, list]:
     return gcs, monitor
 
 
-def _skip_monitor_grace(gcs: list, monitor: list, wait_s: float = STOP_GRACE_S) -> None:
+def _terminate_leaders(leaders: list[int], deadline: float) -> None:
+    """SIGTERM to these nodes' `ray start` processes; a head's monitor then goes as soon as its
+    GCS has ended (_skip_monitor_grace), at the latest by `deadline` (time.monotonic())."""
+    heads = []
+    for pid in leaders:
+        heads.append(_gcs_and_monitor(pid))  # before the signal: afterwards they are going
+        _terminate_leader(pid)
+    for gcs, monitor in heads:
+        _skip_monitor_grace(gcs, monitor, max(0.0, deadline - time.monotonic()))
+
+
+def _skip_monitor_grace(gcs: list, monitor: list, wait_s: float) -> None:
     """Once a stopping head's GCS has ended, SIGKILL its monitor. `ray start` stops the GCS
     first, then sends the monitor SIGTERM, whose handler waits on the gone GCS until Ray kills
     it after a fixed 1 s (ray/_private/node.py, _kill_process_impl). Killed then, it is already
@@ -863,9 +867,6 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             return 1
         try:
-            if args.log_dir is not None and Path(args.log_dir).exists() \
-                    and not Path(args.log_dir).is_dir():
-                raise ValueError(f"--log-dir {args.log_dir}: exists and is not a directory")
             cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus,
                                    log_dir=args.log_dir).start()
             cluster.detach()
