@@ -11,7 +11,6 @@ import re
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -294,28 +293,34 @@ def test_shutdown_ray_ends_every_process_of_its_local_ray_without_an_error():
     assert "autoscaler failed" not in run.stdout + run.stderr, run.stderr[-3000:]
 
 
-def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
+# Stands in for valgrind where Ray launches a raylet under it (RAY_RAYLET_VALGRIND_PROFILER=1,
+# ray/_private/services.py start_ray_process): the first launch on each side is SIGKILLed the
+# moment it starts, its pid kept in $RAYLET_LOST; every later launch runs the raylet itself.
+LOSE_FIRST_RAYLET = """#!/bin/sh
+if [ ! -s "$RAYLET_LOST" ]; then echo $$ > "$RAYLET_LOST"; kill -9 $$; fi
+shift  # --tool=callgrind
+exec "$@"
+"""
+
+
+def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monkeypatch):
     """Ray waits a fixed 30 s for a new node's GCS and for its raylet, then gives up. Both ways
     the series starts a node try once more: a driver's init_local_ray (ray.init) and a
-    LocalCluster head (`ray start`), each losing its first raylet the moment it appears. They
-    run side by side, so the two 30-s waits overlap."""
+    LocalCluster head (`ray start`), each losing its first raylet the moment it starts (through
+    Ray's own launch hook, so that no race with the raylet's registration decides it). They run
+    side by side, so the two 30-s waits overlap."""
     before = ray_processes()
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "valgrind").write_text(LOSE_FIRST_RAYLET)
+    (hook / "valgrind").chmod(0o755)
+    lost = {side: tmp_path / f"{side}.lost-raylet" for side in ("driver", "head")}
+    launch = {"RAY_RAYLET_VALGRIND_PROFILER": "1", "PATH": f"{hook}{os.pathsep}{os.environ['PATH']}"}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True)
-    killed, done = {}, threading.Event()  # "driver" or "head": the pid it lost
-
-    def kill_first_of_each():
-        me = psutil.Process()
-        while len(killed) < 2 and not done.is_set():
-            for p in me.children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    side = "driver" if driver.pid in {a.pid for a in p.parents()} else "head"
-                    if side not in killed and p.name() == "raylet":
-                        p.kill()
-                        killed[side] = p.pid
-            time.sleep(0.002)
-
-    threading.Thread(target=kill_first_of_each, daemon=True).start()
+                              stderr=subprocess.PIPE, text=True,
+                              env=os.environ | launch | {"RAYLET_LOST": str(lost["driver"])})
+    for name, value in (launch | {"RAYLET_LOST": str(lost["head"])}).items():
+        monkeypatch.setenv(name, value)  # the head's `ray start` inherits them
     try:
         with LocalCluster(num_workers=0, log_dir=tmp_path) as cluster:
             table = cluster.node_table()
@@ -324,8 +329,8 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys):
             pids = cluster.pids()
         out, driver_err = driver.communicate(timeout=240)
     finally:
-        done.set()
         driver.kill()
+    killed = {side: int(path.read_text()) for side, path in lost.items() if path.exists()}
     assert set(killed) == {"driver", "head"}, killed
     # The cluster: the head started again, the failed start's log kept beside the new one.
     assert killed["head"] not in pids
