@@ -111,11 +111,14 @@ class Learner:
                        for t, o in zip(self.target.get_layer(name).weights,
                                        self.online.get_layer(name).weights)]
         # Traced once, for any number of batches of any size: calling the concrete function
-        # skips tf.function's per-call dispatch on its arguments.
+        # skips tf.function's per-call dispatch on its arguments. Without AutoGraph: the loop
+        # is an explicit tf.while_loop, so there is no Python source to convert (a tenth of a
+        # second of the learner's start-up, and a generated file in the temp folder that a
+        # killed learner never deletes).
         obs = tf.TensorSpec([None, None, spec.obs_size], tf.float32)
         column = tf.TensorSpec([None, None], tf.float32)
-        self._train_steps = tf.function(self._steps, jit_compile=config.jit_compile
-                                        ).get_concrete_function(
+        self._train_steps = tf.function(self._steps, jit_compile=config.jit_compile,
+                                        autograph=False).get_concrete_function(
             obs, tf.TensorSpec([None, None], tf.int32), column, column, obs, column,
             tf.TensorSpec([None], tf.bool))
 
@@ -125,13 +128,17 @@ class Learner:
         import tensorflow as tf
 
         num = tf.shape(obs)[0]
-        outputs = [tf.TensorArray(tf.float32, size=num) for _ in range(4)]
-        # A graph loop, not an unrolled one: the step is traced (and compiled) once.
-        for k in tf.range(num):
+
+        def body(k, *outputs):
             step = self._step(obs[k], action[k], reward[k], discount[k], next_obs[k], weights[k])
             outputs = [out.write(k, value) for out, value in zip(outputs, step)]
             for target, online in self._pairs:  # an exact copy where asked, else unchanged
                 target.assign(tf.where(copy_target[k], online, target))
+            return (k + 1, *outputs)
+
+        # A graph loop, not an unrolled one: the step is traced (and compiled) once.
+        _, *outputs = tf.while_loop(lambda k, *_: k < num, body, (
+            tf.constant(0), *(tf.TensorArray(tf.float32, size=num) for _ in range(4))))
         return [out.stack() for out in outputs]
 
     def _step(self, obs, action, reward, discount, next_obs, weights):
