@@ -11,6 +11,7 @@ import re
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -65,6 +66,19 @@ def ray_left(before: set[int]) -> dict[int, str]:
 def assert_gone(pids: list[int]) -> None:
     alive = running(pids)
     assert not alive, f"left running: {alive}"
+
+
+def multiprocessing_dirs(pids: list[int] | None = None) -> set[Path]:
+    """multiprocessing's temp folders on this machine (Ray's dashboard makes one per head), or
+    those in which one of these processes listens."""
+    if pids is None:
+        return set(Path(tempfile.gettempdir()).glob("pymp-*"))
+    dirs = set()
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            dirs |= {Path(c.laddr).parent for c in psutil.Process(pid).net_connections("unix")
+                     if c.laddr and Path(c.laddr).parent.name.startswith("pymp-")}
+    return dirs
 
 
 def wait_for(predicate, timeout_s: float, what: str):
@@ -194,7 +208,8 @@ def test_a_cluster_whose_owner_is_killed_is_stopped_by_its_reaper(tmp_path):
     wait_for(lambda: not running(pids), 60, "the reaper to stop the nodes")
     assert not (RAY_CURRENT_CLUSTER.exists()
                 and RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{port}"))
-    fresh = subprocess.run([sys.executable, "-c", "import ray; ray.init(num_cpus=1); "
+    fresh = subprocess.run([sys.executable, "-c",
+                            "import ray; ray.init(num_cpus=1, include_dashboard=False); "
                             "print(ray.get_runtime_context().gcs_address); ray.shutdown()"],
                            capture_output=True, text=True, timeout=180)
     assert fresh.returncode == 0, fresh.stderr[-2000:]
@@ -327,6 +342,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
             assert [n["state"] for n in table] == ["ALIVE"], table
             assert [n.name for n in cluster.nodes] == ["head"]
             pids = cluster.pids()
+            held = multiprocessing_dirs(pids)
         out, driver_err = driver.communicate(timeout=240)
     finally:
         driver.kill()
@@ -339,6 +355,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     failed_log = (tmp_path / "head.failed-start.log").read_text()
     assert ray_gave_up(failed_log), failed_log[-3000:]
     assert_gone(pids)
+    assert held and not held & multiprocessing_dirs(), held  # the dashboard's temp folder
     # The driver: a new raylet ran its task, it said which session's logs to read, and that
     # session's processes (its GCS, dashboard, monitors) were stopped before the second start.
     assert driver.returncode == 0, driver_err[-3000:]
@@ -436,9 +453,12 @@ def test_command_line_up_status_down(capsys, tmp_path):
     assert main(["up", "--log-dir", str(tmp_path / "a-file")]) == 1
     assert f"log_dir='{tmp_path / 'a-file'}': exists and is not a directory" in \
         capsys.readouterr().err
+    before = multiprocessing_dirs()
     assert main(["up", "--workers", "1", "--log-dir", str(tmp_path / "logs")]) == 0
     try:
         assert "Ray cluster up: 2 nodes" in capsys.readouterr().out
+        made = multiprocessing_dirs() - before
+        assert made  # the head's dashboard runs a forkserver
         state = json.loads(STATE_FILE.read_text())
         assert main(["up"]) == 1 and "already up" in capsys.readouterr().err
         assert main(["status"]) == 0
@@ -451,6 +471,7 @@ def test_command_line_up_status_down(capsys, tmp_path):
     assert (tmp_path / "logs" / "head.log").exists() and (tmp_path / "logs" / "worker-1.log").exists()
     wait_for(lambda: not running(tree), 30, "the cluster's processes to end")
     assert not STATE_FILE.exists()
+    assert not made & multiprocessing_dirs(), "a stopped cluster left its temp folders"
 
 
 def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):

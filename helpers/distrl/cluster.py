@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -257,10 +258,12 @@ class LocalCluster:
 
     def remove_node(self, node: Node) -> None:
         """Stop one node (SIGTERM, then SIGKILL) and forget it."""
+        leftovers = _multiprocessing_dirs([node.process.pid])
         _terminate_leader(node.process.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.process.wait(STOP_GRACE_S)
         _kill_group(node.process, signal.SIGKILL, 5.0)
+        _remove_dirs(leftovers)
         self.forget_node(node)
 
     def forget_node(self, node: Node) -> None:
@@ -336,6 +339,7 @@ class LocalCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()
         forget_cluster(self.port)  # first: once the nodes are gone, nothing may point at them
+        leftovers = _multiprocessing_dirs([node.process.pid for node in self.nodes])
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -355,6 +359,7 @@ class LocalCluster:
         # Anything that left the process groups (the dashboard's multiprocessing children,
         # which end on their own about 1.5 s later): its node is gone, so at once.
         _kill_survivors(procs, wait_s=0)
+        _remove_dirs(leftovers)
         self.nodes = []
         if self._reaper is not None:  # nothing left for it to do
             _kill_group(self._reaper, signal.SIGKILL, 5.0)
@@ -747,6 +752,7 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     forget_cluster(port)
     if created is not None:
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
+    leftovers = _multiprocessing_dirs(groups)  # a group's leader is its node's `ray start`
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         deadline = time.monotonic() + wait_s
         if sig == signal.SIGTERM:
@@ -757,6 +763,29 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
                     os.killpg(pgid, sig)
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.1)
+    _remove_dirs(leftovers)
+
+
+def _multiprocessing_dirs(leaders: list[int]) -> list[Path]:
+    """The temp folders (pymp-*) in which multiprocessing keeps a listening socket for any
+    process of these nodes. Ray's dashboard runs a forkserver whose folder multiprocessing
+    removes only at a normal exit of the dashboard, so every stopped head left one behind (so
+    does a plain `ray start --head` and `ray stop`, Ray 2.60)."""
+    import psutil
+
+    dirs = set()
+    for leader in leaders:
+        with contextlib.suppress(psutil.Error):
+            for p in psutil.Process(leader).children(recursive=True):
+                with contextlib.suppress(psutil.Error):
+                    dirs |= {Path(c.laddr).parent for c in p.net_connections(kind="unix")
+                             if c.laddr and Path(c.laddr).parent.name.startswith("pymp-")}
+    return sorted(dirs)
+
+
+def _remove_dirs(dirs: list[Path]) -> None:
+    for d in dirs:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def _group_alive(pgid: int) -> bool:
