@@ -92,6 +92,9 @@ class Node:
     cpus: float
     group: str | None = None      # the autoscaled group it belongs to (None: a fixed node)
     node_id: str | None = None    # Ray's node id (hex), once known
+    # multiprocessing's temp folders its processes were seen listening in (while it started):
+    # removed with the node, also when `ray start` gave up and ended them itself.
+    temp_dirs: set = field(default_factory=set)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -258,7 +261,7 @@ class LocalCluster:
 
     def remove_node(self, node: Node) -> None:
         """Stop one node (SIGTERM, then SIGKILL) and forget it."""
-        leftovers = _multiprocessing_dirs([node.process.pid])
+        leftovers = node.temp_dirs.union(_multiprocessing_dirs([node.process.pid]))
         _terminate_leader(node.process.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.process.wait(STOP_GRACE_S)
@@ -285,6 +288,7 @@ class LocalCluster:
         last_error = ""
         while time.monotonic() < deadline:
             for node in self.nodes:
+                node.temp_dirs.update(_multiprocessing_dirs([node.process.pid]))
                 if not node.alive():
                     raise ClusterError(f"node {node.name} exited with code "
                                        f"{node.process.returncode} while starting:\n"
@@ -339,7 +343,8 @@ class LocalCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()
         forget_cluster(self.port)  # first: once the nodes are gone, nothing may point at them
-        leftovers = _multiprocessing_dirs([node.process.pid for node in self.nodes])
+        leftovers = set(_multiprocessing_dirs([node.process.pid for node in self.nodes]))
+        leftovers.update(*(node.temp_dirs for node in self.nodes))
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -783,7 +788,7 @@ def _multiprocessing_dirs(leaders: list[int]) -> list[Path]:
     return sorted(dirs)
 
 
-def _remove_dirs(dirs: list[Path]) -> None:
+def _remove_dirs(dirs: Iterable[Path]) -> None:
     for d in dirs:
         shutil.rmtree(d, ignore_errors=True)
 
