@@ -16,7 +16,9 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install --quiet pip==25.3
 	$(BIN)/python -m pip install --quiet -r requirements.lock
 	$(BIN)/python -m pip install --quiet --no-deps -e .
-	$(BIN)/python -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "Python (distrl)" >/dev/null
+	# ipykernel writes the spec in a mkdtemp folder it does not remove: keep that folder in .venv.
+	mkdir -p $(VENV)/tmp && TMPDIR=$(VENV)/tmp $(BIN)/python -m ipykernel install --sys-prefix \
+		--name $(KERNEL) --display-name "Python (distrl)" >/dev/null && rm -rf $(VENV)/tmp
 	touch $(STAMP)
 
 tutorial: install
