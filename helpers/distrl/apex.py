@@ -519,7 +519,7 @@ class _Run:
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
                              + self.not_running(now))
-        if (fleet.waiting(now) or self.learner_stats is None) and now >= self.next_waiting_report:
+        if self.something_waits(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
             self.say("waiting", self.waiting_line(now))
         if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
@@ -537,12 +537,14 @@ class _Run:
                       f"s (learner_wait_s={c.learner_wait_s:g}): {self.waiting_line(now)}; no "
                       "node can give it learner_cpus/num_gpus?")
 
+    def something_waits(self, now: float) -> bool:
+        """Whether an actor or the learner does not run (yet)."""
+        return bool(self.fleet.waiting(now)) or self.learner_stats is None
+
     def not_running(self, now: float) -> str:
-        """For a stop line: '; ' and the waiting line if an actor or the learner does not run
-        (a run cut short says what never ran in its last line), else ''."""
-        if self.fleet.waiting(now) or self.learner_stats is None:
-            return f"; {self.waiting_line(now)}"
-        return ""
+        """For a stop line: '; ' and the waiting line if something does not run (a run cut
+        short says what never ran in its last line), else ''."""
+        return f"; {self.waiting_line(now)}" if self.something_waits(now) else ""
 
     def waiting_line(self, now: float) -> str:
         """The fleet's line on its actors that do not run, each starting or waiting for a CPU,

@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import NamedTuple
 
 # `distrl cluster up`'s record, in this user's own state directory: a fixed name in the shared
 # temporary directory could be planted by another user (and `down` would kill what it names).
@@ -261,10 +262,10 @@ class LocalCluster:
 
     def remove_node(self, node: Node) -> None:
         """Stop one node (SIGTERM, then SIGKILL) and forget it."""
-        leftovers = node.temp_dirs.union(_multiprocessing_dirs([node.process.pid]))
-        _terminate_leader(node.process.pid)
+        deadline = time.monotonic() + STOP_GRACE_S
+        leftovers = node.temp_dirs | _terminate_leaders([node.process.pid], deadline)
         with contextlib.suppress(subprocess.TimeoutExpired):
-            node.process.wait(STOP_GRACE_S)
+            node.process.wait(max(0.0, deadline - time.monotonic()))
         _kill_group(node.process, signal.SIGKILL, 5.0)
         _remove_dirs(leftovers)
         self.forget_node(node)
@@ -288,7 +289,7 @@ class LocalCluster:
         last_error = ""
         while time.monotonic() < deadline:
             for node in self.nodes:
-                node.temp_dirs.update(_multiprocessing_dirs([node.process.pid]))
+                node.temp_dirs |= _node_processes(node.process.pid).temp_dirs
                 if not node.alive():
                     raise ClusterError(f"node {node.name} exited with code "
                                        f"{node.process.returncode} while starting:\n"
@@ -343,8 +344,7 @@ class LocalCluster:
         if self.autoscaler is not None:
             self.autoscaler.stop()
         forget_cluster(self.port)  # first: once the nodes are gone, nothing may point at them
-        leftovers = set(_multiprocessing_dirs([node.process.pid for node in self.nodes]))
-        leftovers.update(*(node.temp_dirs for node in self.nodes))
+        leftovers = set().union(*(node.temp_dirs for node in self.nodes))
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
@@ -355,7 +355,7 @@ class LocalCluster:
         head = [n for n in self.nodes if n.name == "head"]
         for group in ([n for n in self.nodes if n.name != "head"], head):
             deadline = time.monotonic() + STOP_GRACE_S
-            _terminate_leaders([node.process.pid for node in group], deadline)
+            leftovers |= _terminate_leaders([node.process.pid for node in group], deadline)
             for node in group:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     node.process.wait(max(0.0, deadline - time.monotonic()))
@@ -757,11 +757,11 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     forget_cluster(port)
     if created is not None:
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
-    leftovers = _multiprocessing_dirs(groups)  # a group's leader is its node's `ray start`
+    leftovers: set[Path] = set()
     for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
         deadline = time.monotonic() + wait_s
-        if sig == signal.SIGTERM:
-            _terminate_leaders(list(reversed(groups)), deadline)
+        if sig == signal.SIGTERM:  # a group's leader is its node's `ray start`
+            leftovers = _terminate_leaders(list(reversed(groups)), deadline)
         else:
             for pgid in reversed(groups):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -769,23 +769,6 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
         while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
             time.sleep(0.1)
     _remove_dirs(leftovers)
-
-
-def _multiprocessing_dirs(leaders: list[int]) -> list[Path]:
-    """The temp folders (pymp-*) in which multiprocessing keeps a listening socket for any
-    process of these nodes. Ray's dashboard runs a forkserver whose folder multiprocessing
-    removes only at a normal exit of the dashboard, so every stopped head left one behind (so
-    does a plain `ray start --head` and `ray stop`, Ray 2.60)."""
-    import psutil
-
-    dirs = set()
-    for leader in leaders:
-        with contextlib.suppress(psutil.Error):
-            for p in psutil.Process(leader).children(recursive=True):
-                with contextlib.suppress(psutil.Error):
-                    dirs |= {Path(c.laddr).parent for c in p.net_connections(kind="unix")
-                             if c.laddr and Path(c.laddr).parent.name.startswith("pymp-")}
-    return sorted(dirs)
 
 
 def _remove_dirs(dirs: Iterable[Path]) -> None:
@@ -809,30 +792,44 @@ def _group_alive(pgid: int) -> bool:
     return False
 
 
-def _gcs_and_monitor(leader: int) -> tuple[list, list]:
-    """The GCS and the autoscaler monitor that a head's `ray start` runs (a worker node: none)."""
+class _NodeProcesses(NamedTuple):
+    gcs: list        # a head's GCS (psutil processes; a worker node has none)
+    monitor: list    # a head's autoscaler monitor
+    temp_dirs: set   # multiprocessing's temp folders (pymp-*) its processes listen in
+
+
+def _node_processes(leader: int) -> _NodeProcesses:
+    """What a node's stop needs to know of the processes under its `ray start` (the leader),
+    in one look. The temp folders: Ray's dashboard runs a forkserver whose folder
+    multiprocessing removes only at a normal exit of the dashboard, so every stopped head left
+    one behind (so does a plain `ray start --head` and `ray stop`, Ray 2.60)."""
     import psutil
 
-    gcs, monitor = [], []
+    found = _NodeProcesses([], [], set())
     with contextlib.suppress(psutil.Error):
         for p in psutil.Process(leader).children(recursive=True):
             with contextlib.suppress(psutil.Error):
                 if p.name() == "gcs_server":
-                    gcs.append(p)
+                    found.gcs.append(p)
                 elif any(a.endswith("autoscaler/_private/monitor.py") for a in p.cmdline()):
-                    monitor.append(p)
-    return gcs, monitor
+                    found.monitor.append(p)
+                found.temp_dirs.update(
+                    Path(c.laddr).parent for c in p.net_connections(kind="unix")
+                    if c.laddr and Path(c.laddr).parent.name.startswith("pymp-"))
+    return found
 
 
-def _terminate_leaders(leaders: list[int], deadline: float) -> None:
+def _terminate_leaders(leaders: list[int], deadline: float) -> set[Path]:
     """SIGTERM to these nodes' `ray start` processes; a head's monitor then goes as soon as its
-    GCS has ended (_skip_monitor_grace), at the latest by `deadline` (time.monotonic())."""
-    heads = []
+    GCS has ended (_skip_monitor_grace), at the latest by `deadline` (time.monotonic()).
+    Returns the nodes' temp folders, for the caller to remove once the nodes are gone."""
+    seen = []
     for pid in leaders:
-        heads.append(_gcs_and_monitor(pid))  # before the signal: afterwards they are going
+        seen.append(_node_processes(pid))  # before the signal: afterwards they are going
         _terminate_leader(pid)
-    for gcs, monitor in heads:
-        _skip_monitor_grace(gcs, monitor, max(0.0, deadline - time.monotonic()))
+    for node in seen:
+        _skip_monitor_grace(node.gcs, node.monitor, max(0.0, deadline - time.monotonic()))
+    return set().union(*(node.temp_dirs for node in seen))
 
 
 def _skip_monitor_grace(gcs: list, monitor: list, wait_s: float) -> None:
