@@ -638,7 +638,9 @@ class _Run:
         learner_final = self.learner_final
         if learner_up and self.learner_run is not None:
             learner_final = get_within(self.learner_run, deadline.left(), {}, problems)
-        actor_finals = fleet.finish(deadline.left(10.0))
+        waiting = [i for i, _ in fleet.waiting(time.monotonic())]
+        actor_finals = fleet.finish(deadline.left(10.0), in_a_process(fleet.actors, waiting)
+                                    if waiting else frozenset())
         checkpoint = final_weights = None
         if learner_up:
             checkpoint = get_within(t.learner.close.remote(), deadline.left(), None, problems)

@@ -264,11 +264,15 @@ class ActorFleet:
             if i not in self.retired:
                 actor.stop.remote()
 
-    def finish(self, seconds: float) -> dict[int, dict]:
-        """The final stats of every actor whose run() returns within `seconds`."""
+    def finish(self, seconds: float, starting: set[int] | frozenset = frozenset()) -> dict[int, dict]:
+        """The final stats of every actor whose run() returns within `seconds`, of those that
+        run or have a process (`starting`, from in_a_process). An actor still waiting for a CPU
+        has not begun its run(): waiting on it would only spend the stop sequence's deadline
+        (10 s of every run that ends with an actor short of a node)."""
         import ray
 
-        refs = list(self.run_refs)
+        refs = [ref for ref, i in self.run_refs.items()
+                if self.waiting_since[i] is None or i in starting]
         ready, _ = (ray.wait(refs, num_returns=len(refs), timeout=seconds) if refs
                     else ([], []))
         finals = {}
