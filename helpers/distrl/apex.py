@@ -638,14 +638,18 @@ class _Run:
         learner_final = self.learner_final
         if learner_up and self.learner_run is not None:
             learner_final = get_within(self.learner_run, deadline.left(), {}, problems)
+        # The learner's and the evaluator's closing (a final checkpoint, each process's
+        # telemetry flush: up to 3 s each with the collector gone) runs while the actors end.
+        if learner_up:
+            closing = [t.learner.close.remote(), t.learner.get_weights.remote(-1)]
+        evaluator_closing = t.evaluator.close.remote()
         waiting = [i for i, _ in fleet.waiting(time.monotonic())]
         actor_finals = fleet.finish(deadline.left(10.0), in_a_process(fleet.actors, waiting)
                                     if waiting else frozenset())
         checkpoint = final_weights = None
         if learner_up:
-            checkpoint = get_within(t.learner.close.remote(), deadline.left(), None, problems)
-            versioned = get_within(t.learner.get_weights.remote(-1), deadline.left(), None,
-                                   problems)
+            checkpoint, versioned = (get_within(ref, deadline.left(), None, problems)
+                                     for ref in closing)
             final_weights = versioned[1] if versioned else None
         shards = [get_within(r.stats.remote(), deadline.left(), None, problems)
                   for r in t.replays]
@@ -653,7 +657,7 @@ class _Run:
         checks = [get_within(r.check.remote(), deadline.left(), None, problems)
                   for r in t.replays]
         checks = [x for x in checks if x]
-        evaluator_cpu_s = get_within(t.evaluator.close.remote(), deadline.left(), 0.0, problems)
+        evaluator_cpu_s = get_within(evaluator_closing, deadline.left(), 0.0, problems)
         self.tel.shutdown()
         if problems:
             self.say("shutdown", f"while stopping: {problems[0]}"
