@@ -625,8 +625,9 @@ class _Run:
 
     # --- the end ---
     def finish(self) -> TrainingResult:
-        """Stop producers first, then the learner (final checkpoint), then replay; every wait
-        shares one deadline of SHUTDOWN_S."""
+        """Stop actors and learner; the learner's final checkpoint and the evaluator's close
+        run while the actors end, replay's counts are read after them; every wait shares one
+        deadline of SHUTDOWN_S."""
         t, fleet = self.topology, self.fleet
         deadline = Deadline(SHUTDOWN_S)
         problems: list[str] = []
