@@ -151,8 +151,9 @@ def test_the_stop_sequence_does_not_wait_for_an_actor_queued_for_a_cpu(ray_local
         fleet = ActorFleet(actors, time.monotonic())
         fleet.start()
         fleet.ask(None)
-        [ready], _ = ray_local.wait(list(fleet.stats_refs), num_returns=1, timeout=60)
-        fleet.handle(ready, time.monotonic())
+        ready, _ = ray_local.wait(list(fleet.stats_refs), num_returns=1, timeout=60)
+        assert ready, "neither actor answered stats() within 60 s"
+        fleet.handle(ready[0], time.monotonic())
         [(queued, _)] = fleet.waiting(time.monotonic())
         fleet.stop()
         began = time.monotonic()
