@@ -124,7 +124,7 @@ def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
             ray_local.kill(actor)
 
 
-def test_the_stop_sequence_does_not_wait_for_an_actor_queued_for_a_cpu(ray_local):
+def test_the_stop_sequence_does_not_wait_for_an_actor_queued_for_a_cpu(ray_local, busy_cpus):
     """At the end the driver takes each actor's final stats from its run(). Of two actors that
     each need both CPUs, one runs and one is queued: the queued one never began its run(), and
     waiting for it spent 10 s of every run that ended with an actor short of a node (both
