@@ -265,14 +265,15 @@ class ActorFleet:
                 actor.stop.remote()
 
     def finish(self, seconds: float, starting: set[int] | frozenset = frozenset()) -> dict[int, dict]:
-        """The final stats of every actor whose run() returns within `seconds`, of those that
-        run or have a process (`starting`, from in_a_process). An actor still waiting for a CPU
-        has not begun its run(): waiting on it would only spend the stop sequence's deadline
-        (10 s of every run that ends with an actor short of a node)."""
+        """The final stats of every actor whose run() returns within `seconds`. Not waited for:
+        an actor that never ran and has no process yet (not in `starting`, from
+        in_a_process), queued for a CPU. It has not begun its run(), and waiting on it spent
+        10 s of every run that ended with an actor short of a node. One that ran and went
+        silent may still answer, and is waited for."""
         import ray
 
         refs = [ref for ref, i in self.run_refs.items()
-                if self.waiting_since[i] is None or i in starting]
+                if self.seen[i] is not None or i in starting]
         ready, _ = (ray.wait(refs, num_returns=len(refs), timeout=seconds) if refs
                     else ([], []))
         finals = {}
