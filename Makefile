@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+UV := $(BIN)/uv pip install --python $(BIN)/python
 KERNEL := distrl
 
 .PHONY: install tutorial test test-fast lab bench lock clean
@@ -13,9 +14,11 @@ install: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet pip==25.3
-	$(BIN)/python -m pip install --quiet -r requirements.lock
-	$(BIN)/python -m pip install --quiet --no-deps -e .
+	# uv installs the lock's wheels in parallel: 43 s against pip's 109 s into a new venv on 2
+	# cores, the same packages. No cache: it would keep the lock's 3 GB of wheels in ~/.cache.
+	$(BIN)/python -m pip install --quiet uv==0.13.9
+	$(UV) --quiet --no-cache --compile-bytecode -r requirements.lock pip==25.3
+	$(UV) --quiet --no-cache --no-deps -e .
 	# ipykernel writes the spec in a mkdtemp folder it does not remove: keep that folder in .venv.
 	mkdir -p $(VENV)/tmp && TMPDIR=$(VENV)/tmp $(BIN)/python -m ipykernel install --sys-prefix \
 		--name $(KERNEL) --display-name "Python (distrl)" >/dev/null && rm -rf $(VENV)/tmp
