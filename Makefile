@@ -14,12 +14,10 @@ install: $(STAMP)
 
 $(STAMP): requirements.lock pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	# uv installs the lock's wheels in parallel: 23 s against pip's 109 s into a new venv on 2
+	# uv installs the lock's wheels in parallel: 43 s against pip's 109 s into a new venv on 2
 	# cores, the same packages. No cache: it would keep the lock's 3 GB of wheels in ~/.cache.
-	# Modules compile to bytecode when first imported (4 s for TensorFlow, Ray and the notebooks'
-	# imports), not all 15,000 files at install (20 s: uv's --compile-bytecode).
 	$(BIN)/python -m pip install --quiet uv==0.13.9
-	$(UV) --quiet --no-cache -r requirements.lock pip==25.3
+	$(UV) --quiet --no-cache --compile-bytecode -r requirements.lock pip==25.3
 	$(UV) --quiet --no-cache --no-deps -e .
 	# ipykernel writes the spec in a mkdtemp folder it does not remove: keep that folder in .venv.
 	mkdir -p $(VENV)/tmp && TMPDIR=$(VENV)/tmp $(BIN)/python -m ipykernel install --sys-prefix \
