@@ -644,9 +644,7 @@ class _Run:
         if learner_up:
             closing = [t.learner.close.remote(), t.learner.get_weights.remote(-1)]
         evaluator_closing = t.evaluator.close.remote()
-        waiting = [i for i, _ in fleet.waiting(time.monotonic())]
-        actor_finals = fleet.finish(deadline.left(10.0), in_a_process(fleet.actors, waiting)
-                                    if waiting else frozenset())
+        actor_finals = fleet.finish(deadline.left(10.0))
         checkpoint = final_weights = None
         if learner_up:
             checkpoint, versioned = (get_within(ref, deadline.left(), None, problems)

@@ -264,14 +264,15 @@ class ActorFleet:
             if i not in self.retired:
                 actor.stop.remote()
 
-    def finish(self, seconds: float, starting: set[int] | frozenset = frozenset()) -> dict[int, dict]:
+    def finish(self, seconds: float) -> dict[int, dict]:
         """The final stats of every actor whose run() returns within `seconds`. Not waited for:
-        an actor that never ran and has no process yet (not in `starting`, from
-        in_a_process), queued for a CPU. It has not begun its run(), and waiting on it spent
-        10 s of every run that ended with an actor short of a node. One that ran and went
-        silent may still answer, and is waited for."""
+        an actor that never ran and that Ray has given no process (in_a_process), queued for a
+        CPU. It has not begun its run(), and waiting on it spent 10 s of every run that ended
+        with an actor short of a node. One that ran and went silent may still answer."""
         import ray
 
+        never_ran = [i for i in self.run_refs.values() if self.seen[i] is None]
+        starting = in_a_process(self.actors, never_ran) if never_ran else set()
         refs = [ref for ref, i in self.run_refs.items()
                 if self.seen[i] is not None or i in starting]
         ready, _ = (ray.wait(refs, num_returns=len(refs), timeout=seconds) if refs
