@@ -1,5 +1,6 @@
-"""What a run pays before its first transition (imports, `ray.init`, one actor's process), and
-after its last: `ray.shutdown()` against `distrl.cluster.shutdown_ray()`.
+"""What a run pays before its first transition (imports, starting Ray, one actor's process), and
+after its last: Ray's own `ray.init()`/`ray.shutdown()` against distrl.cluster's
+`init_local_ray()`/`shutdown_ray()`.
 
     python benchmarks/process_startup.py [--repeats 3]
 
@@ -25,7 +26,7 @@ import time
 t0 = time.monotonic()
 import ray
 t1 = time.monotonic()
-ray.init(address="local", include_dashboard=False, logging_level="error")
+{init}
 t2 = time.monotonic()
 
 @ray.remote
@@ -41,8 +42,13 @@ t3 = time.monotonic()
 {shutdown}
 print(t1 - t0, t2 - t1, t3 - t2, time.monotonic() - t3)
 """
-SHUTDOWNS = {"ray.shutdown()": "ray.shutdown()",
-             "shutdown_ray()": "from distrl.cluster import shutdown_ray; shutdown_ray()"}
+# Ray's own calls, then distrl.cluster's: init_local_ray starts no dashboard process when
+# include_dashboard=False, shutdown_ray does not wait on the autoscaler monitor.
+OPTIONS = 'include_dashboard=False, logging_level="error"'
+VARIANTS = {"ray": {"init": f'ray.init(address="local", {OPTIONS})', "shutdown": "ray.shutdown()"},
+            "distrl": {"init": f"from distrl.cluster import init_local_ray; init_local_ray({OPTIONS})",
+                       "shutdown": "from distrl.cluster import shutdown_ray; shutdown_ray()"}}
+LABELS = {"ray": ("ray.init()", "ray.shutdown()"), "distrl": ("init_local_ray()", "shutdown_ray()")}
 
 
 def timed(code: str) -> float:
@@ -62,26 +68,29 @@ def main() -> None:
     for name, code in PROBES.items():
         runs = [timed(code) for _ in range(args.repeats)]
         print(f"{name:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
-    rows, shutdowns = [], {name: [] for name in SHUTDOWNS}
+    rows = {name: [] for name in VARIANTS}  # per run: import ray, start, actors, shutdown
     for _ in range(args.repeats):
-        for name, code in SHUTDOWNS.items():  # alternating, so drift hits both alike
+        for name, calls in VARIANTS.items():  # alternating, so drift hits both alike
             out = subprocess.run(
-                [sys.executable, "-c", RAY_START.format(actors=args.actors, shutdown=code)],
+                [sys.executable, "-c", RAY_START.format(actors=args.actors, **calls)],
                 capture_output=True, text=True, check=True, timeout=300).stdout
-            *start, stop = [float(x) for x in out.split()[-4:]]
-            rows.append(start)
-            shutdowns[name].append(stop)
-    labels = ["import ray", "ray.init (local)", f"{args.actors} actors ready"]
-    for i, label in enumerate(labels):
-        runs = [r[i] for r in rows]
-        print(f"{label:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
-    total = statistics.median(sum(r) for r in rows)
-    print(f"{'driver start to actors':<24} {total:6.2f} s")
-    for name, runs in shutdowns.items():
-        print(f"{name:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
-    plain, ours = (statistics.median(shutdowns[n]) for n in SHUTDOWNS)
-    print(f"shutdown_ray() / ray.shutdown(): {ours / plain:.2f}")
+            rows[name].append([float(x) for x in out.split()[-4:]])
 
+    def show(label: str, runs: list[float]) -> float:
+        print(f"{label:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
+        return statistics.median(runs)
+
+    show("import ray", [r[0] for runs in rows.values() for r in runs])
+    show(f"{args.actors} actors ready", [r[2] for runs in rows.values() for r in runs])
+    medians = {}
+    for step, column in (("start", 1), ("stop", 3)):
+        for name in VARIANTS:
+            medians[name, step] = show(LABELS[name][column // 2], [r[column] for r in rows[name]])
+        ours, theirs = LABELS["distrl"][column // 2], LABELS["ray"][column // 2]
+        print(f"{ours} / {theirs}: {medians['distrl', step] / medians['ray', step]:.2f}")
+    for name in VARIANTS:
+        total = statistics.median(sum(r[:3]) for r in rows[name])
+        print(f"driver start to actors, {LABELS[name][0]:<17} {total:6.2f} s")
 
 if __name__ == "__main__":
     main()

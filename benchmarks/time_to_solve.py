@@ -62,6 +62,7 @@ def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
             "process_wall_s": result["process_wall_s"], "env_steps": result["env_steps"],
             "learner_updates": result["learner_updates"], "startup_s": result["startup_s"],
             "ray_up_s": timeline.get("Ray up"),
+            "first_env_step_s": timeline.get("first env step"),
             "first_transition_s": timeline.get("first transition"),
             "first_update_s": timeline.get("first update"), "target_s": timeline.get("target")}
 
@@ -127,7 +128,8 @@ def main() -> None:
         runs.append(r)
         shown = f"{r['time_to_solve_s']:.1f}s" if r["solved"] else "not solved"
         print(f"seed {seed} distrl:   {shown}  (process {r['process_wall_s']:.1f}s; since process "
-              f"start: Ray up {r['ray_up_s']:.1f}s, first transition "
+              f"start: Ray up {r['ray_up_s']:.1f}s, first env step {r['first_env_step_s']:.1f}s, "
+              f"first transition "
               f"{r['first_transition_s']:.1f}s, first update {r['first_update_s']:.1f}s; "
               f"{r['env_steps']:,} env steps, {r['learner_updates']:,} updates)", flush=True)
         if python is not None:
@@ -151,11 +153,15 @@ def main() -> None:
               f"{spread(baseline, 'learner_updates')} updates")
         print(f"ratio distrl / baseline (medians): {median / base:.2f} "
               "(below 1: distrl solves sooner)")
-    for key, goal in (("first_transition_s", 5.0), ("first_update_s", 5.0)):
+    # The goal's "first env step" is the actors' own clock; the first transition (the driver
+    # found it in replay) is shown beside it, without a goal.
+    for key, goal in (("first_env_step_s", 5.0), ("first_transition_s", None),
+                      ("first_update_s", 5.0)):
         values = [r[key] for r in runs if r[key] is not None]
         if values:
-            print(f"{key} (median): {statistics.median(values):.1f}s; goal {goal:g}s -> "
-                  f"{'met' if statistics.median(values) <= goal else 'NOT met'}")
+            mid = statistics.median(values)
+            verdict = "" if goal is None else f"; goal {goal:g}s -> {'met' if mid <= goal else 'NOT met'}"
+            print(f"{key} (median): {mid:.1f}s{verdict}")
     # Where the time to solve goes: Ray's own start, then distrl's processes up to the first
     # update, then learning (the solved runs' timelines, seconds since process start).
     solved = [r for r in runs if r["solved"] and r["target_s"] is not None]

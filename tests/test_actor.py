@@ -1,5 +1,7 @@
 """n-step folding, epsilons, environment checks and the actor's own priorities."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -206,12 +208,18 @@ def test_actor_counts_the_env_steps_it_made(vectorised):
     if not vectorised:
         actor.envs = EnvBatch("CartPole-v1", 4, vectorised=False)
         actor.obs = actor.envs.reset(seeds=[0, 1, 2, 3])
-    inserted = sum(len(actor.collect(25)) for _ in range(8))
+    assert actor.first_step_time is None  # none made yet: the timeline leaves it out
+    before = time.time()
+    inserted = len(actor.collect(1))
+    first = actor.first_step_time
+    assert before <= first <= time.time()  # the first env.step's wall-clock, for the timeline
+    inserted += sum(len(actor.collect(25)) for _ in range(8))
+    assert actor.first_step_time == first  # the first, not the latest
     returns, lengths = actor.pop_episode_stats()
     assert returns == lengths and lengths  # CartPole pays 1 a step: every step counted once
     # Every applied step becomes one transition (the last n - 1 per slot are still open).
     assert actor.env_steps - 4 * (config.n_step - 1) <= inserted <= actor.env_steps
-    assert (actor.env_steps < 8 * 25 * 4) == vectorised  # reset steps are not env steps
+    assert (actor.env_steps < (8 * 25 + 1) * 4) == vectorised  # reset steps are not env steps
 
 
 def test_actor_priorities_equal_a_fresh_computation():

@@ -62,7 +62,9 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     timeline = saved["timeline"]
     assert list(timeline)[:4] == ["process start", "train() called", "Ray up",
                                   "processes created"], timeline
-    for earlier, later in [("processes created", "learner running"),
+    for earlier, later in [("processes created", "first env step"),
+                           ("first env step", "first transition"),
+                           ("processes created", "learner running"),
                            ("learner running", "first update"),
                            ("first transition", "first update"),
                            ("first update", "first evaluation"), ("first evaluation", "target")]:

@@ -274,20 +274,25 @@ print(json.dumps({"raylets": raylets, "up": up, "cmdlines": cmdlines}))
 
 
 SHUTDOWN = """
-import json
-from ray._private import worker
+import json, ray
+from ray._private import node, worker
 from distrl.cluster import init_local_ray, running, shutdown_ray
+start_api_server = node.Node.start_api_server
 init_local_ray(num_cpus=1, include_dashboard=False)
 started = {kind: [i.process.pid for i in infos]
            for kind, infos in worker._global_node.all_processes.items()}
+up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
+restored = node.Node.start_api_server is start_api_server
 shutdown_ray()
 left = running([pid for pids in started.values() for pid in pids])  # before Ray's atexit
-print(json.dumps({"started": started, "left": left}))
+print(json.dumps({"started": started, "up": up, "restored": restored, "left": left}))
 """
 
 
-def test_shutdown_ray_ends_every_process_of_its_local_ray_without_an_error():
-    """shutdown_ray kills the autoscaler monitor before ray.shutdown() (which would wait 1 s on
+def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_started():
+    """init_local_ray(include_dashboard=False) starts no dashboard process, which ray.init
+    starts anyway (and waits for before the raylet), and leaves Ray's code as it was. Then
+    shutdown_ray kills the autoscaler monitor before ray.shutdown() (which would wait 1 s on
     it): every process that ray.init started is gone afterwards, and the monitor reported no
     failure on its way out."""
     run = subprocess.run([sys.executable, "-c", SHUTDOWN], capture_output=True, text=True,
@@ -296,6 +301,8 @@ def test_shutdown_ray_ends_every_process_of_its_local_ray_without_an_error():
     out = json.loads(run.stdout.splitlines()[-1])
     started = out["started"]
     assert started["monitor"] and started["raylet"] and started["gcs_server"], started
+    assert "dashboard" not in started, started
+    assert out["up"] == "task ran" and out["restored"], out
     assert out["left"] == [], out
     assert "autoscaler failed" not in run.stdout + run.stderr, run.stderr[-3000:]
 

@@ -311,6 +311,7 @@ class Actor:
         self.folder = NStepFolder(k, config.n_step, config.gamma, self.obs_shape)
         self.weights, self.weights_version = weights, weights_version
         self.env_steps = 0
+        self.first_step_time: float | None = None  # time.time() when the first env.step returned
         self.episode_return = np.zeros(k)
         self.episode_length = np.zeros(k, dtype=np.int64)
         self.finished_returns: list[float] = []
@@ -344,6 +345,8 @@ class Actor:
             actions = self.act(q)
             next_obs, reward, terminated, truncated, final_obs, stepped = self.envs.step(
                 actions, durations_ms)
+            if self.first_step_time is None:  # wall-clock: the driver's timeline is another process
+                self.first_step_time = time.time()
             done = terminated | truncated
             self.folder.push(self.obs, actions, reward, final_obs, terminated, truncated, q,
                              stepped)

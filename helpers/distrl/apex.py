@@ -354,8 +354,9 @@ class ApeX:
 
 class _DashboardStartFailure(logging.Filter):
     """ray.init starts Ray's dashboard head even with include_dashboard=False (it then serves
-    only usage stats); if that process dies during start-up, Ray logs four ERROR lines and
-    carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here uses it, so
+    only usage stats); init_local_ray leaves it out, but only through a private API, and a
+    plain ray.init still starts it. If that process dies during start-up, Ray logs four ERROR
+    lines and carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here uses it, so
     the first line becomes one warning that says so and the rest, about the same failure, are
     dropped. Installed on import, so it covers every ray.init in a process that imports this
     module: ApeX's and the notebooks' own. Seen in CI on 2 busy cores: return code -6."""
@@ -408,6 +409,7 @@ class _Run:
         self.stop_reason, self.stop_detail = "", ""
         self.time_to_target = None
         self.startup_s = None
+        self.first_step_s = None  # the earliest first env.step an actor has reported
         self.first_update_s = None
         self.driver_cpu_start = time.process_time()
         self.bar = None
@@ -500,6 +502,13 @@ class _Run:
         inserted = sum(s["inserted"] for s in self.replay_stats.values())
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
+        # The actors' own clocks: the first transition above comes later by a block, a trip
+        # to replay and up to one REPORT_INTERVAL_S. time.time(), as the actors may be on
+        # other machines (within their clocks' sync, milliseconds on GKE's NTP).
+        t_start_wall = time.time() - (time.monotonic() - self.t_start)
+        for stats in fleet.last:
+            if (first := stats.get("first_step_time")) is not None:
+                self.first_step_s = min(first - t_start_wall, self.first_step_s or float("inf"))
         if updates > 0 and self.first_update_s is None:
             self.first_update_s = now - self.t_start
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
@@ -721,7 +730,8 @@ class _Run:
                 first.setdefault({"learner_running": "learner running",
                                   "actor_running": "first actor running"}[e["kind"]], e["time_s"])
         marks = {**self.apex.marks, **first,
-                 "first transition": self.startup_s, "first update": self.first_update_s,
+                 "first env step": self.first_step_s, "first transition": self.startup_s,
+                 "first update": self.first_update_s,
                  "first evaluation": self.evals[0]["time_s"] if self.evals else None,
                  "target": self.time_to_target}
         reached = sorted((t, name) for name, t in marks.items() if t is not None)

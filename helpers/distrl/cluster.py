@@ -448,7 +448,8 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
     for attempt in range(1, attempts + 1):
         began = time.time()
         try:
-            return ray.init(address="local", **ray_init_kwargs)
+            with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")):
+                return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
             if not ray_gave_up(str(e)):
                 raise
@@ -463,6 +464,31 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
             print(f"Ray's node did not start (its GCS or raylet did not come up within Ray's "
                   f"30 s); {logs}; starting Ray again ({attempt + 1} of {attempts})",
                   file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _dashboard_process_skipped(include_dashboard):
+    """While ray.init starts a node: no dashboard process, when include_dashboard is False.
+
+    Ray 2.60 starts it anyway, with only its usage-stats module (which reports nothing unless
+    usage stats are on), and starts the raylet only once the dashboard has written its address
+    (ray/_private/services.py, start_api_server): 0.7-1.7 s of every ray.init on 2 cores, one
+    core busy importing it (`python benchmarks/process_startup.py`). Through a private API
+    (Node.start_api_server): if it is gone, this is a plain ray.init."""
+    try:
+        from ray._private.node import Node
+
+        start_api_server = Node.start_api_server
+    except (ImportError, AttributeError):
+        start_api_server = None
+    if include_dashboard is not False or start_api_server is None:
+        yield
+        return
+    Node.start_api_server = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        Node.start_api_server = start_api_server
 
 
 def shutdown_ray() -> None:

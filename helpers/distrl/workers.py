@@ -464,7 +464,7 @@ class ActorWorker:
         return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
                 "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
-                "node_id": self.node_id}
+                "node_id": self.node_id, "first_step_time": self.actor.first_step_time}
 
     def stop(self) -> None:
         self._stop.set()
