@@ -29,9 +29,19 @@ $(STAMP): requirements.lock pyproject.toml
 tutorial: install
 	$(BIN)/python -m distrl.tutorial --kernel $(KERNEL)
 
+# Two pytest runs side by side: the slow tests one after another (they start Ray, kernels and
+# faults that look at every Ray process on the machine) and, beside them, the unit tests, which
+# start no Ray; their report follows the slow tests'. (pytest-xdist's --dist loadgroup would do
+# this, but with pytest 9.2 it silently stops grouping: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra --durations=30
+	@unit_log=$$(mktemp); \
+	$(BIN)/python -m pytest -ra -m "not slow" -p no:cacheprovider >$$unit_log 2>&1 & unit=$$!; \
+	$(BIN)/python -m pytest -ra --durations=30 -m slow; slow_rc=$$?; \
+	wait $$unit; unit_rc=$$?; \
+	echo "== the unit tests, run beside the slow ones (pytest -m 'not slow') =="; \
+	cat $$unit_log; rm -f $$unit_log; \
+	test $$slow_rc -eq 0 && test $$unit_rc -eq 0
 
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
 test-fast: install

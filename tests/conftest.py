@@ -8,6 +8,17 @@ import pytest
 # TensorFlow's C++ start-up notices are noise in test logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+
+def pytest_collection_modifyitems(items):
+    """Slow tests that mostly wait (`waits`: Ray's fixed 30 s, the package index) run first.
+    `make test` runs the unit tests (they start no Ray) in a second pytest beside the slow
+    ones, which run one after another: they start Ray, kernels and fault injections that look
+    at every Ray process on the machine (a fault test kills `ray::ActorWorker` by its title; a
+    cluster test compares the machine's Ray processes before and after). So the unit tests'
+    CPU meets the waiting tests' idle cores rather than a loaded fault test."""
+    items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable
+
+
 STAND_IN = """#!{python}
 # Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
 # project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl exec ... --

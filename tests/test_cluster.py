@@ -317,6 +317,7 @@ exec "$@"
 """
 
 
+@pytest.mark.waits  # Ray's fixed 30 s, twice at once
 def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monkeypatch):
     """Ray waits a fixed 30 s for a new node's GCS and for its raylet, then gives up. Both ways
     the series starts a node try once more: a driver's init_local_ray (ray.init) and a

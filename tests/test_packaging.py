@@ -70,6 +70,7 @@ def test_every_import_of_the_package_is_a_declared_dependency():
 
 @pytest.mark.slow
 @pytest.mark.timeout(600)
+@pytest.mark.waits  # pip, much of it on the package index
 def test_a_plain_install_brings_every_import(tmp_path):
     """`pip install .` (no lock file), resolved by pip against the package index as if nothing
     were installed: the distributions it would install provide every module the package
