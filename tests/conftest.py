@@ -19,6 +19,28 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable
 
 
+@pytest.fixture(autouse=True)
+def unit_tests_start_no_ray(request):
+    """What lets `make test` run the unit tests beside the slow ones: a test not marked slow
+    that leaves Ray up, or a Ray process of its own, fails here and must be marked slow."""
+    yield
+    if request.node.get_closest_marker("slow") is not None:
+        return
+    import psutil
+
+    ray = sys.modules.get("ray")
+    assert ray is None or not ray.is_initialized(), "a unit test started Ray: mark it slow"
+    started = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if child.name() in ("gcs_server", "raylet") or "ray/core/src/ray" in " ".join(
+                    child.cmdline()):
+                started.append(child.pid)
+        except psutil.Error:  # ended while looked at
+            pass
+    assert not started, f"a unit test left Ray processes {started}: mark it slow"
+
+
 STAND_IN = """#!{python}
 # Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
 # project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl exec ... --
