@@ -356,10 +356,11 @@ class _DashboardStartFailure(logging.Filter):
     """ray.init starts Ray's dashboard head even with include_dashboard=False (it then serves
     only usage stats); init_local_ray leaves it out, but only through a private API, and a
     plain ray.init still starts it. If that process dies during start-up, Ray logs four ERROR
-    lines and carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here uses it, so
-    the first line becomes one warning that says so and the rest, about the same failure, are
-    dropped. Installed on import, so it covers every ray.init in a process that imports this
-    module: ApeX's and the notebooks' own. Seen in CI on 2 busy cores: return code -6."""
+    lines and carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here
+    uses it, so the first line becomes one warning that says so and the rest, about the same
+    failure, are dropped. Installed on import, so it covers every ray.init in a process that
+    imports this module: ApeX's and the notebooks' own. Seen in CI on 2 busy cores: return
+    code -6."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -508,7 +509,8 @@ class _Run:
         t_start_wall = time.time() - (time.monotonic() - self.t_start)
         for stats in fleet.last:
             if (first := stats.get("first_step_time")) is not None:
-                self.first_step_s = min(first - t_start_wall, self.first_step_s or float("inf"))
+                earliest = float("inf") if self.first_step_s is None else self.first_step_s
+                self.first_step_s = min(first - t_start_wall, earliest)
         if updates > 0 and self.first_update_s is None:
             self.first_update_s = now - self.t_start
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "

@@ -472,8 +472,8 @@ def _dashboard_process_skipped(include_dashboard):
 
     Ray 2.60 starts it anyway, with only its usage-stats module (which reports nothing unless
     usage stats are on), and starts the raylet only once the dashboard has written its address
-    (ray/_private/services.py, start_api_server): 0.7-1.7 s of every ray.init on 2 cores, one
-    core busy importing it (`python benchmarks/process_startup.py`). Through a private API
+    (ray/_private/services.py, start_api_server): a median 0.8 s of every ray.init on 2 cores
+    (`python benchmarks/process_startup.py`), one core busy importing it. Through a private API
     (Node.start_api_server): if it is gone, this is a plain ray.init."""
     try:
         from ray._private.node import Node
