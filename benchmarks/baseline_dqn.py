@@ -16,6 +16,7 @@ import gymnasium as gym
 import numpy as np
 from stable_baselines3 import DQN
 from stable_baselines3.common.callbacks import BaseCallback
+from stable_baselines3.common.logger import Logger
 
 # rl-baselines3-zoo hyperparams/dqn.yml, CartPole-v1 ("Almost Tuned"), as of commit 22e3ff2
 # (2026-04-23). n_timesteps there is 5e4; we keep training past it until --max-steps.
@@ -76,6 +77,9 @@ def main() -> None:
     hyper = {**ZOO_CARTPOLE, "exploration_fraction":
              ZOO_CARTPOLE["exploration_fraction"] * ZOO_TIMESTEPS / args.max_steps}
     model = DQN("MlpPolicy", env, seed=args.seed, verbose=0, device="cpu", **hyper)
+    # A logger with no output: SB3's default one makes a new /tmp/SB3-<time> folder every run
+    # (stable_baselines3/common/logger.py, configure) and leaves it there.
+    model.set_logger(Logger(folder=None, output_formats=[]))
     stop = StopAtTarget(args.eval_every, args.target_return, 10, args.seed)
     model.learn(total_timesteps=args.max_steps, callback=stop)
     print(json.dumps({"solved": stop.solved_at is not None, "env_steps": model.num_timesteps,
