@@ -124,17 +124,20 @@ def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
             ray_local.kill(actor)
 
 
-def test_the_stop_sequence_does_not_wait_for_an_actor_queued_for_a_cpu(ray_local, busy_cpus):
-    """At the end the driver takes each actor's final stats from its run(). Of two actors that
-    each need both CPUs, one runs and one is queued: the queued one never began its run(), and
-    waiting for it spent 10 s of every run that ended with an actor short of a node (both
-    trainings of notebook 04). The final stats of the one that ran still come."""
-    from distrl.faults import STALE_S, ActorFleet
+def test_the_stop_sequence_waits_for_actors_that_ran_or_have_a_process_not_a_queued_one(
+        ray_local, busy_cpus):
+    """At the end the driver takes each actor's final stats from its run(). Of three actors, one
+    runs (one CPU), one has its process but is still in its __init__ (the other CPU), and one,
+    asking for both CPUs, is queued: it never began its run(), and waiting for it spent 10 s of
+    every run that ended with an actor short of a node (both trainings of notebook 04). The
+    final stats of the other two still come: the one in its __init__ is waited for until its
+    run() returns."""
+    from distrl.faults import STALE_S, ActorFleet, in_a_process
 
-    @ray_local.remote(num_cpus=2, max_concurrency=2)  # stop() while run() loops
     class Looping:
-        def __init__(self):
+        def __init__(self, init_s: float = 0.0):
             self.stopped = threading.Event()
+            time.sleep(init_s)
 
         def run(self):
             self.stopped.wait(120)
@@ -146,24 +149,33 @@ def test_the_stop_sequence_does_not_wait_for_an_actor_queued_for_a_cpu(ray_local
         def stop(self):
             self.stopped.set()
 
-    actors = [Looping.remote(), Looping.remote()]
+    def looping(cpus: int, init_s: float = 0.0):  # max_concurrency: stop() while run() loops
+        return ray_local.remote(num_cpus=cpus, max_concurrency=2)(Looping).remote(init_s)
+
+    runs, starting, queued = 0, 1, 2
+    actors = [looping(1), looping(1, init_s=8.0), looping(2)]
     try:
         fleet = ActorFleet(actors, time.monotonic())
         fleet.start()
         fleet.ask(None)
-        ready, _ = ray_local.wait(list(fleet.stats_refs), num_returns=1, timeout=60)
-        assert ready, "neither actor answered stats() within 60 s"
-        fleet.handle(ready[0], time.monotonic())
-        [(queued, _)] = fleet.waiting(time.monotonic())
+        first = next(ref for ref, i in fleet.stats_refs.items() if i == runs)
+        ready, _ = ray_local.wait([first], timeout=60)
+        assert ready, "the actor with a free CPU did not answer stats() within 60 s"
+        fleet.handle(first, time.monotonic())
+        wait_for(lambda: in_a_process(actors, [starting]), 30, "actor 1's process")
+        assert in_a_process(actors, [queued]) == set()
+        assert {i for i, _ in fleet.waiting(time.monotonic())} == {starting, queued}
         # The one that ran then goes quiet (a slow node): it may still answer, so it is waited for.
         assert fleet.tick(time.monotonic() + STALE_S + 1)[0][0] == "actor_silent"
         fleet.stop()
+        assert in_a_process(actors, [starting]) == {starting}, "actor 1's __init__ ended: raise init_s"
         began = time.monotonic()
         finals = fleet.finish(60.0)
         took = time.monotonic() - began
         assert took < 30, f"finish() waited {took:.0f} s of its 60 for the queued actor"
-        assert list(finals) == [1 - queued] and finals[1 - queued]["env_steps"] == 7
-        assert fleet.env_steps() == 7  # the final count replaced the last report's 3
+        assert sorted(finals) == [runs, starting], finals  # actor 1: once its __init__ ended
+        assert all(f["env_steps"] == 7 for f in finals.values()), finals
+        assert fleet.env_steps() == 14  # the final counts replaced the last report's 3
     finally:
         for actor in actors:
             ray_local.kill(actor)
