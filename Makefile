@@ -7,6 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 UV := $(BIN)/uv pip install --python $(BIN)/python
 KERNEL := distrl
+UNIT_TESTS := $(BIN)/python -m pytest -ra -m "not slow"
 
 .PHONY: install tutorial test test-fast lab bench lock clean
 
@@ -36,7 +37,7 @@ tutorial: install
 test: install
 	$(BIN)/ruff check .
 	@unit_log=$$(mktemp); \
-	$(BIN)/python -m pytest -ra -m "not slow" -p no:cacheprovider >$$unit_log 2>&1 & unit=$$!; \
+	$(UNIT_TESTS) -p no:cacheprovider >$$unit_log 2>&1 & unit=$$!; \
 	$(BIN)/python -m pytest -ra --durations=30 -m slow; slow_rc=$$?; \
 	wait $$unit; unit_rc=$$?; \
 	echo "== the unit tests, run beside the slow ones (pytest -m 'not slow') =="; \
@@ -46,7 +47,7 @@ test: install
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
 test-fast: install
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -ra -m "not slow"
+	$(UNIT_TESTS)
 
 lab: install
 	$(BIN)/jupyter lab notebooks/

@@ -18,11 +18,11 @@ from distrl.replay import PrioritizedReplay, Transitions
 
 
 def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
-                       device: str = "cpu", per_call: int = 1, first_call: list | None = None) -> float:
+                       device: str = "cpu", per_call: int = 1) -> tuple[float, float]:
     """Learner updates/s on batches from a full replay, after tracing and 10 warm-up calls
     (TensorFlow already configured by the caller); per_call batches go into each call
-    (update_many, as the learner process calls it with batches_per_fetch). With first_call,
-    the seconds of the first call (tracing, and XLA's compile with jit_compile) go into it."""
+    (update_many, as the learner process calls it with batches_per_fetch). Also the seconds
+    of the first call: tracing, and XLA's compile with jit_compile."""
     import tensorflow as tf
 
     rng = np.random.default_rng(0)
@@ -39,15 +39,14 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
         learner = Learner(config, spec, init_weights(spec, 0))
         began = time.perf_counter()
         learner.update_many(stacks[0])  # trace (and compile)
-        if first_call is not None:
-            first_call.append(time.perf_counter() - began)
+        first_call_s = time.perf_counter() - began
         for stack in stacks[1:10]:
             learner.update_many(stack)  # warm up
         calls = max(1, updates // per_call)
         start = time.perf_counter()
         for i in range(calls):
             learner.update_many(stacks[i % len(stacks)])
-        return calls * per_call / (time.perf_counter() - start)
+        return calls * per_call / (time.perf_counter() - start), first_call_s
 
 
 def main() -> None:
@@ -70,19 +69,18 @@ def main() -> None:
     config = ApexConfig(hidden_sizes=tuple(args.hidden_sizes), batch_size=args.batch_size)
     spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
     flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
-    single = updates_per_second(config, spec, args.updates, args.device)
-    first_call: list[float] = []
-    rate = updates_per_second(config, spec, args.updates, args.device, args.per_call, first_call)
-    plain: list[float] = []  # the same without XLA: what jit_compile=False trades
-    plain_rate = updates_per_second(config.replace(jit_compile=False), spec, args.updates,
-                                    args.device, args.per_call, plain)
+    single, _ = updates_per_second(config, spec, args.updates, args.device)
+    rate, first_call_s = updates_per_second(config, spec, args.updates, args.device, args.per_call)
+    # The same without XLA: what jit_compile=False trades.
+    plain_rate, plain_first_s = updates_per_second(config.replace(jit_compile=False), spec,
+                                                   args.updates, args.device, args.per_call)
     print(f"learner on {args.device} ({gpus or 'one core'}), batch {args.batch_size}, hidden "
           f"{config.hidden_sizes}: {rate:,.0f} updates/s with {args.per_call} batches per call "
           f"(target 150: {rate / 150:.2f}x), {rate * args.batch_size:,.0f} samples/s, "
           f"~{rate * flops / 1e9:.1f} GFLOP/s; one batch per call: {single:,.0f} updates/s "
           f"(ratio {rate / single:.2f})")
-    print(f"the first call, before any update lands (tracing, XLA's compile): {first_call[0]:.2f} s; "
-          f"without XLA (jit_compile=False) {plain[0]:.2f} s, then {plain_rate:,.0f} updates/s "
+    print(f"the first call, before any update lands (tracing, XLA's compile): {first_call_s:.2f} s; "
+          f"without XLA (jit_compile=False) {plain_first_s:.2f} s, then {plain_rate:,.0f} updates/s "
           f"(ratio {rate / plain_rate:.2f})")
 
 

@@ -40,7 +40,7 @@ def direct_cost() -> None:
     # One learner update at the default batch, timed before the collector's server threads
     # start beside it.
     configure_tensorflow(num_threads=1)
-    update_s = 1 / updates_per_second(config, spec, 300)
+    update_s = 1 / updates_per_second(config, spec, 300)[0]
     actor = Actor(config, 0, init_weights(spec, 0))
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:

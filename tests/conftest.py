@@ -1,3 +1,4 @@
+import contextlib
 import json
 import os
 import stat
@@ -19,6 +20,12 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable
 
 
+def is_ray_process(cmdline: list[str]) -> bool:
+    """Ray's binaries (GCS, raylet), a `ray start`, or a Ray worker titled `ray::...`."""
+    cmd = " ".join(cmdline)
+    return "ray/core/src/ray" in cmd or "ray start" in cmd or cmd.startswith("ray::")
+
+
 @pytest.fixture(autouse=True)
 def unit_tests_start_no_ray(request):
     """What lets `make test` run the unit tests beside the slow ones: a test not marked slow
@@ -32,12 +39,9 @@ def unit_tests_start_no_ray(request):
     assert ray is None or not ray.is_initialized(), "a unit test started Ray: mark it slow"
     started = []
     for child in psutil.Process().children(recursive=True):
-        try:
-            if child.name() in ("gcs_server", "raylet") or "ray/core/src/ray" in " ".join(
-                    child.cmdline()):
+        with contextlib.suppress(psutil.Error):  # ended while looked at
+            if is_ray_process(child.cmdline()):
                 started.append(child.pid)
-        except psutil.Error:  # ended while looked at
-            pass
     assert not started, f"a unit test left Ray processes {started}: mark it slow"
 
 

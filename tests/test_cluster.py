@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import is_ray_process
 
 from distrl import jobs
 from distrl.cluster import (
@@ -45,12 +46,7 @@ SMALL_RUN = ["--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", 
 
 
 def ray_processes() -> set[int]:
-    out = set()
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if "ray/core/src/ray" in cmd or "ray start" in cmd or cmd.startswith("ray::"):
-            out.add(p.pid)
-    return out
+    return {p.pid for p in psutil.process_iter(["cmdline"]) if is_ray_process(p.info["cmdline"] or [])}
 
 
 def ray_left(before: set[int]) -> dict[int, str]:

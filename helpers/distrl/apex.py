@@ -410,7 +410,7 @@ class _Run:
         self.stop_reason, self.stop_detail = "", ""
         self.time_to_target = None
         self.startup_s = None
-        self.first_step_s = None  # the earliest first env.step an actor has reported
+        self.fleet: ActorFleet | None = None  # from drive() on
         self.first_update_s = None
         self.driver_cpu_start = time.process_time()
         self.bar = None
@@ -503,14 +503,6 @@ class _Run:
         inserted = sum(s["inserted"] for s in self.replay_stats.values())
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
-        # The actors' own clocks: the first transition above comes later by a block, a trip
-        # to replay and up to one REPORT_INTERVAL_S. time.time(), as the actors may be on
-        # other machines (within their clocks' sync, milliseconds on GKE's NTP).
-        t_start_wall = time.time() - (time.monotonic() - self.t_start)
-        for stats in fleet.last:
-            if (first := stats.get("first_step_time")) is not None:
-                earliest = float("inf") if self.first_step_s is None else self.first_step_s
-                self.first_step_s = min(first - t_start_wall, earliest)
         if updates > 0 and self.first_update_s is None:
             self.first_update_s = now - self.t_start
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
@@ -731,8 +723,13 @@ class _Run:
             if e["kind"] in ("learner_running", "actor_running"):
                 first.setdefault({"learner_running": "learner running",
                                   "actor_running": "first actor running"}[e["kind"]], e["time_s"])
+        # The actors' own clock (wall-clock: they may be on other machines, within their
+        # clocks' sync): the first transition comes later by a block, a trip to replay and up
+        # to one REPORT_INTERVAL_S.
+        first_step = None if self.fleet is None or self.fleet.first_step_time is None else \
+            self.fleet.first_step_time - (time.time() - (time.monotonic() - self.t_start))
         marks = {**self.apex.marks, **first,
-                 "first env step": self.first_step_s, "first transition": self.startup_s,
+                 "first env step": first_step, "first transition": self.startup_s,
                  "first update": self.first_update_s,
                  "first evaluation": self.evals[0]["time_s"] if self.evals else None,
                  "target": self.time_to_target}

@@ -138,6 +138,7 @@ class ActorFleet:
         self.rerun_pending: set[int] = set()  # lost actors whose run() goes out again
         self.lost_pid: dict[int, int | None] = {}  # the pid of each one's lost life
         self.none_running_since: float | None = now
+        self.first_step_time: float | None = None  # wall-clock: the earliest first env.step
 
     # --- requests ---
     def start(self) -> None:
@@ -202,6 +203,9 @@ class ActorFleet:
             self.base[i] += self.last[i]["env_steps"]
         elif stats["env_steps"] < self.last[i]["env_steps"]:
             self.base[i] += self.last[i]["env_steps"]
+        if (stepped := stats.get("first_step_time")) is not None:  # any life's: the earliest
+            self.first_step_time = stepped if self.first_step_time is None else \
+                min(stepped, self.first_step_time)
         first = self.pids[i] is None
         self.pids[i], self.last[i], self.seen[i] = stats["pid"], stats, now
         self.nodes[i] = stats.get("node_id")
