@@ -2,11 +2,19 @@
 
     python benchmarks/learner_throughput.py [--batch-size 512] [--hidden-sizes 128 128] [--device gpu]
 
+It also times the first call, tracing plus XLA's compile, in this process and then in two new
+ones that share an empty XLA cache (xla_cache, as the learner's process has it): the first
+compiles and writes the cache, the second loads what it wrote.
+
 Target (issue 2): aim for at least 150 updates/s on one CPU core.
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 import time
 
 import numpy as np
@@ -49,6 +57,19 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
         return calls * per_call / (time.perf_counter() - start), first_call_s
 
 
+def first_call_in_a_new_process(config: ApexConfig, cache_dir: str, per_call: int,
+                                device: str) -> float:
+    """Seconds of a new process's first update_many call, XLA's cache in cache_dir."""
+    run = subprocess.run([sys.executable, __file__, "--first-call-only", "--device", device,
+                          "--batch-size",
+                          str(config.batch_size), "--per-call", str(per_call), "--hidden-sizes",
+                          *map(str, config.hidden_sizes)], capture_output=True, text=True,
+                         timeout=300, env=os.environ | {"DISTRL_XLA_CACHE_DIR": cache_dir})
+    if run.returncode != 0:
+        raise SystemExit(run.stderr[-3000:])
+    return json.loads(run.stdout.strip().splitlines()[-1])["first_call_s"]
+
+
 def main() -> None:
     defaults = ApexConfig()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -58,16 +79,22 @@ def main() -> None:
     parser.add_argument("--device", choices=["cpu", "gpu"], default="cpu")
     parser.add_argument("--per-call", type=int, default=defaults.batches_per_fetch,
                         help="batches per update_many call (the learner's batches_per_fetch)")
+    parser.add_argument("--first-call-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if hasattr(os, "sched_setaffinity"):
             os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})
-    gpus = configure_tensorflow(num_threads=1 if args.device == "cpu" else None)
+    gpus = configure_tensorflow(num_threads=1 if args.device == "cpu" else None,
+                                xla_cache=args.first_call_only)
     if args.device == "gpu" and not gpus:
         raise SystemExit("--device gpu: TensorFlow sees no GPU on this machine")
     config = ApexConfig(hidden_sizes=tuple(args.hidden_sizes), batch_size=args.batch_size)
     spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
+    if args.first_call_only:  # one of first_call_in_a_new_process's processes
+        _, first_call_s = updates_per_second(config, spec, 0, args.device, args.per_call)
+        print(json.dumps({"first_call_s": first_call_s}))
+        return
     flops = 3 * spec.forward_flops(args.batch_size) + 2 * spec.forward_flops(args.batch_size)
     single, _ = updates_per_second(config, spec, args.updates, args.device)
     rate, first_call_s = updates_per_second(config, spec, args.updates, args.device, args.per_call)
@@ -82,6 +109,12 @@ def main() -> None:
     print(f"the first call, before any update lands (tracing, XLA's compile): {first_call_s:.2f} s; "
           f"without XLA (jit_compile=False) {plain_first_s:.2f} s, then {plain_rate:,.0f} updates/s "
           f"(ratio {rate / plain_rate:.2f})")
+    with tempfile.TemporaryDirectory() as cache:
+        compiled, loaded = (first_call_in_a_new_process(config, cache, args.per_call, args.device)
+                            for _ in range(2))
+    print(f"the first call in a new process, with XLA's cache (xla_cache): {compiled:.2f} s when "
+          f"it compiles and writes the cache, {loaded:.2f} s when it loads it "
+          f"(ratio {loaded / compiled:.2f})")
 
 
 if __name__ == "__main__":

@@ -1,13 +1,21 @@
+import atexit
 import contextlib
 import json
 import os
+import shutil
 import stat
 import sys
+import tempfile
 
 import pytest
 
 # TensorFlow's C++ start-up notices are noise in test logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# Learners keep XLA's compiled steps in this test run's own folder, not the user's
+# ~/.cache/distrl/xla (what the tests start inherits it: Ray's workers, the notebooks' kernels).
+_XLA_CACHE = tempfile.mkdtemp(prefix="distrl-test-xla-")
+os.environ.setdefault("DISTRL_XLA_CACHE_DIR", _XLA_CACHE)
+atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items):

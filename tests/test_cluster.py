@@ -273,12 +273,13 @@ SHUTDOWN = """
 import json, ray
 from ray._private import node, worker
 from distrl.cluster import init_local_ray, running, shutdown_ray
-start_api_server = node.Node.start_api_server
+start_api_server, start_ray_processes = node.Node.start_api_server, node.Node.start_ray_processes
 init_local_ray(num_cpus=1, include_dashboard=False)
 started = {kind: [i.process.pid for i in infos]
            for kind, infos in worker._global_node.all_processes.items()}
 up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
-restored = node.Node.start_api_server is start_api_server
+restored = (node.Node.start_api_server is start_api_server
+            and node.Node.start_ray_processes is start_ray_processes)
 shutdown_ray()
 left = running([pid for pids in started.values() for pid in pids])  # before Ray's atexit
 print(json.dumps({"started": started, "up": up, "restored": restored, "left": left}))
@@ -313,13 +314,14 @@ exec "$@"
 """
 
 
-@pytest.mark.waits  # Ray's fixed 30 s, twice at once
+@pytest.mark.waits  # Ray's fixed 30 s, for the head's `ray start`
 def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monkeypatch):
     """Ray waits a fixed 30 s for a new node's GCS and for its raylet, then gives up. Both ways
     the series starts a node try once more: a driver's init_local_ray (ray.init) and a
     LocalCluster head (`ray start`), each losing its first raylet the moment it starts (through
     Ray's own launch hook, so that no race with the raylet's registration decides it). They run
-    side by side, so the two 30-s waits overlap."""
+    side by side. init_local_ray sees the raylet end and starts again at once; the head's
+    `ray start` waits out Ray's 30 s."""
     before, dirs_before = ray_processes(), multiprocessing_dirs()
     hook = tmp_path / "hook"
     hook.mkdir()
@@ -360,6 +362,9 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     assert result["up"] == "task ran"
     assert result["raylets"] and killed["driver"] not in result["raylets"]
     assert "starting Ray again (2 of 2)" in driver_err, driver_err[-3000:]
+    # Not after Ray's 30 s: init_local_ray saw the raylet's process end before it registered.
+    assert (f"its raylet (pid {killed['driver']}) ended with exit code -9 before it registered "
+            "with the GCS") in driver_err, driver_err[-3000:]
     # Killed before it became the raylet, so it never opened its log.
     failed = re.search(r"logs in (\S+)/logs: no raylet\.out, the raylet ended", driver_err)
     assert failed, driver_err[-3000:]

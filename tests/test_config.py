@@ -35,6 +35,7 @@ from distrl.train import build_parser, main
     ("max_env_steps", 0, "None or an integer >= 1"),
     ("samples_per_insert", -1, ">= 0"),
     ("dueling", "yes", "True or False"),
+    ("xla_cache", 1, "True or False"),
     ("env_id", "", "non-empty"),
     ("learner_wait_s", 0, "a number of seconds > 0"),
 ])

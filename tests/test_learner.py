@@ -1,5 +1,7 @@
 """The Keras network against its numpy twin, and the learner's maths against numpy."""
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -199,3 +201,107 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
     assert report["loaded"] == []
     assert np.isfinite(report["loss"]) and report["td"] == 16
     assert report["after"] == ["pandas", "matplotlib.pyplot"]
+
+
+# A learner's first update, in a process of its own: its losses, and whether XLA's cache was on.
+FIRST_UPDATE = """if True:
+    import json, sys
+    import numpy as np
+    from distrl import learner as learner_module
+    from distrl.config import ApexConfig
+    from distrl.learner import Learner, configure_tensorflow
+    from distrl.network import NetworkSpec, init_weights
+    from distrl.replay import SampledBatch, Transitions
+    configure_tensorflow(num_threads=1, xla_cache=sys.argv[1] == "on")
+    spec = NetworkSpec(4, 2, (8,), True)
+    learner = Learner(ApexConfig(jit_compile=True), spec, init_weights(spec, 0))
+    rng = np.random.default_rng(0)
+    t = Transitions(obs=rng.normal(size=(2, 16, 4)), action=rng.integers(0, 2, (2, 16)),
+                    reward=np.ones((2, 16)), discount=np.full((2, 16), 0.97),
+                    next_obs=rng.normal(size=(2, 16, 4)), priority=np.ones((2, 16)))
+    losses, _, _ = learner.update_many(SampledBatch(t, np.zeros((2, 16), int), np.ones((2, 16)),
+                                                    np.ones((2, 16))))
+    print(json.dumps({"losses": losses.tolist(), "cache": str(learner_module._xla_cache_dir)}))
+"""
+
+
+def first_update(cache: str, env: dict) -> tuple[dict, str]:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", FIRST_UPDATE, cache], capture_output=True,
+                         text=True, timeout=180, env=os.environ | env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1]), run.stderr
+
+
+def test_xla_keeps_the_compiled_step_a_new_process_loads_and_a_damaged_one_is_compiled_again(
+        tmp_path):
+    """With xla_cache, the learner's compiled train step is written to disk and loaded by the
+    next process (0.4 s instead of 1.4-3 s of compiling, benchmarks/learner_throughput.py),
+    with the same results. An entry that does not load (here: garbage) is not fatal: it is
+    cleared and the step compiled again."""
+    env = {"DISTRL_XLA_CACHE_DIR": str(tmp_path / "xla"), "TF_XLA_FLAGS": ""}
+    plain, _ = first_update("off", env)
+    assert plain["cache"] == "None" and not (tmp_path / "xla").exists()
+    written, _ = first_update("on", env)
+    cache = Path(written["cache"])
+    assert cache.parent == tmp_path / "xla" and cache.name.startswith("tf")
+    entries = sorted(cache.iterdir())
+    assert len(entries) == 1 and entries[0].stat().st_size > 1000, entries
+    np.testing.assert_array_equal(written["losses"], plain["losses"])
+    # A new process with the entry: the same losses, and nothing compiled or written again.
+    stamp = entries[0].stat().st_mtime_ns
+    loaded, _ = first_update("on", env)
+    np.testing.assert_array_equal(loaded["losses"], plain["losses"])
+    assert sorted(cache.iterdir()) == entries and entries[0].stat().st_mtime_ns == stamp
+    # The entry is really read: garbage in it fails the load, which the learner survives.
+    entries[0].write_bytes(b"garbage")
+    recovered, err = first_update("on", env)
+    np.testing.assert_array_equal(recovered["losses"], plain["losses"])
+    assert "XLA could not load a cached train step" in err and str(cache) in err, err[-3000:]
+    assert not entries[0].exists()  # cleared, and the step written again under its new trace
+    assert [e.stat().st_size > 1000 for e in cache.iterdir()] == [True]
+
+
+def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    report, err = first_update("on", {"DISTRL_XLA_CACHE_DIR": str(blocker), "TF_XLA_FLAGS": ""})
+    assert report["cache"] == "None" and np.isfinite(report["losses"]).all()
+    assert f"no XLA cache in {blocker}" in err and "compiling each start" in err, err[-3000:]
+
+
+def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tmp_path,
+                                                                              monkeypatch):
+    import os
+
+    from distrl import learner as learner_module
+    from distrl.learner import XLA_CACHE_ENV, _enable_xla_cache, default_xla_cache_dir
+
+    monkeypatch.delenv(XLA_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    folder = default_xla_cache_dir("2.21.0")
+    assert folder.parent == tmp_path / "xdg" / "distrl" / "xla"
+    assert folder.name.startswith("tf2.21.0-") and folder != default_xla_cache_dir("2.22.0")
+    monkeypatch.setenv(XLA_CACHE_ENV, str(tmp_path / "mine"))
+    assert default_xla_cache_dir("2.21.0").parent == tmp_path / "mine"
+    # Beyond the size limit, the oldest entries go until it fits.
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    for i in range(5):
+        (cache / f"entry{i}").write_bytes(b"x" * 100)
+        os.utime(cache / f"entry{i}", (1000 + i, 1000 + i))
+    monkeypatch.setattr(learner_module, "XLA_CACHE_MAX_BYTES", 250)
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_enable_lazy_compilation=false")
+    assert _enable_xla_cache(cache) == cache
+    assert sorted(p.name for p in cache.iterdir()) == ["entry3", "entry4"]
+    assert os.environ["TF_XLA_FLAGS"] == ("--tf_xla_enable_lazy_compilation=false "
+                                          f"--tf_xla_persistent_cache_directory={cache}")
+    # A cache directory the user gave XLA is theirs: kept, and not pruned.
+    monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_persistent_cache_directory=/elsewhere")
+    assert _enable_xla_cache(tmp_path / "unused") is None
+    assert os.environ["TF_XLA_FLAGS"] == "--tf_xla_persistent_cache_directory=/elsewhere"
+    assert not (tmp_path / "unused").exists()

@@ -726,11 +726,18 @@ class _Run:
         # The actors' own clock (wall-clock: they may be on other machines, within their
         # clocks' sync): the first transition comes later by a block, a trip to replay and up
         # to one REPORT_INTERVAL_S.
+        # The learner's own clock too: the driver sees it ready, and its first update, up to
+        # one REPORT_INTERVAL_S and a stats call later.
+        wall_start = time.time() - (time.monotonic() - self.t_start)
         first_step = None if self.fleet is None or self.fleet.first_step_time is None else \
-            self.fleet.first_step_time - (time.time() - (time.monotonic() - self.t_start))
+            self.fleet.first_step_time - wall_start
+        learner = self.learner_stats or {}
+        if learner.get("ready_time") is not None:
+            first["learner running"] = learner["ready_time"] - wall_start
+        updated = learner.get("first_update_time")
         marks = {**self.apex.marks, **first,
                  "first env step": first_step, "first transition": self.startup_s,
-                 "first update": self.first_update_s,
+                 "first update": self.first_update_s if updated is None else updated - wall_start,
                  "first evaluation": self.evals[0]["time_s"] if self.evals else None,
                  "target": self.time_to_target}
         reached = sorted((t, name) for name, t in marks.items() if t is not None)

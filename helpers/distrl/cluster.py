@@ -448,22 +448,85 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
     for attempt in range(1, attempts + 1):
         began = time.time()
         try:
-            with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")):
+            with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")), \
+                    _raylet_registration_polled():
                 return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
-            if not ray_gave_up(str(e)):
+            if not (isinstance(e, RayletNotRegistered) or ray_gave_up(str(e))):
                 raise
+            why = str(e) if isinstance(e, RayletNotRegistered) else \
+                "its GCS or raylet did not come up within Ray's 30 s"
             ray.shutdown()  # Ray never got a node object: its processes are still running
             session = _new_session(temp_dir, began)
             logs = _failed_start_logs(session, temp_dir)
             if session is not None:
                 _stop_children_of_session(session)
             if attempt == attempts:
-                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) (its GCS "
-                                   f"or raylet did not come up within Ray's 30 s); {logs}") from e
-            print(f"Ray's node did not start (its GCS or raylet did not come up within Ray's "
-                  f"30 s); {logs}; starting Ray again ({attempt + 1} of {attempts})",
-                  file=sys.stderr, flush=True)
+                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) ({why}); "
+                                   f"{logs}") from e
+            print(f"Ray's node did not start ({why}); {logs}; starting Ray again "
+                  f"({attempt + 1} of {attempts})", file=sys.stderr, flush=True)
+
+
+class RayletNotRegistered(RuntimeError):
+    """A new node's raylet ended, or did not register with the GCS in time."""
+
+
+RAYLET_REGISTRATION_S = 30.0  # Ray's own wait (raylet_start_wait_time_s)
+REGISTRATION_POLL_S = 0.02
+
+
+@contextlib.contextmanager
+def _raylet_registration_polled():
+    """While ray.init starts a node: its raylet's registration with the GCS is awaited by asking
+    the GCS every 20 ms, and given up on as soon as the raylet has ended.
+
+    Ray 2.60 waits in GlobalStateAccessor::GetNode, which asks the GCS, then sleeps a fixed 1 s
+    before it asks again, for up to raylet_start_wait_time_s, 30 s
+    (src/ray/gcs_rpc_client/global_state_accessor.cc). The raylet registers a few hundred ms
+    after it starts, so every ray.init slept a whole second or more there, sometimes 2 or 3
+    (cProfile of init_local_ray on 2 cores: 1.0-3.0 s in get_node), and a raylet that died at
+    launch was waited on for the full 30 s. After this wait Ray's own finds the node at its
+    first ask. Through a private API (Node.start_ray_processes, which starts the raylet): if
+    it is gone, this is a plain ray.init."""
+    try:
+        from ray._private import ray_constants
+        from ray._private.node import Node
+        from ray._raylet import NodeID
+        from ray.core.generated.gcs_pb2 import GcsNodeInfo
+        from ray.core.generated.gcs_service_pb2 import GetAllNodeInfoRequest
+
+        start_ray_processes = Node.start_ray_processes
+    except (ImportError, AttributeError):
+        yield
+        return
+
+    def registered(node) -> bool:
+        selector = GetAllNodeInfoRequest.NodeSelector(node_id=NodeID.from_hex(node.node_id).binary())
+        return bool(node.get_gcs_client().get_all_node_info(
+            timeout=RAYLET_REGISTRATION_S, node_selectors=[selector],
+            state_filter=GcsNodeInfo.GcsNodeState.ALIVE))
+
+    def start_and_await_raylet(node, *args, **kwargs):
+        start_ray_processes(node, *args, **kwargs)
+        raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or [None]
+        raylet = getattr(raylets[0], "process", None)
+        deadline = time.monotonic() + RAYLET_REGISTRATION_S
+        while not registered(node):
+            code = raylet.poll() if raylet is not None else None
+            if code is not None:
+                raise RayletNotRegistered(f"its raylet (pid {raylet.pid}) ended with exit code "
+                                          f"{code} before it registered with the GCS")
+            if time.monotonic() > deadline:
+                raise RayletNotRegistered(f"its raylet did not register with the GCS within "
+                                          f"{RAYLET_REGISTRATION_S:.0f} s")
+            time.sleep(REGISTRATION_POLL_S)
+
+    Node.start_ray_processes = start_and_await_raylet
+    try:
+        yield
+    finally:
+        Node.start_ray_processes = start_ray_processes
 
 
 @contextlib.contextmanager

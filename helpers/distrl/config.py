@@ -117,6 +117,8 @@ class ApexConfig:
     # costs about 2 s of compiling before the first update.
     jit_compile: bool = True
     """compile the train steps with XLA"""
+    xla_cache: bool = True
+    """keep XLA's compiled train steps on disk for the next start (in ~/.cache/distrl/xla)"""
 
     # --- evaluation and stopping ---
     target_return: float | None = 475.0
@@ -284,7 +286,8 @@ def _validate(c: ApexConfig) -> None:
            c.run_id, "None or a non-empty string")
     _check(c.peak_flops is None or (_is_num(c.peak_flops) and c.peak_flops > 0), "peak_flops",
            c.peak_flops, "None or a number > 0")
-    for name in ["dueling", "per_slot_epsilon", "jit_compile", "progress", "telemetry"]:
+    for name in ["dueling", "per_slot_epsilon", "jit_compile", "xla_cache", "progress",
+                 "telemetry"]:
         v = getattr(c, name)
         _check(isinstance(v, bool), name, v, "True or False")
 

@@ -14,11 +14,14 @@ where discount is gamma^n, gamma^k for an episode truncated after k steps, or 0 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import json
 import os
+import platform
 import re
 import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -68,17 +71,82 @@ def _hidden(names: tuple[str, ...]):
                 del sys.modules[name]
 
 
-def configure_tensorflow(num_threads: int | None = None, lean: bool = False) -> list[str]:
+XLA_CACHE_ENV = "DISTRL_XLA_CACHE_DIR"  # where compiled learner steps persist; default ~/.cache
+XLA_CACHE_MAX_BYTES = 256 * 2**20  # oldest entries go beyond this (one is about 0.7 MB on CPU)
+_xla_cache_dir: Path | None = None  # this process's XLA cache, once configure_tensorflow set it
+
+
+def default_xla_cache_dir(tf_version: str) -> Path:
+    """$DISTRL_XLA_CACHE_DIR, else ~/.cache/distrl/xla ($XDG_CACHE_HOME respected), with a
+    folder per TensorFlow version and CPU: an executable is compiled for the instruction set
+    of the CPU it was compiled on, and loaded only by the XLA that wrote it."""
+    base = os.environ.get(XLA_CACHE_ENV) or Path(
+        os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "distrl" / "xla"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line for line in f if line.startswith(("flags", "Features"))), "")
+    except OSError:
+        cpu = ""
+    cpu_key = hashlib.sha256((cpu or platform.processor()).encode()).hexdigest()[:12]
+    return Path(base) / f"tf{tf_version}-{platform.machine()}-{cpu_key}"
+
+
+def _enable_xla_cache(directory: Path) -> Path | None:
+    """Have XLA keep what it compiles in `directory` and load it from there next time.
+
+    TensorFlow's persistent cache (the tf_xla_persistent_cache_directory flag,
+    tensorflow/compiler/jit/flags.cc): a learner's first call then loads its compiled train
+    step, 0.4 s on one core here, instead of 1.4-3 s of compiling it
+    (`python benchmarks/learner_throughput.py`). XLA reads its flags at the first compile, so
+    this is set before one. A directory the user already gave XLA in TF_XLA_FLAGS is kept, and
+    left alone: None. Entries beyond XLA_CACHE_MAX_BYTES go, oldest first. OSError if the
+    directory cannot be made or read."""
+    flags = os.environ.get("TF_XLA_FLAGS", "")
+    if "tf_xla_persistent_cache_directory" in flags:
+        return None
+    directory.mkdir(parents=True, exist_ok=True)
+    entries = sorted((e.stat().st_mtime, e.stat().st_size, e) for e in directory.iterdir()
+                     if e.is_file())
+    total = sum(size for _, size, _ in entries)
+    for _, size, entry in entries:
+        if total <= XLA_CACHE_MAX_BYTES:
+            break
+        with contextlib.suppress(OSError):
+            entry.unlink()
+        total -= size
+    os.environ["TF_XLA_FLAGS"] = f"{flags} --tf_xla_persistent_cache_directory={directory}".strip()
+    return directory
+
+
+def clear_xla_cache() -> None:
+    """Delete this process's XLA cache entries (what a bad entry calls for)."""
+    if _xla_cache_dir is not None:
+        for entry in _xla_cache_dir.glob("*"):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+
+
+def configure_tensorflow(num_threads: int | None = None, lean: bool = False,
+                         xla_cache: bool = False) -> list[str]:
     """Import TensorFlow quietly, optionally cap its CPU threads; returns the visible GPUs.
 
     lean: for a process that only trains (the learner's): Keras is imported without pandas
     and matplotlib, so its DataFrame inputs and plotting helpers stay unavailable in it.
+    xla_cache: keep XLA's compiled steps on disk (default_xla_cache_dir), for the next start.
     """
+    global _xla_cache_dir
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    no_cache = None
     with _quiet_native_stderr(), _hidden(KERAS_OPTIONAL if lean else ()):
         import keras  # noqa: F401  (TensorFlow imports it too: this keeps that inside the block)
         import tensorflow as tf
 
+        if xla_cache:  # before listing devices, which has XLA read its flags
+            directory = default_xla_cache_dir(tf.__version__)
+            try:
+                _xla_cache_dir = _enable_xla_cache(directory)
+            except OSError as e:  # a read-only or full home: compile each start, as without
+                no_cache = f"distrl: no XLA cache in {directory} ({e}); compiling each start"
         # Before anything initialises TensorFlow's runtime (listing devices does): afterwards
         # the thread pools are fixed at one thread per core, and on a small machine the extra
         # threads compete with the actors for the cores Ray gave them.
@@ -89,6 +157,8 @@ def configure_tensorflow(num_threads: int | None = None, lean: bool = False) -> 
             except RuntimeError:  # already initialised in this process: keep what it has
                 pass
         gpus = [d.name for d in tf.config.list_logical_devices("GPU")]
+    if no_cache:  # after the block, whose stderr goes nowhere
+        print(no_cache, file=sys.stderr)
     return gpus
 
 
@@ -97,7 +167,6 @@ class Learner:
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights: list[np.ndarray]):
         import keras
-        import tensorflow as tf
 
         self.config, self.spec = config, spec
         self.online = build_keras_model(spec, weights)
@@ -110,15 +179,21 @@ class Learner:
         self._pairs = [(t, o) for name, _, _ in spec.layer_shapes()
                        for t, o in zip(self.target.get_layer(name).weights,
                                        self.online.get_layer(name).weights)]
-        # Traced once, for any number of batches of any size: calling the concrete function
-        # skips tf.function's per-call dispatch on its arguments. Without AutoGraph: the loop
-        # is an explicit tf.while_loop, so there is no Python source to convert (a tenth of a
-        # second of the learner's start-up, and a generated file in the temp folder that a
-        # killed learner never deletes).
-        obs = tf.TensorSpec([None, None, spec.obs_size], tf.float32)
+        self._train_steps = self._trace()
+        self._cache_cleared = False
+
+    def _trace(self):
+        """The train steps, traced once for any number of batches of any size: calling the
+        concrete function skips tf.function's per-call dispatch on its arguments. Without
+        AutoGraph: the loop is an explicit tf.while_loop, so there is no Python source to
+        convert (a tenth of a second of the learner's start-up, and a generated file in the
+        temp folder that a killed learner never deletes)."""
+        import tensorflow as tf
+
+        obs = tf.TensorSpec([None, None, self.spec.obs_size], tf.float32)
         column = tf.TensorSpec([None, None], tf.float32)
-        self._train_steps = tf.function(self._steps, jit_compile=config.jit_compile,
-                                        autograph=False).get_concrete_function(
+        return tf.function(self._steps, jit_compile=self.config.jit_compile,
+                           autograph=False).get_concrete_function(
             obs, tf.TensorSpec([None, None], tf.int32), column, column, obs, column,
             tf.TensorSpec([None], tf.bool))
 
@@ -181,12 +256,25 @@ class Learner:
         num, size = t.action.shape[:2]
         period = self.config.target_update_period
         copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
-        losses, td_abs, grad_norms, mean_qs = self._train_steps(*(tf.constant(a) for a in (
+        inputs = [tf.constant(a) for a in (
             t.obs.reshape(num, size, -1).astype(np.float32, copy=False),
             t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),
             t.discount.astype(np.float32, copy=False),
             t.next_obs.reshape(num, size, -1).astype(np.float32, copy=False),
-            stack.weights.astype(np.float32, copy=False), np.array(copy_target))))
+            stack.weights.astype(np.float32, copy=False), np.array(copy_target))]
+        try:
+            losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
+        except tf.errors.OpError as e:
+            if _xla_cache_dir is None or self._cache_cleared:
+                raise
+            # An XLA cache entry that does not load (damaged, or written by another build):
+            # XLA keeps that failure for this trace, so clear the cache and trace afresh.
+            print(f"distrl: XLA could not load a cached train step ({e.message}); clearing "
+                  f"{_xla_cache_dir} and compiling it again", file=sys.stderr)
+            clear_xla_cache()
+            self._cache_cleared = True
+            self._train_steps = self._trace()
+            losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
         self.updates += num
         return losses.numpy(), td_abs.numpy(), {"grad_norm": grad_norms.numpy(),
                                                 "mean_q": mean_qs.numpy()}

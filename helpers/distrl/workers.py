@@ -157,7 +157,8 @@ class LearnerWorker:
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
         from distrl.learner import Learner, configure_tensorflow
 
-        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True)
+        self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
+                                         xla_cache=config.xla_cache and config.jit_compile)
         if config.num_gpus > 0 and not self.gpus:
             raise RuntimeError(
                 f"num_gpus={config.num_gpus}: Ray gave the learner a GPU "
@@ -180,8 +181,12 @@ class LearnerWorker:
         self._lock = threading.Lock()
         self._published = (self.learner.updates, weights)
         self._stop = threading.Event()
+        # When this process was ready to train and when its first update returned, for the
+        # driver's timeline: time.time(), as the driver is another process, maybe on another
+        # node (ready_time is set once __init__ is done, below).
         self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
-                       "wait_s": 0.0, "train_s": 0.0}
+                       "wait_s": 0.0, "train_s": 0.0, "ready_time": None,
+                       "first_update_time": None}
         self.checkpoint: str | None = None
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner")
@@ -193,6 +198,7 @@ class LearnerWorker:
             self.flops_per_update = 5 * spec.forward_flops(config.batch_size)
             self.peak_flops = config.peak_flops or otel.peak_flops_for(self._gpu_names(),
                                                                   config.learner_cpus)
+        self._stats["ready_time"] = time.time()
 
     def _gpu_names(self) -> list[str]:
         import tensorflow as tf
@@ -234,6 +240,9 @@ class LearnerWorker:
                 before = learner.updates
                 with self._update_lock:  # all the fetched batches in one call into the graph
                     losses, td_abs, diag = learner.update_many(stack)
+                if self._stats["first_update_time"] is None:
+                    with self._lock:
+                        self._stats["first_update_time"] = time.time()
                 if tel.enabled:  # the duration of one update, as the convention has it
                     per_update_ms = (time.perf_counter() - u0) * 1e3 / num
                     for _ in range(num):
