@@ -411,6 +411,7 @@ class _Run:
         self.time_to_target = None
         self.startup_s = None
         self.fleet: ActorFleet | None = None  # from drive() on
+        self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
         self.first_update_s = None
         self.driver_cpu_start = time.process_time()
         self.bar = None
@@ -441,7 +442,6 @@ class _Run:
         self.fleet.start()
         self.learner_run = t.learner.run.remote()
         self.learner_since = now
-        self.learner_stats: dict | None = None
         self.learner_final: dict = {}  # what run() returned, once it has ended on its own
         self.learner_ref = None
         self.replay_refs: dict = {}

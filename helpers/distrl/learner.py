@@ -105,10 +105,13 @@ def _enable_xla_cache(directory: Path) -> Path | None:
     if "tf_xla_persistent_cache_directory" in flags:
         return None
     directory.mkdir(parents=True, exist_ok=True)
-    entries = sorted((e.stat().st_mtime, e.stat().st_size, e) for e in directory.iterdir()
-                     if e.is_file())
+    entries = []
+    for entry in directory.iterdir():
+        with contextlib.suppress(OSError):  # gone meanwhile: another learner's pruning
+            stat = entry.stat()
+            entries.append((stat.st_mtime, stat.st_size, entry))
     total = sum(size for _, size, _ in entries)
-    for _, size, entry in entries:
+    for _, size, entry in sorted(entries):
         if total <= XLA_CACHE_MAX_BYTES:
             break
         with contextlib.suppress(OSError):
@@ -119,7 +122,8 @@ def _enable_xla_cache(directory: Path) -> Path | None:
 
 
 def clear_xla_cache() -> None:
-    """Delete this process's XLA cache entries (what a bad entry calls for)."""
+    """Delete every entry in this process's XLA cache folder (what one that does not load
+    calls for: XLA does not say which it was)."""
     if _xla_cache_dir is not None:
         for entry in _xla_cache_dir.glob("*"):
             with contextlib.suppress(OSError):
