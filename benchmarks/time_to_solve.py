@@ -9,6 +9,8 @@ the ratio of the two. Absolute times drift between machines and days; the ratio 
 
 Arguments after `--` go to `python -m distrl.train` unchanged. The first run with the baseline
 builds its venv (benchmarks/.venv-baseline, from requirements-baseline.txt: torch and SB3).
+The learner's XLA cache is on, as a reader's is: after the machine's first run, each start loads
+its compiled train step; `-- --xla-cache false` times compiling it at every start instead.
 """
 
 from __future__ import annotations
