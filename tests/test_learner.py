@@ -203,7 +203,7 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
     assert report["after"] == ["pandas", "matplotlib.pyplot"]
 
 
-# A learner's first update, in a process of its own: its losses, and whether XLA's cache was on.
+# A learner's first update, in a process of its own: its losses, and its XLA cache folder.
 FIRST_UPDATE = """if True:
     import json, sys
     import numpy as np
@@ -244,34 +244,40 @@ def test_xla_keeps_the_compiled_step_a_new_process_loads_and_a_damaged_one_is_co
     with the same results. An entry that does not load (here: garbage) is not fatal: it is
     cleared and the step compiled again."""
     env = {"DISTRL_XLA_CACHE_DIR": str(tmp_path / "xla"), "TF_XLA_FLAGS": ""}
-    plain, _ = first_update("off", env)
-    assert plain["cache"] == "None" and not (tmp_path / "xla").exists()
-    written, _ = first_update("on", env)
+    written, _ = first_update("on", env)  # compiled, as without the cache, and written
     cache = Path(written["cache"])
     assert cache.parent == tmp_path / "xla" and cache.name.startswith("tf")
     entries = sorted(cache.iterdir())
     assert len(entries) == 1 and entries[0].stat().st_size > 1000, entries
-    np.testing.assert_array_equal(written["losses"], plain["losses"])
     # A new process with the entry: the same losses, and nothing compiled or written again.
     stamp = entries[0].stat().st_mtime_ns
     loaded, _ = first_update("on", env)
-    np.testing.assert_array_equal(loaded["losses"], plain["losses"])
+    np.testing.assert_array_equal(loaded["losses"], written["losses"])
     assert sorted(cache.iterdir()) == entries and entries[0].stat().st_mtime_ns == stamp
     # The entry is really read: garbage in it fails the load, which the learner survives.
     entries[0].write_bytes(b"garbage")
     recovered, err = first_update("on", env)
-    np.testing.assert_array_equal(recovered["losses"], plain["losses"])
+    np.testing.assert_array_equal(recovered["losses"], written["losses"])
     assert "XLA could not load a cached train step" in err and str(cache) in err, err[-3000:]
     assert not entries[0].exists()  # cleared, and the step written again under its new trace
     assert [e.stat().st_size > 1000 for e in cache.iterdir()] == [True]
 
 
-def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path):
+def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path, monkeypatch,
+                                                                   capsys):
+    import os
+
+    from distrl import learner as learner_module
+
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
-    report, err = first_update("on", {"DISTRL_XLA_CACHE_DIR": str(blocker), "TF_XLA_FLAGS": ""})
-    assert report["cache"] == "None" and np.isfinite(report["losses"]).all()
-    assert f"no XLA cache in {blocker}" in err and "compiling each start" in err, err[-3000:]
+    monkeypatch.setenv("DISTRL_XLA_CACHE_DIR", str(blocker))
+    monkeypatch.setenv("TF_XLA_FLAGS", "")
+    monkeypatch.setattr(learner_module, "_xla_cache_dir", tmp_path)  # whatever it was
+    configure_tensorflow(num_threads=1, xla_cache=True)
+    assert learner_module._xla_cache_dir is None and os.environ["TF_XLA_FLAGS"] == ""
+    err = capsys.readouterr().err
+    assert f"no XLA cache in {blocker}" in err and "compiling each start" in err, err
 
 
 def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tmp_path,

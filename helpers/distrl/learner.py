@@ -150,6 +150,7 @@ def configure_tensorflow(num_threads: int | None = None, lean: bool = False,
             try:
                 _xla_cache_dir = _enable_xla_cache(directory)
             except OSError as e:  # a read-only or full home: compile each start, as without
+                _xla_cache_dir = None
                 no_cache = f"distrl: no XLA cache in {directory} ({e}); compiling each start"
         # Before anything initialises TensorFlow's runtime (listing devices does): afterwards
         # the thread pools are fixed at one thread per core, and on a small machine the extra
