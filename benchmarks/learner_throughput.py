@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from distrl.config import ApexConfig
-from distrl.learner import Learner, configure_tensorflow
+from distrl.learner import XLA_CACHE_ENV, Learner, configure_tensorflow
 from distrl.network import NetworkSpec, init_weights
 from distrl.replay import PrioritizedReplay, Transitions
 
@@ -60,11 +60,11 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
 def first_call_in_a_new_process(config: ApexConfig, cache_dir: str, per_call: int,
                                 device: str) -> float:
     """Seconds of a new process's first update_many call, XLA's cache in cache_dir."""
-    run = subprocess.run([sys.executable, __file__, "--first-call-only", "--device", device,
-                          "--batch-size",
-                          str(config.batch_size), "--per-call", str(per_call), "--hidden-sizes",
-                          *map(str, config.hidden_sizes)], capture_output=True, text=True,
-                         timeout=300, env=os.environ | {"DISTRL_XLA_CACHE_DIR": cache_dir})
+    argv = [sys.executable, __file__, "--first-call-only", "--device", device, "--batch-size",
+            str(config.batch_size), "--per-call", str(per_call),
+            "--hidden-sizes", *map(str, config.hidden_sizes)]
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300,
+                         env=os.environ | {XLA_CACHE_ENV: cache_dir})
     if run.returncode != 0:
         raise SystemExit(run.stderr[-3000:])
     return json.loads(run.stdout.strip().splitlines()[-1])["first_call_s"]

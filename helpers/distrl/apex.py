@@ -412,7 +412,7 @@ class _Run:
         self.startup_s = None
         self.fleet: ActorFleet | None = None  # from drive() on
         self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
-        self.first_update_s = None
+        self.said_first_update = False
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
@@ -499,12 +499,14 @@ class _Run:
         self.replay_refs |= {r.stats.remote(): s for s, r in enumerate(t.replays)
                              if s not in asked}
         env_steps = self.steps_before + fleet.env_steps()
-        updates = (self.learner_stats or {}).get("updates", 0)
+        learner = self.learner_stats or {}
+        updates = learner.get("updates", 0)
         inserted = sum(s["inserted"] for s in self.replay_stats.values())
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
-        if updates > 0 and self.first_update_s is None:
-            self.first_update_s = now - self.t_start
+        # This process's first update (a resumed learner's count starts above 0 before it).
+        if not self.said_first_update and learner.get("first_update_time") is not None:
+            self.said_first_update = True
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
                      "start: training")
         if self.learner_stats is not None:
@@ -718,26 +720,24 @@ class _Run:
         left out."""
         since_process = process_age_s()
         offset = since_process - (time.monotonic() - self.t_start)  # process start -> train()
-        first = {}
-        for e in self.events:
-            if e["kind"] in ("learner_running", "actor_running"):
-                first.setdefault({"learner_running": "learner running",
-                                  "actor_running": "first actor running"}[e["kind"]], e["time_s"])
-        # The actors' own clock (wall-clock: they may be on other machines, within their
-        # clocks' sync): the first transition comes later by a block, a trip to replay and up
-        # to one REPORT_INTERVAL_S.
-        # The learner's own clock too: the driver sees it ready, and its first update, up to
-        # one REPORT_INTERVAL_S and a stats call later.
+        actor_running = next((e["time_s"] for e in self.events if e["kind"] == "actor_running"),
+                             None)
+        # The actors' first env step, the learner's readiness and first update come from their
+        # own clocks (wall-clock: they may be on other machines, within their clocks' sync): the
+        # driver sees each up to one REPORT_INTERVAL_S and a call later, and the first
+        # transition in replay comes a block and a trip to replay after the first env step.
         wall_start = time.time() - (time.monotonic() - self.t_start)
-        first_step = None if self.fleet is None or self.fleet.first_step_time is None else \
-            self.fleet.first_step_time - wall_start
+
+        def since_start(wall: float | None) -> float | None:
+            return None if wall is None else wall - wall_start
+
         learner = self.learner_stats or {}
-        if learner.get("ready_time") is not None:
-            first["learner running"] = learner["ready_time"] - wall_start
-        updated = learner.get("first_update_time")
-        marks = {**self.apex.marks, **first,
-                 "first env step": first_step, "first transition": self.startup_s,
-                 "first update": self.first_update_s if updated is None else updated - wall_start,
+        marks = {**self.apex.marks, "first actor running": actor_running,
+                 "first env step": since_start(None if self.fleet is None
+                                               else self.fleet.first_step_time),
+                 "first transition": self.startup_s,
+                 "learner running": since_start(learner.get("ready_time")),
+                 "first update": since_start(learner.get("first_update_time")),
                  "first evaluation": self.evals[0]["time_s"] if self.evals else None,
                  "target": self.time_to_target}
         reached = sorted((t, name) for name, t in marks.items() if t is not None)

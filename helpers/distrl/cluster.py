@@ -452,10 +452,10 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
                     _raylet_registration_polled():
                 return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
-            if not (isinstance(e, RayletNotRegistered) or ray_gave_up(str(e))):
+            seen_ending = isinstance(e, RayletNotRegistered)
+            if not (seen_ending or ray_gave_up(str(e))):
                 raise
-            why = str(e) if isinstance(e, RayletNotRegistered) else \
-                "its GCS or raylet did not come up within Ray's 30 s"
+            why = str(e) if seen_ending else "its GCS or raylet did not come up within Ray's 30 s"
             ray.shutdown()  # Ray never got a node object: its processes are still running
             session = _new_session(temp_dir, began)
             logs = _failed_start_logs(session, temp_dir)
@@ -477,29 +477,42 @@ REGISTRATION_POLL_S = 0.02
 
 
 @contextlib.contextmanager
+def _node_method_replaced(name: str, replacement: Callable[[Callable], Callable]):
+    """While inside: Ray's Node.<name> is replacement(the original), put back on the way out
+    (ray.init builds its node with them). A private API (ray._private.node.Node): if it is
+    gone, nothing is replaced, and ray.init runs as it is."""
+    try:
+        from ray._private.node import Node
+
+        original = getattr(Node, name)
+    except (ImportError, AttributeError):
+        yield
+        return
+    setattr(Node, name, replacement(original))
+    try:
+        yield
+    finally:
+        setattr(Node, name, original)
+
+
 def _raylet_registration_polled():
     """While ray.init starts a node: its raylet's registration with the GCS is awaited by asking
     the GCS every 20 ms, and given up on as soon as the raylet has ended.
 
     Ray 2.60 waits in GlobalStateAccessor::GetNode, which asks the GCS, then sleeps a fixed 1 s
     before it asks again, for up to raylet_start_wait_time_s, 30 s
-    (src/ray/gcs_rpc_client/global_state_accessor.cc). The raylet registers a few hundred ms
-    after it starts, so every ray.init slept a whole second or more there, sometimes 2 or 3
-    (cProfile of init_local_ray on 2 cores: 1.0-3.0 s in get_node), and a raylet that died at
-    launch was waited on for the full 30 s. After this wait Ray's own finds the node at its
-    first ask. Through a private API (Node.start_ray_processes, which starts the raylet): if
-    it is gone, this is a plain ray.init."""
+    (src/ray/gcs_rpc_client/global_state_accessor.cc): a raylet that died at launch was waited
+    on for the full 30 s, and one that registered just after an ask, up to a second longer
+    than it took (it registers 1-2 s after its launch on 2 cores, most of it waiting for the
+    dashboard agent's ports). After this wait Ray's own finds the node at its first ask.
+    Through Node.start_ray_processes, which starts the raylet."""
     try:
         from ray._private import ray_constants
-        from ray._private.node import Node
         from ray._raylet import NodeID
         from ray.core.generated.gcs_pb2 import GcsNodeInfo
         from ray.core.generated.gcs_service_pb2 import GetAllNodeInfoRequest
-
-        start_ray_processes = Node.start_ray_processes
-    except (ImportError, AttributeError):
-        yield
-        return
+    except ImportError:
+        return contextlib.nullcontext()
 
     def registered(node) -> bool:
         selector = GetAllNodeInfoRequest.NodeSelector(node_id=NodeID.from_hex(node.node_id).binary())
@@ -507,51 +520,38 @@ def _raylet_registration_polled():
             timeout=RAYLET_REGISTRATION_S, node_selectors=[selector],
             state_filter=GcsNodeInfo.GcsNodeState.ALIVE))
 
-    def start_and_await_raylet(node, *args, **kwargs):
-        start_ray_processes(node, *args, **kwargs)
-        raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or [None]
-        raylet = getattr(raylets[0], "process", None)
-        deadline = time.monotonic() + RAYLET_REGISTRATION_S
-        while not registered(node):
-            code = raylet.poll() if raylet is not None else None
-            if code is not None:
-                raise RayletNotRegistered(f"its raylet (pid {raylet.pid}) ended with exit code "
-                                          f"{code} before it registered with the GCS")
-            if time.monotonic() > deadline:
-                raise RayletNotRegistered(f"its raylet did not register with the GCS within "
-                                          f"{RAYLET_REGISTRATION_S:.0f} s")
-            time.sleep(REGISTRATION_POLL_S)
+    def awaiting_the_raylet(start_ray_processes):
+        def start_and_await_raylet(node, *args, **kwargs):
+            start_ray_processes(node, *args, **kwargs)
+            raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or [None]
+            raylet = getattr(raylets[0], "process", None)
+            deadline = time.monotonic() + RAYLET_REGISTRATION_S
+            while not registered(node):
+                code = raylet.poll() if raylet is not None else None
+                if code is not None:
+                    raise RayletNotRegistered(f"its raylet (pid {raylet.pid}) ended with exit "
+                                              f"code {code} before it registered with the GCS")
+                if time.monotonic() > deadline:
+                    raise RayletNotRegistered(f"its raylet did not register with the GCS within "
+                                              f"{RAYLET_REGISTRATION_S:.0f} s")
+                time.sleep(REGISTRATION_POLL_S)
+        return start_and_await_raylet
 
-    Node.start_ray_processes = start_and_await_raylet
-    try:
-        yield
-    finally:
-        Node.start_ray_processes = start_ray_processes
+    return _node_method_replaced("start_ray_processes", awaiting_the_raylet)
 
 
-@contextlib.contextmanager
 def _dashboard_process_skipped(include_dashboard):
     """While ray.init starts a node: no dashboard process, when include_dashboard is False.
 
     Ray 2.60 starts it anyway, with only its usage-stats module (which reports nothing unless
     usage stats are on), and starts the raylet only once the dashboard has written its address
     (ray/_private/services.py, start_api_server): a median 0.8 s of every ray.init on 2 cores
-    (`python benchmarks/process_startup.py`), one core busy importing it. Through a private API
-    (Node.start_api_server): if it is gone, this is a plain ray.init."""
-    try:
-        from ray._private.node import Node
-
-        start_api_server = Node.start_api_server
-    except (ImportError, AttributeError):
-        start_api_server = None
-    if include_dashboard is not False or start_api_server is None:
-        yield
-        return
-    Node.start_api_server = lambda self, *args, **kwargs: None
-    try:
-        yield
-    finally:
-        Node.start_api_server = start_api_server
+    (`python benchmarks/process_startup.py`), one core busy importing it. Through
+    Node.start_api_server."""
+    if include_dashboard is not False:
+        return contextlib.nullcontext()
+    return _node_method_replaced("start_api_server",
+                                 lambda original: lambda node, *args, **kwargs: None)
 
 
 def shutdown_ray() -> None:

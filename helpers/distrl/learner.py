@@ -121,15 +121,6 @@ def _enable_xla_cache(directory: Path) -> Path | None:
     return directory
 
 
-def clear_xla_cache() -> None:
-    """Delete every entry in this process's XLA cache folder (what one that does not load
-    calls for: XLA does not say which it was)."""
-    if _xla_cache_dir is not None:
-        for entry in _xla_cache_dir.glob("*"):
-            with contextlib.suppress(OSError):
-                entry.unlink()
-
-
 def configure_tensorflow(num_threads: int | None = None, lean: bool = False,
                          xla_cache: bool = False) -> list[str]:
     """Import TensorFlow quietly, optionally cap its CPU threads; returns the visible GPUs.
@@ -272,17 +263,23 @@ class Learner:
         except tf.errors.OpError as e:
             if _xla_cache_dir is None or self._cache_cleared:
                 raise
-            # An XLA cache entry that does not load (damaged, or written by another build):
-            # XLA keeps that failure for this trace, so clear the cache and trace afresh.
-            print(f"distrl: XLA could not load a cached train step ({e.message}); clearing "
-                  f"{_xla_cache_dir} and compiling it again", file=sys.stderr)
-            clear_xla_cache()
-            self._cache_cleared = True
-            self._train_steps = self._trace()
+            self._retrace_without_the_cache(e)
             losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
         self.updates += num
         return losses.numpy(), td_abs.numpy(), {"grad_norm": grad_norms.numpy(),
                                                 "mean_q": mean_qs.numpy()}
+
+    def _retrace_without_the_cache(self, error) -> None:
+        """After an XLA cache entry that does not load (damaged, or written by another build):
+        XLA keeps that failure for this trace and does not say which entry it was, so every
+        entry goes and the step is traced (and compiled) afresh, once per learner."""
+        print(f"distrl: XLA could not load a cached train step ({error.message}); clearing "
+              f"{_xla_cache_dir} and compiling it again", file=sys.stderr)
+        for entry in _xla_cache_dir.glob("*"):
+            with contextlib.suppress(OSError):
+                entry.unlink()
+        self._cache_cleared = True
+        self._train_steps = self._trace()
 
     def beta(self) -> float:
         """Importance-sampling exponent, annealed linearly over beta_anneal_updates."""
