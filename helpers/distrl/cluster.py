@@ -48,6 +48,11 @@ class ClusterError(RuntimeError):
     """The cluster did not start (nothing it started is left running) or cannot be reached."""
 
 
+class NodeStartFailed(ClusterError):
+    """A process that a node's `ray start` launched (its raylet, GCS, ...) ended while the node
+    was starting: Ray would wait its fixed 30 s for the node before giving up."""
+
+
 def free_ports(count: int, taken: Iterable[int] = ()) -> list[int]:
     """`count` distinct free ports on 127.0.0.1, none of them in `taken`. Every socket stays
     bound until all are picked: picked one at a time, the OS may hand out one port twice (CI
@@ -234,23 +239,33 @@ class LocalCluster:
         return node
 
     def join(self, start: Callable[[], Node]) -> Node:
-        """start() one more node and wait until it is alive in the cluster. A node that `ray
-        start` gave up on (Ray's fixed 30 s for its GCS or raylet, as in init_local_ray) is
-        started once more; the failed start's log is kept beside the new one."""
+        """start() one more node and wait until it is alive in the cluster. A node that did not
+        start is started once more, the failed start's log kept beside the new one: one whose
+        `ray start` saw a process it launched end (its raylet, say) is stopped at once, and one
+        that Ray gave up on (its fixed 30 s for a GCS or raylet, as in init_local_ray) has
+        ended by itself."""
         count = len(self.nodes) + 1
         node = start()
         try:
-            self.wait_for_nodes(count)
+            self.wait_for_nodes(count, starting=node)
+        except NodeStartFailed as e:
+            why = str(e)
         except ClusterError:
             if node.alive() or not ray_gave_up(node.log_tail(100_000)):
                 raise
-            self.remove_node(node)  # it has exited; this ends anything it left
-            failed = node.log.with_suffix(".failed-start.log")
-            node.log.replace(failed)
-            print(f"node {node.name} did not start (Ray gave up on its GCS or raylet after its "
-                  f"fixed 30 s); its log: {failed}; starting it again", file=sys.stderr, flush=True)
-            node = start()
-            self.wait_for_nodes(count)
+            why = "Ray gave up on its GCS or raylet after its fixed 30 s"
+        else:
+            self.settle(node)
+            return node
+        self.remove_node(node)  # this ends anything it left
+        failed = node.log.with_suffix(".failed-start.log")
+        node.log.replace(failed)
+        with open(failed, "a") as log:
+            log.write(f"\ndistrl: node {node.name} did not start: {why}\n")
+        print(f"node {node.name} did not start ({why}); its log: {failed}; starting it again",
+              file=sys.stderr, flush=True)
+        node = start()
+        self.wait_for_nodes(count, starting=node)
         self.settle(node)
         return node
 
@@ -282,18 +297,33 @@ class LocalCluster:
         """What the reaper stops if this process dies: every node's process group."""
         write_state(self._state_file(), {"port": self.port, **node_groups(self.nodes)})
 
-    def wait_for_nodes(self, count: int, timeout_s: float | None = None) -> list[dict]:
-        """Block until `count` nodes are alive in the cluster; returns them (ray.util.state)."""
+    def wait_for_nodes(self, count: int, timeout_s: float | None = None,
+                       starting: Node | None = None) -> list[dict]:
+        """Block until `count` nodes are alive in the cluster; returns them (ray.util.state).
+        `starting`: the node being started, given up on (NodeStartFailed) as soon as a process
+        its `ray start` launched has ended, not after Ray's 30 s."""
         deadline = time.monotonic() + (timeout_s or self.start_timeout_s)
         alive: list[dict] = []
         last_error = ""
+        ended_before: dict[int, str] = {}
         while time.monotonic() < deadline:
             for node in self.nodes:
-                node.temp_dirs |= _node_processes(node.process.pid).temp_dirs
+                processes = _node_processes(node.process.pid)
+                node.temp_dirs |= processes.temp_dirs
                 if not node.alive():
                     raise ClusterError(f"node {node.name} exited with code "
                                        f"{node.process.returncode} while starting:\n"
                                        f"{node.log_tail()}")
+                if node is starting:
+                    # Ended in two looks in a row: `ray start` reaps no child while it starts
+                    # the node (a parent that does, as sh, leaves none for 0.5 s).
+                    ended = {pid: name for pid, name in processes.ended.items()
+                             if pid in ended_before}
+                    if ended:
+                        raise NodeStartFailed(
+                            f"its {', '.join(f'{n} (pid {p})' for p, n in ended.items())} "
+                            "ended while the node started, before it joined the cluster")
+                    ended_before = processes.ended
             try:  # a short timeout: a port that accepts but never answers must not stall this
                 alive = [n for n in node_table(self.dashboard_url, timeout_s=5.0)
                          if n["state"] == "ALIVE"]
@@ -420,7 +450,8 @@ def running(pids: list[int]) -> list[int]:
 # before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
 # turns those off: beside a live channel on 2 cores, 3 of 35 ray.init calls failed with them on, 0
 # of 45 with them off. A second start, in a new session, is what a reader would do by hand for
-# whatever else kills a node at launch; LocalCluster.join does the same for `ray start`.
+# whatever else kills a node at launch; LocalCluster.join does the same for `ray start`, and does
+# not wait out the 30 s once a process that `ray start` launched has ended (NodeStartFailed).
 NODE_START_TIMEOUT = "timed out during startup"
 GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
 GCS_CLIENT_FAILED = "in _init_gcs_client"  # the frame of both in a `ray start` traceback
@@ -885,6 +916,7 @@ class _NodeProcesses(NamedTuple):
     gcs: list        # a head's GCS (psutil processes; a worker node has none)
     monitor: list    # a head's autoscaler monitor
     temp_dirs: set   # multiprocessing's temp folders (pymp-*) its processes listen in
+    ended: dict      # pid -> name: its `ray start`'s children that have ended, not yet reaped
 
 
 def _node_processes(leader: int) -> _NodeProcesses:
@@ -894,10 +926,14 @@ def _node_processes(leader: int) -> _NodeProcesses:
     one behind (so does a plain `ray start --head` and `ray stop`, Ray 2.60)."""
     import psutil
 
-    found = _NodeProcesses([], [], set())
+    found = _NodeProcesses([], [], set(), {})
     with contextlib.suppress(psutil.Error):
         for p in psutil.Process(leader).children(recursive=True):
             with contextlib.suppress(psutil.Error):
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    if _is_ray_start(psutil.Process(p.ppid()).cmdline()):
+                        found.ended[p.pid] = p.name()
+                    continue
                 if p.name() == "gcs_server":
                     found.gcs.append(p)
                 elif any(a.endswith("autoscaler/_private/monitor.py") for a in p.cmdline()):
@@ -906,6 +942,12 @@ def _node_processes(leader: int) -> _NodeProcesses:
                     Path(c.laddr).parent for c in p.net_connections(kind="unix")
                     if c.laddr and Path(c.laddr).parent.name.startswith("pymp-"))
     return found
+
+
+def _is_ray_start(cmdline: list[str]) -> bool:
+    """`ray start ...` (Ray's CLI script, run by its python or on its own)."""
+    return any(Path(a).name == "ray" and cmdline[i + 1:i + 2] == ["start"]
+               for i, a in enumerate(cmdline))
 
 
 def _terminate_leaders(leaders: list[int], deadline: float) -> set[Path]:
