@@ -71,6 +71,19 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
         assert timeline[earlier] <= timeline[later], (earlier, later, timeline)
     assert timeline["target"] - timeline["train() called"] == pytest.approx(
         result.time_to_target_s, abs=0.01)
+    # The evaluator is created once the learner runs, so it came up after the learner (created
+    # with the others, it was up seconds before it: the learner imports TensorFlow first).
+    up = latest_start_ms("LearnerWorker", "EvaluatorWorker")
+    assert up["EvaluatorWorker"] > up["LearnerWorker"], up
+
+
+def latest_start_ms(*classes: str) -> dict[str, int]:
+    """When the newest actor of each class came up (Ray's actor table, in ms)."""
+    from ray._private.state import state
+
+    actors = state.actor_table(None)
+    return {name: max(a["StartTime"] for a in actors.values() if a["ActorClassName"] == name)
+            for name in classes}
 
 
 def test_process_age_counts_from_the_process_start_not_a_whole_second_before_it():

@@ -211,6 +211,8 @@ def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_as_no_learner(r
     assert result.env_steps > 0 and result.actor_states == ["running", "running"]
     assert result.learner_updates == 0 and result.checkpoint is None
     assert "learner running" not in result.timeline
+    # The evaluator is created once the learner runs: here never, and the stop goes on without.
+    assert result.cpu_seconds["evaluator"] == 0.0 and not result.evals
 
 
 def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys):

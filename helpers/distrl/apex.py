@@ -130,19 +130,30 @@ class Topology:
 
     replays: list
     learner: object
-    evaluator: object
     actors: list
+    evaluator_options: dict  # Ray's .options() for the evaluator, made by start_evaluator()
+    evaluator: object = None
 
     def all(self) -> list:
-        return [*self.replays, self.learner, self.evaluator, *self.actors]
+        return [*self.replays, self.learner, *self.actors,
+                *([self.evaluator] if self.evaluator is not None else [])]
+
+    def start_evaluator(self, ray, c: ApexConfig) -> None:
+        """The greedy evaluator, created once the learner runs: it has nothing to do before the
+        first update. Created with the others, it was a fifth process starting in the same
+        second as the actors and the learner, and on 2 cores the first env step came 0.3-0.4 s
+        later (`benchmarks/time_to_solve.py --no-baseline`, both ways)."""
+        self.evaluator = ray.remote(EvaluatorWorker).options(**self.evaluator_options).remote(c)
+        self.evaluator.set_learner.remote(self.learner)
 
 
 def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape, weights,
                     output_dir: str, checkpoint_dir: str, resume_path: str | None) -> Topology:
-    """Who runs where. Replay, learner and evaluator beside the driver (on GKE: the head, never
-    Spot); the learner goes elsewhere only if this node cannot give it its CPUs or GPU. Actors
-    spread over the cluster, and Ray restarts one whose process or node is lost. Nothing here
-    waits: an actor that no node can host yet is pending, which is what an autoscaler sees."""
+    """Who runs where. Replay, learner and evaluator (created once the learner runs:
+    Topology.start_evaluator) beside the driver (on GKE: the head, never Spot); the learner
+    goes elsewhere only if this node cannot give it its CPUs or GPU. Actors spread over the
+    cluster, and Ray restarts one whose process or node is lost. Nothing here waits: an actor
+    that no node can host yet is pending, which is what an autoscaler sees."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     node = ray.get_runtime_context().get_node_id()
@@ -166,12 +177,10 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape
         max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",
         **plan["actor"]).remote(c, i, replay_names[i % c.replay_shards], f"{prefix}-learner")
         for i in range(c.num_actors)]
-    evaluator = ray.remote(EvaluatorWorker).options(
-        scheduling_strategy=here, **plan["evaluator"]).remote(c)
     for r in replays:  # who to ask for a checkpoint on SIGTERM
         r.set_learner.remote(learner)
-    evaluator.set_learner.remote(learner)
-    return Topology(replays, learner, evaluator, actors)
+    return Topology(replays, learner, actors,
+                    evaluator_options={"scheduling_strategy": here, **plan["evaluator"]})
 
 
 def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:
@@ -527,7 +536,8 @@ class _Run:
         if self.something_waits(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
             self.say("waiting", self.waiting_line(now))
-        if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
+        if (self.eval_ref is None and t.evaluator is not None and updates > 0
+                and now - self.last_eval >= c.eval_interval_s):
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now
         if c.max_env_steps and env_steps >= c.max_env_steps:
@@ -602,6 +612,7 @@ class _Run:
             if stats is not None and self.learner_stats is None:
                 self.say("learner_running", f"learner running ({now - self.t_start:.1f} s "
                          "after start)")
+                self.topology.start_evaluator(self.ray, self.config)
             self.learner_stats = stats or self.learner_stats
             return
         if ref in self.replay_refs:
@@ -648,7 +659,7 @@ class _Run:
         # telemetry flush: up to 3 s each with the collector gone) runs while the actors end.
         if learner_up:
             closing = [t.learner.close.remote(), t.learner.get_weights.remote(-1)]
-        evaluator_closing = t.evaluator.close.remote()
+        evaluator_closing = t.evaluator.close.remote() if t.evaluator is not None else None
         actor_finals = fleet.finish(deadline.left(10.0))
         checkpoint = final_weights = None
         if learner_up:
@@ -661,7 +672,8 @@ class _Run:
         checks = [get_within(r.check.remote(), deadline.left(), None, problems)
                   for r in t.replays]
         checks = [x for x in checks if x]
-        evaluator_cpu_s = get_within(evaluator_closing, deadline.left(), 0.0, problems)
+        evaluator_cpu_s = (0.0 if evaluator_closing is None
+                           else get_within(evaluator_closing, deadline.left(), 0.0, problems))
         self.tel.shutdown()
         if problems:
             self.say("shutdown", f"while stopping: {problems[0]}"
