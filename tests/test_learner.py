@@ -250,9 +250,11 @@ def test_xla_keeps_the_compiled_step_a_new_process_loads_and_a_damaged_one_is_co
     entries = sorted(cache.iterdir())
     assert len(entries) == 1 and entries[0].stat().st_size > 1000, entries
     # A new process with the entry: the same losses, and nothing compiled or written again.
+    # Nor any of the ERROR lines TensorFlow writes for a load that works (XLA_CACHE_NOISE).
     stamp = entries[0].stat().st_mtime_ns
-    loaded, _ = first_update("on", env)
+    loaded, err = first_update("on", env)
     np.testing.assert_array_equal(loaded["losses"], written["losses"])
+    assert err == "", err[-3000:]
     assert sorted(cache.iterdir()) == entries and entries[0].stat().st_mtime_ns == stamp
     # The entry is really read: garbage in it fails the load, which the learner survives.
     entries[0].write_bytes(b"garbage")
@@ -261,6 +263,37 @@ def test_xla_keeps_the_compiled_step_a_new_process_loads_and_a_damaged_one_is_co
     assert "XLA could not load a cached train step" in err and str(cache) in err, err[-3000:]
     assert not entries[0].exists()  # cleared, and the step written again under its new trace
     assert [e.stat().st_size > 1000 for e in cache.iterdir()] == [True]
+
+
+def test_native_stderr_drops_only_the_harmless_lines_and_keeps_the_rest_in_order():
+    """What XLA writes for a cache load that works goes; the same loader's line about a real
+    CPU feature, and anything else written meanwhile (C++ or Python), comes through. In a
+    process of its own: pytest's capture would take Python's stderr off fd 2."""
+    import subprocess
+    import sys
+
+    code = """if True:
+        import os, sys
+        from distrl.learner import XLA_CACHE_NOISE, _native_stderr_without
+        absl = "E0000 00:00:1796323457.07 29547 "
+        noise = [absl + "text_format.cc:378] Error parsing text-format "
+                 "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5",
+                 absl + "cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine "
+                 "feature +prefer-no-gather is not  supported on the host machine. Machine ..."]
+        real = noise[1].replace("+prefer-no-gather", "+avx512f")
+        print("before", file=sys.stderr)
+        with _native_stderr_without(XLA_CACHE_NOISE):
+            os.write(2, (noise[0] + "\\n" + real + "\\n").encode())
+            print("from Python", file=sys.stderr)
+            os.write(2, (noise[1] + "\\nlast, no newline").encode())
+        print(real, end="")
+    """
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0, run.stderr[-3000:]
+    real = run.stdout
+    assert "+avx512f" in real
+    assert run.stderr == f"before\n{real}\nfrom Python\nlast, no newline"
 
 
 def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path, monkeypatch,

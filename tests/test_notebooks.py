@@ -59,7 +59,7 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
 
 def test_error_lines_pass_over_rays_successful_kill_and_nothing_else(tmp_path):
     """Ray 2.60's GCS logs a successful kill of a starting actor at ERROR level (seen in CI,
-    notebook 02); any other ERROR line of the GCS still counts."""
+    notebook 02); any other ERROR line of the GCS still counts, and so does a worker's."""
     import nbformat
 
     kill = ("\x1b[36m(pid=gcs_server)\x1b[0m [2026-12-03 15:02:58,235 E 32620 32620] (gcs_server) "
@@ -68,12 +68,17 @@ def test_error_lines_pass_over_rays_successful_kill_and_nothing_else(tmp_path):
             "280f4418ea2ffadaa4caf57a01000000: RpcError: RPC error: Socket closed rpc_code: 14")
     other = ("\x1b[36m(pid=gcs_server)\x1b[0m [2026-12-03 15:02:58,235 E 32620 32620] (gcs_server) "
              "gcs_actor_manager.cc:1773: Failed to create actor: Socket closed")
+    # An absl ERROR line of a worker's native code, behind Ray's prefix for that worker.
+    native = ("\x1b[36m(LearnerWorker pid=29434)\x1b[0m E0000 00:00:1796323457.078729   29547 "
+              "cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine feature +avx512f "
+              "is not  supported on the host machine.")
     nb = nbformat.v4.new_notebook()
     cell = nbformat.v4.new_code_cell("")
-    cell.outputs = [nbformat.v4.new_output("stream", name="stderr", text=f"{kill}\n{other}\n")]
+    cell.outputs = [nbformat.v4.new_output("stream", name="stderr",
+                                           text=f"{kill}\n{other}\n{native}\n")]
     nb.cells = [cell]
     nbformat.write(nb, tmp_path / "run.ipynb")
-    assert error_lines(tmp_path / "run.ipynb") == [other]
+    assert error_lines(tmp_path / "run.ipynb") == [other, native]
 
 
 def test_tutorial_runner_refuses_what_it_cannot_run(capsys):

@@ -21,6 +21,7 @@ import os
 import platform
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,40 @@ def _quiet_native_stderr():
     finally:
         os.dup2(saved, 2)
         os.close(saved)
+
+
+@contextlib.contextmanager
+def _native_stderr_without(harmless: re.Pattern):
+    """Inside the block, what is written to fd 2 (C++ logs and Python's stderr alike) goes to a
+    temporary file; on the way out every line of it but the harmless ones reaches stderr, in
+    order. Nothing is lost: a line written meanwhile by another thread comes out late."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured.read().splitlines(keepends=True)
+                    if not harmless.search(line.decode(errors="replace"))]
+            if kept:
+                os.write(2, b"".join(kept))
+
+
+# What TensorFlow 2.21 logs at ERROR level each time it loads a train step from the XLA cache,
+# though the step loads and runs: the cache reads the entry it wrote as binary with
+# ReadTextOrBinaryProto, whose text parse fails first (device_executable_persistor.h in
+# tensorflow/compiler/jit), and XLA:CPU's loader (cpu_aot_loader.cc) takes the two tuning
+# features it compiled with for CPU features the host lacks. A line about any other feature,
+# which could mean an executable this CPU cannot run, still shows.
+XLA_CACHE_NOISE = re.compile(
+    r"Error parsing text-format tensorflow\.XlaSerializedCacheEntry: |cpu_aot_loader\.cc:\d+\] "
+    r"Loading XLA:CPU AOT result\. Target machine feature \+prefer-no-(?:scatter|gather) is not "
+    r"+supported on the host machine\.")
 
 
 # Keras probes for these when it is imported (pandas for its data adapters, matplotlib.pyplot
@@ -176,6 +211,7 @@ class Learner:
                        for t, o in zip(self.target.get_layer(name).weights,
                                        self.online.get_layer(name).weights)]
         self._train_steps = self._trace()
+        self._shapes_run: set[tuple[int, int]] = set()  # (batches, batch size) XLA has built
         self._cache_cleared = False
 
     def _trace(self):
@@ -258,13 +294,17 @@ class Learner:
             t.discount.astype(np.float32, copy=False),
             t.next_obs.reshape(num, size, -1).astype(np.float32, copy=False),
             stack.weights.astype(np.float32, copy=False), np.array(copy_target))]
-        try:
-            losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
-        except tf.errors.OpError as e:
-            if _xla_cache_dir is None or self._cache_cleared:
-                raise
-            self._retrace_without_the_cache(e)
-            losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
+        # A shape not run yet: XLA compiles the step for it, or loads it from the cache.
+        new_shape = (num, size) not in self._shapes_run
+        with _native_stderr_without(XLA_CACHE_NOISE) if new_shape else contextlib.nullcontext():
+            try:
+                losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
+            except tf.errors.OpError as e:
+                if _xla_cache_dir is None or self._cache_cleared:
+                    raise
+                self._retrace_without_the_cache(e)
+                losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
+        self._shapes_run.add((num, size))
         self.updates += num
         return losses.numpy(), td_abs.numpy(), {"grad_norm": grad_norms.numpy(),
                                                 "mean_q": mean_qs.numpy()}
@@ -280,6 +320,7 @@ class Learner:
                 entry.unlink()
         self._cache_cleared = True
         self._train_steps = self._trace()
+        self._shapes_run.clear()
 
     def beta(self) -> float:
         """Importance-sampling exponent, annealed linearly over beta_anneal_updates."""

@@ -72,8 +72,11 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
 
 
 # ERROR-level log lines in a notebook's outputs: Python logging's "ERROR", glog's
-# "[<time> E <pid> <tid>]" (Ray's C++ core) and "E1130 ..." (gRPC, TensorFlow), tracebacks.
-ERROR_LINE = re.compile(r"\bERROR\b|\[[^]]* E \d+ \d+\]|^E\d{4} |Traceback \(most recent call last\)")
+# "[<time> E <pid> <tid>]" (Ray's C++ core) and absl's "E1130 00:00:<time> <tid> <file>:<line>]"
+# (gRPC, TensorFlow), also behind the "(LearnerWorker pid=N)" that Ray puts before a worker's
+# line; tracebacks.
+ERROR_LINE = re.compile(r"\bERROR\b|\[[^]]* E \d+ \d+\]|(?:^|\s)E\d{4} \d\d:\d\d:[\d.]+ +\d+ \S+:\d+\]"
+                        r"|Traceback \(most recent call last\)")
 
 
 def stream_text(executed: Path) -> str:
