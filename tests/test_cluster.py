@@ -305,8 +305,8 @@ def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_
 
 
 # Stands in for valgrind where Ray launches a raylet under it (RAY_RAYLET_VALGRIND_PROFILER=1,
-# ray/_private/services.py start_ray_process): the first launch on each side is SIGKILLed the
-# moment it starts, its pid kept in $RAYLET_LOST; every later launch runs the raylet itself.
+# ray/_private/services.py start_ray_process): the first launch for each $RAYLET_LOST file is
+# SIGKILLed the moment it starts, its pid kept in that file; every later launch runs the raylet.
 LOSE_FIRST_RAYLET = """#!/bin/sh
 if [ ! -s "$RAYLET_LOST" ]; then echo $$ > "$RAYLET_LOST"; kill -9 $$; fi
 shift  # --tool=callgrind
@@ -320,13 +320,15 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     LocalCluster head (`ray start`), each losing its first raylet the moment it starts (through
     Ray's own launch hook, so that no race with the raylet's registration decides it). They run
     side by side. Neither waits out Ray's 30 s: init_local_ray sees the raylet's process end,
-    and LocalCluster sees a child of `ray start` end, and each starts the node again."""
+    and LocalCluster sees a child of `ray start` end, and each starts the node again. So does
+    a worker node that joins then, losing its first raylet too (`ray start` behind
+    wait-for-head.sh)."""
     before, dirs_before = ray_processes(), multiprocessing_dirs()
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "valgrind").write_text(LOSE_FIRST_RAYLET)
     (hook / "valgrind").chmod(0o755)
-    lost = {side: tmp_path / f"{side}.lost-raylet" for side in ("driver", "head")}
+    lost = {side: tmp_path / f"{side}.lost-raylet" for side in ("driver", "head", "worker-1")}
     launch = {"RAY_RAYLET_VALGRIND_PROFILER": "1", "PATH": f"{hook}{os.pathsep}{os.environ['PATH']}"}
     driver = subprocess.Popen([sys.executable, "-c", DRIVER], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True,
@@ -335,26 +337,30 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
         monkeypatch.setenv(name, value)  # the head's `ray start` inherits them
     try:
         with LocalCluster(num_workers=0, log_dir=tmp_path) as cluster:
+            monkeypatch.setenv("RAYLET_LOST", str(lost["worker-1"]))
+            cluster.join(lambda: cluster.add_worker(name="worker-1"))  # as start() adds one
             table = cluster.node_table()
-            assert [n["state"] for n in table] == ["ALIVE"], table
-            assert [n.name for n in cluster.nodes] == ["head"]
+            assert [n["state"] for n in table] == ["ALIVE", "ALIVE"], table
+            assert [n.name for n in cluster.nodes] == ["head", "worker-1"]
             pids = cluster.pids()
             made = multiprocessing_dirs() - dirs_before  # both starts' dashboards
         out, driver_err = driver.communicate(timeout=240)
     finally:
         driver.kill()
     killed = {side: int(path.read_text()) for side, path in lost.items() if path.exists()}
-    assert set(killed) == {"driver", "head"}, killed
-    # The cluster: the head started again, the failed start's log kept beside the new one.
-    assert killed["head"] not in pids
+    assert set(killed) == {"driver", "head", "worker-1"}, killed
+    # The cluster: each node started again, the failed start's log kept beside the new one.
     err = capsys.readouterr().err
-    why = (f"its valgrind (pid {killed['head']}) ended while the node started, before it "
-           "joined the cluster")
-    assert f"node head did not start ({why}); its log: " in err, err[-3000:]
-    assert "starting it again" in err, err[-3000:]
-    failed_log = (tmp_path / "head.failed-start.log").read_text()
-    assert failed_log.endswith(f"distrl: node head did not start: {why}\n"), failed_log[-3000:]
-    assert not ray_gave_up(failed_log), failed_log[-3000:]  # stopped before Ray's 30 s were out
+    for node in ("head", "worker-1"):
+        assert killed[node] not in pids
+        why = (f"its valgrind (pid {killed[node]}) ended while the node started, before it "
+               "joined the cluster")
+        assert f"node {node} did not start ({why}); its log: " in err, err[-3000:]
+        failed_log = (tmp_path / f"{node}.failed-start.log").read_text()
+        assert failed_log.endswith(f"distrl: node {node} did not start: {why}\n"), \
+            failed_log[-3000:]
+        assert not ray_gave_up(failed_log), failed_log[-3000:]  # stopped before Ray's 30 s
+    assert err.count("starting it again") == 2, err[-3000:]
     assert_gone(pids)
     # The dashboard's temp folder: neither start's is left (the driver's Ray runs no dashboard).
     assert made and not multiprocessing_dirs() - dirs_before, multiprocessing_dirs() - dirs_before
@@ -373,7 +379,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     assert failed, driver_err[-3000:]
     assert failed.group(1).endswith(f"_{driver.pid}"), failed.group(1)  # its own, not the head's
     assert not [c for c in result["cmdlines"] if failed.group(1) in c], result["cmdlines"]
-    wait_for_ray_to_end(before, 30, "all four sessions' processes to end")
+    wait_for_ray_to_end(before, 30, "every session's processes to end")
 
 
 def test_a_failed_start_is_traced_to_its_own_session_not_the_newest(tmp_path):
