@@ -34,24 +34,6 @@ CHECKPOINT_RE = re.compile(r"checkpoint-(\d{9})\.npz$")
 
 
 @contextlib.contextmanager
-def _quiet_native_stderr():
-    """Silence C++ log lines written straight to fd 2 (Python exceptions still propagate).
-
-    TensorFlow prints its oneDNN and "no CUDA driver" notices from C++ before its log level
-    applies, once per process; in a Ray cluster every line reaches the driver's output.
-    """
-    sys.stderr.flush()
-    saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as devnull:
-            os.dup2(devnull.fileno(), 2)
-            yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-
-
-@contextlib.contextmanager
 def _native_stderr_without(harmless: re.Pattern):
     """Inside the block, what is written to fd 2 (C++ logs and Python's stderr alike) goes to a
     temporary file; on the way out every line of it but the harmless ones reaches stderr, in
@@ -83,6 +65,15 @@ XLA_CACHE_NOISE = re.compile(
     r"Error parsing text-format tensorflow\.XlaSerializedCacheEntry: |cpu_aot_loader\.cc:\d+\] "
     r"Loading XLA:CPU AOT result\. Target machine feature \+prefer-no-(?:scatter|gather) is not "
     r"+supported on the host machine\.")
+
+
+def _quiet_native_stderr():
+    """Silence C++ log lines written straight to fd 2 (Python exceptions still propagate).
+
+    TensorFlow prints its oneDNN and "no CUDA driver" notices from C++ before its log level
+    applies, once per process; in a Ray cluster every line reaches the driver's output.
+    """
+    return _native_stderr_without(re.compile(""))  # every line is dropped
 
 
 # Keras probes for these when it is imported (pandas for its data adapters, matplotlib.pyplot
