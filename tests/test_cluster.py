@@ -479,7 +479,11 @@ def test_command_line_up_status_down(capsys, tmp_path):
     finally:
         assert main(["down"]) == 0
     assert f"Ray cluster down; its logs stay in {tmp_path / 'logs'}" in capsys.readouterr().out
-    assert (tmp_path / "logs" / "head.log").exists() and (tmp_path / "logs" / "worker-1.log").exists()
+    # Each node drained and shut down by itself on SIGTERM: the worker first, as it drains through
+    # the head's GCS (stopped together, it could wait for a GCS already gone until SIGKILL).
+    for node in ("head", "worker-1"):
+        log = (tmp_path / "logs" / f"{node}.log").read_text()
+        assert "Local node finished draining; shutting down." in log, log[-2000:]
     wait_for(lambda: not running(tree), 30, "the cluster's processes to end")
     assert not STATE_FILE.exists()
     assert not made & multiprocessing_dirs(), "a stopped cluster left its temp folders"

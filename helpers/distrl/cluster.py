@@ -869,25 +869,29 @@ def _ours(pgid: int, created: float) -> bool:
 
 def stop_groups(groups: list[int], port: int, grace_s: float,
                 created: list[float] | None = None) -> None:
-    """Forget the cluster's record, then stop its node process groups (newest first): SIGTERM,
-    up to grace_s for them to end, then SIGKILL. For a cluster no LocalCluster object holds
-    (`distrl cluster down`, the reaper). The record goes first: once the nodes are gone nothing
-    may still point ray.init() at them. With `created` (the leaders' start times), only the
-    groups still the recorded ones are signalled."""
+    """Forget the cluster's record, then stop its node process groups: the worker nodes', then
+    the head's (the first group), each SIGTERM and up to grace_s to end; then SIGKILL to what is
+    left. For a cluster no LocalCluster object holds (`distrl cluster down`, the reaper). The
+    record goes first: once the nodes are gone nothing may still point ray.init() at them. With
+    `created` (the leaders' start times), only the groups still the recorded ones are signalled.
+
+    Workers first, as LocalCluster.stop does: a worker's `ray start` drains its node through the
+    head's GCS on SIGTERM, and signalled together with the head it could wait for a GCS that was
+    already gone until the grace ran out (`distrl cluster down` took 10 s, not 1-2, in two of
+    five downs)."""
     forget_cluster(port)
+    head = groups[:1]
     if created is not None:
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     leftovers: set[Path] = set()
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 0.0)):
-        deadline = time.monotonic() + wait_s
-        if sig == signal.SIGTERM:  # a group's leader is its node's `ray start`
-            leftovers = _terminate_leaders(list(reversed(groups)), deadline)
-        else:
-            for pgid in reversed(groups):
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pgid, sig)
-        while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
+    for part in ([g for g in groups if g not in head], [g for g in groups if g in head]):
+        deadline = time.monotonic() + grace_s
+        leftovers |= _terminate_leaders(list(reversed(part)), deadline)
+        while time.monotonic() < deadline and any(_group_alive(g) for g in part):
             time.sleep(0.1)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
     _remove_dirs(leftovers)
 
 
