@@ -35,6 +35,11 @@ def rehearsal(tmp_path_factory):
             yield cluster, collector, job
         pids = cluster.pids()
     assert pids == []  # stop() left nothing running
+    # Each pod drained and shut down by itself on SIGTERM: the workers before the head, whose
+    # GCS they drain through.
+    for pod in cluster.pods:
+        log = (tmp / "logs" / f"{pod.name}.log").read_text()
+        assert "Local node finished draining; shutting down." in log, (pod.name, log[-2000:])
 
 
 def test_pods_run_kuberays_command_with_their_env_and_only_the_documented_rewrites(rehearsal):

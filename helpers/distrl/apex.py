@@ -536,8 +536,8 @@ class _Run:
         if self.something_waits(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
             self.say("waiting", self.waiting_line(now))
-        if (self.eval_ref is None and t.evaluator is not None and updates > 0
-                and now - self.last_eval >= c.eval_interval_s):
+        # updates > 0 comes with the learner's stats, when the evaluator has been created
+        if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now
         if c.max_env_steps and env_steps >= c.max_env_steps:

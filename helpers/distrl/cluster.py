@@ -367,30 +367,24 @@ class LocalCluster:
         return node
 
     def stop(self) -> None:
-        """Stop every node (workers first) and wait until all their processes are gone; then
-        forget the cluster. Safe to call twice."""
+        """Forget the cluster, stop every node (workers first) and wait until all their
+        processes are gone. Safe to call twice."""
         import psutil
 
         if self.autoscaler is not None:
             self.autoscaler.stop()
-        forget_cluster(self.port)  # first: once the nodes are gone, nothing may point at them
         leftovers = set().union(*(node.temp_dirs for node in self.nodes))
         procs = []
         for pid in self.pids():
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
-        # The worker nodes together, then the head: SIGTERM, and STOP_GRACE_S for each set to
-        # end. An idle node drains and exits in about a second; `ray start` handles SIGTERM only
-        # between steps of its own start-up, which can take longer than the whole stop should.
-        head = [n for n in self.nodes if n.name == "head"]
-        for group in ([n for n in self.nodes if n.name != "head"], head):
-            deadline = time.monotonic() + STOP_GRACE_S
-            leftovers |= _terminate_leaders([node.process.pid for node in group], deadline)
-            for node in group:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    node.process.wait(max(0.0, deadline - time.monotonic()))
-        for node in self.nodes:  # `ray start --block` may leave children on SIGTERM
-            _kill_group(node.process, signal.SIGKILL, 5.0)
+        # The worker nodes, then the head (the first node: start() joins it first), STOP_GRACE_S
+        # each; an idle node drains and exits in about a second. Then SIGKILL to what is left:
+        # `ray start` handles SIGTERM only between steps of its own start-up.
+        stop_groups([node.process.pid for node in self.nodes], self.port, STOP_GRACE_S)
+        for node in self.nodes:  # the `ray start` processes are this process's children
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                node.process.wait(5.0)
         # Anything that left the process groups (the dashboard's multiprocessing children,
         # which end on their own about 1.5 s later): its node is gone, so at once.
         _kill_survivors(procs, wait_s=0)
@@ -871,14 +865,13 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
                 created: list[float] | None = None) -> None:
     """Forget the cluster's record, then stop its node process groups: the worker nodes', then
     the head's (the first group), each SIGTERM and up to grace_s to end; then SIGKILL to what is
-    left. For a cluster no LocalCluster object holds (`distrl cluster down`, the reaper). The
+    left. LocalCluster.stop, `distrl cluster down` and the reaper all stop nodes this way. The
     record goes first: once the nodes are gone nothing may still point ray.init() at them. With
     `created` (the leaders' start times), only the groups still the recorded ones are signalled.
 
-    Workers first, as LocalCluster.stop does: a worker's `ray start` drains its node through the
-    head's GCS on SIGTERM, and signalled together with the head it could wait for a GCS that was
-    already gone until the grace ran out (`distrl cluster down` took 10 s, not 1-2, in two of
-    five downs)."""
+    Workers first: a worker's `ray start` drains its node through the head's GCS on SIGTERM,
+    and signalled together with the head it could wait for a GCS that was already gone until
+    the grace ran out (`distrl cluster down` took 10 s, not 1-2, in two of five downs)."""
     forget_cluster(port)
     head = groups[:1]
     if created is not None:
