@@ -9,6 +9,11 @@ import tempfile
 
 import pytest
 
+# Before any test module imports grpc: distrl turns gRPC's fork support off, without which about
+# one child in 100 started beside a live channel aborts (grpc/grpc#43055). A module run alone
+# (test_collector.py imports grpc first) would otherwise keep it on, and warn.
+import distrl  # noqa: F401
+
 # TensorFlow's C++ start-up notices are noise in test logs.
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # Learners keep XLA's compiled steps in this test run's own folder, not the user's
