@@ -20,7 +20,6 @@ import json
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -29,19 +28,23 @@ BASELINE_VENV = HERE / ".venv-baseline"
 BASELINE_PYTHON = BASELINE_VENV / "bin" / "python"
 
 
-def run_training(extra: list[str], timeout_s: float) -> dict:
+def run_training(extra: list[str], timeout_s: float, output_dir: Path) -> dict:
     """`python -m distrl.train --env CartPole-v1 ...` in a fresh process: its results.json,
     plus process_wall_s, the wall-clock the whole process took (Ray start-up included).
-    `timeout_s` bounds the whole process, in case it hangs past its own --max-seconds."""
-    with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
-               "false", "--output-dir", tmp, *extra]
-        start = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
-        wall = time.monotonic() - start
-        if proc.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed:\n{proc.stderr[-3000:]}")
-        result = json.loads((Path(tmp) / "results.json").read_text())
+    `timeout_s` bounds the whole process, in case it hangs past its own --max-seconds. The run's
+    results.json (timeline, events, CPU seconds per role) and its console stay in output_dir,
+    so that a slow seed can be read afterwards."""
+    cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
+           "false", "--output-dir", str(output_dir), *extra]
+    output_dir.mkdir(parents=True)
+    start = time.monotonic()
+    with open(output_dir / "console.log", "w") as console:
+        proc = subprocess.run(cmd, stdout=console, stderr=subprocess.STDOUT, timeout=timeout_s)
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = (output_dir / "console.log").read_text()[-3000:]
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{tail}")
+    result = json.loads((output_dir / "results.json").read_text())
     result["process_wall_s"] = wall
     return result
 
@@ -54,10 +57,10 @@ def time_to_solve_s(result: dict) -> float | None:
     return result["process_wall_s"] - (result["wall_time_s"] - result["time_to_target_s"])
 
 
-def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
+def run_once(seed: int, extra: list[str], budget_s: float, output_dir: Path) -> dict:
     # The budget is for training; start-up and shutdown get two minutes on top.
     result = run_training(["--seed", str(seed), "--max-seconds", str(budget_s), *extra],
-                          timeout_s=budget_s + 120)
+                          timeout_s=budget_s + 120, output_dir=output_dir)
     timeline = result["timeline"]  # seconds since the training process started
     return {"seed": seed, "solved": result["reached_target"],
             "time_to_solve_s": time_to_solve_s(result),
@@ -66,7 +69,13 @@ def run_once(seed: int, extra: list[str], budget_s: float) -> dict:
             "ray_up_s": timeline.get("Ray up"),
             "first_env_step_s": timeline.get("first env step"),
             "first_transition_s": timeline.get("first transition"),
+            "learner_running_s": timeline.get("learner running"),
             "first_update_s": timeline.get("first update"), "target_s": timeline.get("target")}
+
+
+MILESTONES = {"ray_up_s": "Ray up", "first_env_step_s": "first env step",
+              "first_transition_s": "first transition", "learner_running_s": "learner running",
+              "first_update_s": "first update"}
 
 
 def baseline_python() -> Path:
@@ -124,16 +133,17 @@ def main() -> None:
     if not args.seeds or args.budget_s <= 0:
         parser.error(f"need at least one seed and --budget-s > 0, got {args.budget_s}")
     python = None if args.no_baseline else baseline_python()
+    kept = HERE.parent / "runs" / "time_to_solve" / time.strftime("%Y%m%d-%H%M%S")
     runs, baseline = [], []
     for seed in args.seeds:
-        r = run_once(seed, extra, args.budget_s)
+        r = run_once(seed, extra, args.budget_s, kept / f"seed-{seed}")
         runs.append(r)
         shown = f"{r['time_to_solve_s']:.1f}s" if r["solved"] else "not solved"
+        # A milestone the run never reached (a learner that did not start in time) shows as "-".
+        at = {key: "-" if r[key] is None else f"{r[key]:.1f}s" for key in MILESTONES}
         print(f"seed {seed} distrl:   {shown}  (process {r['process_wall_s']:.1f}s; since process "
-              f"start: Ray up {r['ray_up_s']:.1f}s, first env step {r['first_env_step_s']:.1f}s, "
-              f"first transition "
-              f"{r['first_transition_s']:.1f}s, first update {r['first_update_s']:.1f}s; "
-              f"{r['env_steps']:,} env steps, {r['learner_updates']:,} updates)", flush=True)
+              f"start: " + ", ".join(f"{name} {at[key]}" for key, name in MILESTONES.items())
+              + f"; {r['env_steps']:,} env steps, {r['learner_updates']:,} updates)", flush=True)
         if python is not None:
             b = run_baseline(python, seed, args.budget_s)
             baseline.append(b)
@@ -141,6 +151,7 @@ def main() -> None:
             steps = f"{b['env_steps']:,} env steps" if b["env_steps"] else "stopped at budget"
             print(f"seed {seed} baseline: {shown}  ({steps}, {b['learner_updates'] or 0:,} "
                   "updates)", flush=True)
+    print(f"each run's results.json and console: {kept}")
     median = median_time(runs)
     print(f"time to solve CartPole-v1 (median of {len(runs)} seeds, from process start): "
           f"{median:.1f}s; solved {sum(r['solved'] for r in runs)}/{len(runs)}; "
