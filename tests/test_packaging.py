@@ -68,26 +68,29 @@ def test_every_import_of_the_package_is_a_declared_dependency():
     assert {"tensorboard", "pandas", "matplotlib"} <= core
 
 
+def _resolve(tmp_path: Path, *extras: str) -> set[str]:
+    """The distributions a plain install of the project (with these extras) brings, resolved
+    against the package index as if nothing were installed."""
+    resolved = tmp_path / f"resolved{'-'.join(('', *extras))}.txt"
+    subprocess.run([str(Path(sys.executable).with_name("uv")), "pip", "compile", "--quiet",
+                    "--no-cache", "--python", sys.executable, str(ROOT / "pyproject.toml"),
+                    *(f"--extra={extra}" for extra in extras), "--output-file", str(resolved)],
+                   check=True, timeout=240, capture_output=True)
+    return {_normal(line.split("==")[0]) for line in resolved.read_text().splitlines()
+            if line[:1].isalnum()}  # "name==version"; the rest are "#" comments
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-@pytest.mark.waits  # pip, much of it on the package index
 def test_a_plain_install_brings_every_import(tmp_path):
-    """`pip install .` (no lock file), resolved by pip against the package index as if nothing
-    were installed: the distributions it would install provide every module the package
-    imports. (--dry-run --ignore-installed resolves exactly what an install into a fresh venv
-    would, without unpacking about 2 GB of wheels; the pinned pip of make install resolves
-    in half the time of the one a new venv comes with.)"""
-    report = tmp_path / "report.json"
-    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--dry-run",
-                    "--ignore-installed", "--report", str(report), str(ROOT)], check=True,
-                   timeout=500, capture_output=True)
-    plain = {_normal(item["metadata"]["name"])
-             for item in json.loads(report.read_text())["install"]}
+    """`pip install .` and `pip install .[notebooks]` (no lock file): the distributions each
+    would install provide every module the package imports. Resolved by uv (what `make
+    install` installs with) from pyproject.toml: for the plain install the same 122
+    distributions as pip's `install --dry-run --ignore-installed --report .`, in 1.3 s of wall
+    time against pip's 21.7 s (18.8 s of CPU, on the slow tests' critical path)."""
+    plain = _resolve(tmp_path)
     assert "tensorboard" in plain  # training's tf.summary needs it (the issue's crash)
-    # The notebook runner's extra is checked by name above (resolving it twice costs a minute).
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    notebooks = plain | _requirement_names(project["optional-dependencies"]["notebooks"])
-    missing = _unmet(plain, {"notebooks": notebooks})
+    missing = _unmet(plain, {"notebooks": _resolve(tmp_path, "notebooks")})
     assert missing == [], "a plain install lacks:\n" + "\n".join(missing)
 
 
