@@ -23,16 +23,6 @@ os.environ.setdefault("DISTRL_XLA_CACHE_DIR", _XLA_CACHE)
 atexit.register(shutil.rmtree, _XLA_CACHE, ignore_errors=True)
 
 
-def pytest_collection_modifyitems(items):
-    """Slow tests that mostly wait (`waits`: Ray's fixed 30 s, the package index) run first.
-    `make test` runs the unit tests (they start no Ray) in a second pytest beside the slow
-    ones, which run one after another: they start Ray, kernels and fault injections that look
-    at every Ray process on the machine (a fault test kills `ray::ActorWorker` by its title; a
-    cluster test compares the machine's Ray processes before and after). So the unit tests'
-    CPU meets the waiting tests' idle cores rather than a loaded fault test."""
-    items.sort(key=lambda item: item.get_closest_marker("waits") is None)  # stable
-
-
 def is_ray_process(cmdline: list[str]) -> bool:
     """Ray's binaries (GCS, raylet), a `ray start`, or a Ray worker titled `ray::...`."""
     cmd = " ".join(cmdline)
