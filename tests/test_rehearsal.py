@@ -47,6 +47,9 @@ def test_pods_run_kuberays_command_with_their_env_and_only_the_documented_rewrit
     spec = job["spec"]["rayClusterSpec"]
     head, actor = cluster.pods
     assert head.name == "distrl-train-head" and actor.name == "distrl-train-actors-worker-0"
+    # A Spot preemption takes worker pods: the head pod, whatever its name, is refused.
+    with pytest.raises(ValueError, match=r"expected one of the worker nodes \['distrl-train-actors"):
+        cluster.kill_node(head.name)
     # KubeRay's command: the group's rayStartParams, --block, memory from the limits.
     assert head.argv[:6] == ["ray", "start", "--head", "--block", "--dashboard-host=127.0.0.1",
                              "--num-cpus=5"]

@@ -295,7 +295,8 @@ class Learner:
                     raise
                 self._retrace_without_the_cache(e)
                 losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
-        self._shapes_run.add((num, size))
+        if new_shape:
+            self._shapes_run.add((num, size))
         self.updates += num
         return losses.numpy(), td_abs.numpy(), {"grad_norm": grad_norms.numpy(),
                                                 "mean_q": mean_qs.numpy()}
