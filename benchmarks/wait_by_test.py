@@ -18,11 +18,11 @@ import pytest
 TICK_S = 1 / os.sysconf("SC_CLK_TCK")
 
 
-def machine_cpu_s() -> tuple[float, float]:
-    """(idle, total) CPU seconds of every core since boot; idle includes waiting for I/O."""
+def idle_cpu_s() -> float:
+    """Idle CPU seconds of every core since boot, waiting for I/O included."""
     with open("/proc/stat") as f:
         ticks = [int(x) for x in f.readline().split()[1:]]
-    return (ticks[3] + ticks[4]) * TICK_S, sum(ticks) * TICK_S
+    return (ticks[3] + ticks[4]) * TICK_S
 
 
 class WaitReport:
@@ -31,11 +31,9 @@ class WaitReport:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item, nextitem):
-        idle0, _ = machine_cpu_s()
-        start = time.monotonic()
+        idle, start = idle_cpu_s(), time.monotonic()
         yield
-        idle1, _ = machine_cpu_s()
-        self.rows.append((item.nodeid, time.monotonic() - start, idle1 - idle0))
+        self.rows.append((item.nodeid, time.monotonic() - start, idle_cpu_s() - idle))
 
     def pytest_terminal_summary(self, terminalreporter):
         cores = os.cpu_count() or 1

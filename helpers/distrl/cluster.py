@@ -101,6 +101,7 @@ class Node:
     # multiprocessing's temp folders its processes were seen listening in (while it started):
     # removed with the node, also when `ray start` gave up and ended them itself.
     temp_dirs: set = field(default_factory=set)
+    joined: bool = False          # set by LocalCluster.settle; remove_node's grace depends on it
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -257,7 +258,7 @@ class LocalCluster:
         else:
             self.settle(node)
             return node
-        self.remove_node(node, FAILED_START_GRACE_S)  # this ends anything it left
+        self.remove_node(node)  # this ends anything it left
         failed = node.log.with_suffix(".failed-start.log")
         node.log.replace(failed)
         with open(failed, "a") as log:
@@ -273,12 +274,13 @@ class LocalCluster:
         """A node has joined: every process of it back to normal priority (its workers, started
         later by its raylet, inherit this), and its session's CPU share to the head's weight
         for the first node started, WORKER_NICE's for every other."""
+        node.joined = True
         _settle_priority(node, 0 if node is self.nodes[0] else WORKER_NICE)
 
-    def remove_node(self, node: Node, grace_s: float | None = None) -> None:
-        """Stop one node (SIGTERM, then SIGKILL after grace_s, by default STOP_GRACE_S) and
-        forget it."""
-        deadline = time.monotonic() + (STOP_GRACE_S if grace_s is None else grace_s)
+    def remove_node(self, node: Node) -> None:
+        """Stop one node (SIGTERM, then SIGKILL after STOP_GRACE_S, or FAILED_START_GRACE_S
+        if it never joined) and forget it."""
+        deadline = time.monotonic() + (STOP_GRACE_S if node.joined else FAILED_START_GRACE_S)
         leftovers = node.temp_dirs | _terminate_leaders([node.process.pid], deadline)
         with contextlib.suppress(subprocess.TimeoutExpired):
             node.process.wait(max(0.0, deadline - time.monotonic()))
@@ -743,10 +745,10 @@ def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
 START_NICE = -15
 WORKER_NICE = 5
 STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), before SIGKILL
-# A node that did not start: its `ray start` is usually blocked in Ray's wait for its raylet to
-# register (up to 30 s, in C++), where its SIGTERM handler cannot run, so STOP_GRACE_S would be
-# waited out whole (5.0 s measured, each failed start). One second still lets a `ray start` that
-# is not blocked stop its processes itself.
+# A node that never joined (a failed start in join or the autoscaler): its `ray start` is usually
+# blocked in Ray's wait for its raylet to register (up to 30 s, in C++), where its SIGTERM handler
+# cannot run, so STOP_GRACE_S would be waited out whole (5.0 s measured, each failed start). One
+# second still lets a `ray start` that is not blocked stop its processes itself.
 FAILED_START_GRACE_S = 1.0
 
 
