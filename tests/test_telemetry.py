@@ -246,17 +246,64 @@ def test_no_collector_no_flood_and_a_bounded_shutdown():
             counter.add(1)
             n += 1
         t0 = time.monotonic()
-        tel.shutdown(timeout_s=2)
+        tel.shutdown()
         print("adds", n, "shutdown_s", round(time.monotonic() - t0, 2))
     """)
     out = run_program(program, {}, timeout=60)
     assert out.returncode == 0, out.stderr
     shutdown_s = float(out.stdout.split("shutdown_s")[1])
-    assert shutdown_s <= 3.5  # bounded by the timeout given, not by the exporter's retries
+    # Nothing listens on this machine's port: one attempt, not the exporter's retries, which
+    # alone take >= 2.4 s (backoffs of 1 s and 2 s, -20 % jitter) of the 5 s given.
+    assert shutdown_s < 2.0
     warnings = [line for line in out.stderr.splitlines()
                 if "Transient error" in line or "Failed to export" in line]
     # ~80 export attempts in 8 s; the log shows a few lines, not one per retry.
     assert 1 <= len(warnings) <= 3, out.stderr
+
+
+def test_a_shutdown_whose_time_is_up_stops_the_exports_still_in_flight():
+    """A collector that accepts TCP and never answers: the flush outlives the 1 s given, and
+    shutdown then stops the exporters, so no thread exports on in a process that lives on."""
+    program = textwrap.dedent("""
+        import socket, threading, time
+        from distrl.telemetry import setup_telemetry
+        mute = socket.socket()
+        mute.bind(("127.0.0.1", 0))
+        mute.listen()  # the kernel completes the handshake; nothing reads
+        tel = setup_telemetry(endpoint=f"http://127.0.0.1:{mute.getsockname()[1]}",
+                              export_timeout_s=30)
+        tel.meter.create_counter("c").add(1)
+        with tel.tracer.start_as_current_span("s"):
+            pass
+        tel.shutdown(timeout_s=1)
+        flushes = [t for t in threading.enumerate() if t.name == "otel-shutdown"]
+        for flush in flushes:
+            flush.join(10)
+        print("flushes", len(flushes), "alive", sum(t.is_alive() for t in flushes))
+    """)
+    out = run_program(program, {}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # Both flushes were still waiting at 1 s (the export's own deadline is 30 s), and both
+    # ended once their exporters were stopped, within 10 s, not 30.
+    assert out.stdout.split() == ["flushes", "2", "alive", "0"], out.stdout + out.stderr
+
+
+def test_nothing_listens_at_probes_only_this_machine():
+    closed = socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()
+    assert otel.nothing_listens_at(f"http://127.0.0.1:{port}")
+    assert otel.nothing_listens_at(f"http://localhost:{port}/v1/metrics")
+    assert otel.nothing_listens_at(f"127.0.0.1:{port}")  # a gRPC endpoint without a scheme
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        assert not otel.nothing_listens_at(f"http://127.0.0.1:{listening.getsockname()[1]}")
+    # Not probed: a name (no DNS lookup at shutdown), another machine, no port, a bad port.
+    for endpoint in ("http://collector.invalid:4317", "http://10.0.0.1:4317",
+                     "http://127.0.0.1", "http://127.0.0.1:99999"):
+        assert not otel.nothing_listens_at(endpoint), endpoint
 
 
 def test_a_forked_child_does_not_revive_a_shut_down_exporter(collector):

@@ -157,6 +157,8 @@ class Telemetry:
     tracer_provider: object
     resource: object | None
     enabled: bool
+    exporters: tuple = ()  # the OTLP exporters setup_telemetry made (none for custom readers)
+    endpoints: tuple[str, ...] = ()  # where they send: the metrics' and the traces' URL
 
     @property
     def meter(self):
@@ -171,23 +173,69 @@ class Telemetry:
         return self.tracer_provider.get_tracer("distrl", __version__)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
-        """Flush what is pending and stop exporting, in at most about timeout_s seconds."""
+        """Flush what is pending and stop exporting, in at most about timeout_s seconds.
+
+        Metrics and spans flush side by side. Where every endpoint is on this machine and
+        refuses connections, nothing listens: the flush gets one attempt, not the exporter's
+        retries (1 s, 2 s, ... within export_timeout_s, 5 s of every process's stop before).
+        Whatever is still exporting when the time is up is stopped, so no thread retries on
+        in a process that lives on (a notebook's kernel)."""
         if not self.enabled:
             return
+        if self.endpoints and all(map(nothing_listens_at, self.endpoints)):
+            timeout_s = min(timeout_s, REFUSED_FLUSH_S)
         deadline = time.monotonic() + timeout_s
-        done = threading.Event()
 
-        def stop():
+        def stop(provider, **bound):
             try:
-                self.tracer_provider.shutdown()
-                remaining = max(0.1, deadline - time.monotonic())
-                self.meter_provider.shutdown(timeout_millis=remaining * 1000)
-            finally:
-                done.set()
+                provider.shutdown(**bound)
+            except Exception as error:  # one failed flush must not stop the other or the caller
+                logging.getLogger(__name__).warning("telemetry: %s", error)
 
         # The SDK's shutdowns can wait on exporter retries; never let them hold a process.
-        threading.Thread(target=stop, daemon=True, name="otel-shutdown").start()
-        done.wait(timeout_s + 1.0)
+        flushes = [threading.Thread(target=stop, args=args, kwargs=bound, daemon=True,
+                                    name="otel-shutdown")
+                   for args, bound in (((self.tracer_provider,), {}),
+                                       ((self.meter_provider,),
+                                        {"timeout_millis": timeout_s * 1000}))]
+        for flush in flushes:
+            flush.start()
+        for flush in flushes:
+            flush.join(max(0.0, deadline - time.monotonic()))
+        if any(flush.is_alive() for flush in flushes):
+            for exporter in self.exporters:  # ends their retry waits and in-flight calls
+                exporter.shutdown()
+
+
+# The final flush's time where nothing listens: one export attempt each, no retries.
+REFUSED_FLUSH_S = 0.5
+
+
+def nothing_listens_at(endpoint: str) -> bool:
+    """Whether `endpoint` (an OTLP URL) is on this machine and refuses a TCP connection now.
+
+    Only a local endpoint is probed: a name is not resolved (that could wait on DNS), and a
+    remote collector that refuses may be a pod restarting, for which the retries are meant.
+    """
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    url = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
+    host = url.hostname or ""
+    try:
+        local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        port = url.port
+    except ValueError:  # a name other than localhost, or a port out of range
+        return False
+    if not local or port is None:
+        return False
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:  # a timeout, or no route: not known to be down
+        return False
 
 
 def _env_flag(name: str) -> bool:
@@ -255,23 +303,29 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     # Resource.create adds OTEL_RESOURCE_ATTRIBUTES; explicit attributes win over it.
     resource = Resource.create(attributes)
 
+    exporters, endpoints = [], []
     if metric_readers is None:
         interval = export_interval_ms
         if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
             interval = DEFAULT_EXPORT_INTERVAL_MS
+        exporters.append(metric_exporter())
+        endpoints.append(_endpoint_of("METRICS", protocol, endpoint))
         metric_readers = [_fork_safe_reader_class()(
-            metric_exporter(),
+            exporters[-1],
             export_interval_millis=interval, export_timeout_millis=export_timeout_s * 1000)]
     if span_processors is None:
+        exporters.append(span_exporter())
+        endpoints.append(_endpoint_of("TRACES", protocol, endpoint))
         span_processors = [BatchSpanProcessor(
-            span_exporter(),
+            exporters[-1],
             export_timeout_millis=int(export_timeout_s * 1000))]
     meter_provider = MeterProvider(resource=resource, metric_readers=metric_readers)
     tracer_provider = TracerProvider(resource=resource)
     for processor in span_processors:
         tracer_provider.add_span_processor(processor)
     _set_globals_once(meter_provider, tracer_provider)
-    return Telemetry(meter_provider, tracer_provider, resource, True)
+    return Telemetry(meter_provider, tracer_provider, resource, True, tuple(exporters),
+                     tuple(endpoints))
 
 
 def _set_globals_once(meter_provider, tracer_provider) -> None:
@@ -305,6 +359,14 @@ def _check_env_schemes(protocol: str) -> None:
                              "which a plaintext collector (the local one, GKE's managed one) "
                              f"refuses: write http://{value}, or set "
                              "OTEL_EXPORTER_OTLP_INSECURE=true (false: TLS)")
+
+
+def _endpoint_of(signal: str, protocol: str, endpoint: str | None) -> str:
+    """Where a signal's exporter sends: the argument, else the signal's env variable, else
+    OTEL_EXPORTER_OTLP_ENDPOINT, else the protocol's default (OTel spec, exporter config)."""
+    return (endpoint or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
+            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+            or ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"))
 
 
 PROTOCOLS = ("grpc", "http/protobuf")  # what the Python SDK's OTLP exporters speak
