@@ -40,7 +40,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl.actor import env_spec, slot_epsilons
-from distrl.cluster import init_local_ray, shutdown_ray
+from distrl.cluster import init_local_ray, ray_temp_dir, shutdown_ray
 from distrl.config import ApexConfig
 from distrl.faults import (
     ActorFleet,
@@ -382,7 +382,7 @@ class _DashboardStartFailure(logging.Filter):
             m = re.search(r"return code (-?\d+)", text)
             note = (f"Ray's dashboard process exited while ray.init started it (return code "
                     f"{m.group(1) if m else 'unknown'}; its log, if it wrote one: "
-                    "dashboard.log under /tmp/ray/session_latest/logs); with "
+                    f"dashboard.log under {ray_temp_dir()}/session_latest/logs); with "
                     "include_dashboard=False nothing uses it, so Ray goes on without it")
             self.notes.append(note)
             record.msg, record.args = note, ()

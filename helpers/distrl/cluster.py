@@ -41,7 +41,18 @@ from typing import NamedTuple
 # temporary directory could be planted by another user (and `down` would kill what it names).
 STATE_FILE = (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
               / "distrl" / "cluster.json")
-RAY_CURRENT_CLUSTER = Path(tempfile.gettempdir()) / "ray" / "ray_current_cluster"
+
+
+def ray_temp_dir() -> Path:
+    """Where Ray keeps its sessions on this machine, found as Ray finds it (ray/_common/utils.py,
+    get_default_system_temp_dir): under RAY_TMPDIR, else TMPDIR (on Linux), else /tmp. Not
+    tempfile.gettempdir(), which knows no RAY_TMPDIR."""
+    base = os.environ.get("RAY_TMPDIR")
+    if base is None and sys.platform.startswith("linux"):
+        base = os.environ.get("TMPDIR")
+    if base is None:
+        base = "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
+    return Path(base) / "ray"
 
 
 class ClusterError(RuntimeError):
@@ -473,7 +484,7 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
                          "a new local Ray; call ray.init(address=...) to join a cluster")
     import ray
 
-    temp_dir = Path(ray_init_kwargs.get("_temp_dir") or Path(tempfile.gettempdir()) / "ray")
+    temp_dir = Path(ray_init_kwargs.get("_temp_dir") or ray_temp_dir())
     for attempt in range(1, attempts + 1):
         began = time.time()
         try:
@@ -711,8 +722,9 @@ def forget_cluster(port: int) -> None:
     """`ray start --head` records its cluster for later ray.init() calls to join; once that
     head is gone, the record would make them fail. Removes it if it names this port."""
     with contextlib.suppress(OSError):
-        if RAY_CURRENT_CLUSTER.read_text().strip().endswith(f":{port}"):
-            RAY_CURRENT_CLUSTER.unlink()
+        record = ray_temp_dir() / "ray_current_cluster"  # where `ray start --head` writes it
+        if record.read_text().strip().endswith(f":{port}"):
+            record.unlink()
 
 
 _NODE_PORTS = ("node-manager", "object-manager", "dashboard-agent-listen",
