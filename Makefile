@@ -30,19 +30,23 @@ $(STAMP): requirements.lock pyproject.toml
 tutorial: install
 	$(BIN)/python -m distrl.tutorial --kernel $(KERNEL)
 
-# Two pytest runs side by side: the slow tests one after another (they start Ray, kernels and
-# faults that look at every Ray process on the machine) and, beside them, the unit tests, which
-# start no Ray; their report follows the slow tests'. (pytest-xdist's --dist loadgroup would do
-# this, but with pytest 9.2 it silently stops grouping: pytest-dev/pytest-xdist#1386.)
+# Two lanes side by side. One runs the slow tests one after another (they start Ray, kernels,
+# faults under load). The other runs the unit tests (no Ray), then the slow tests that mostly
+# wait (-m waits: a node's start, a deadline), whose idle time the first lane's tests leave;
+# under a TMPDIR of their own, so their Ray sessions, records and temp folders are apart from
+# the first lane's. Its report follows the first lane's. (pytest-xdist's --dist loadgroup would
+# do this, but with pytest 9.2 it silently stops grouping: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
-	@unit_log=$$(mktemp); \
-	$(UNIT_TESTS) -p no:cacheprovider >$$unit_log 2>&1 & unit=$$!; \
-	$(BIN)/python -m pytest -ra --durations=30 -m slow; slow_rc=$$?; \
-	wait $$unit; unit_rc=$$?; \
-	echo "== the unit tests, run beside the slow ones (pytest -m 'not slow') =="; \
-	cat $$unit_log; rm -f $$unit_log; \
-	test $$slow_rc -eq 0 && test $$unit_rc -eq 0
+	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d /tmp/distrl-waits-XXXXXX); \
+	{ $(UNIT_TESTS) -p no:cacheprovider; unit_rc=$$?; \
+	  TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=5 -m waits; \
+	  waits_rc=$$?; test $$unit_rc -eq 0 && test $$waits_rc -eq 0; } >$$lane_log 2>&1 & lane=$$!; \
+	$(BIN)/python -m pytest -ra --durations=30 -m "slow and not waits"; slow_rc=$$?; \
+	wait $$lane; lane_rc=$$?; \
+	echo "== beside them: the unit tests (-m 'not slow'), then the waiting ones (-m waits) =="; \
+	cat $$lane_log; rm -rf $$lane_log $$lane_tmp; \
+	test $$slow_rc -eq 0 && test $$lane_rc -eq 0
 
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
 test-fast: install

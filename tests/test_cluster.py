@@ -8,6 +8,7 @@ import contextlib
 import json
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -45,15 +46,34 @@ SMALL_RUN = ["--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", 
              "--jit-compile", "false"]  # node faults under test, not the learner's speed
 
 
-def ray_processes() -> set[int]:
-    return {p.pid for p in psutil.process_iter(["cmdline"]) if is_ray_process(p.info["cmdline"] or [])}
+@pytest.fixture
+def own_tmpdir(monkeypatch):
+    """A temp folder of the test's own, the TMPDIR of every process it starts: their Ray
+    sessions and multiprocessing folders land in it, and their Ray processes are told apart by
+    it from any other Ray on the machine (the other test lane, a reader's notebook). Short, for
+    the socket paths Ray makes in its sessions (at most 107 bytes)."""
+    path = Path(tempfile.mkdtemp(prefix="distrl-test-", dir="/tmp"))
+    monkeypatch.setenv("TMPDIR", str(path))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
-def ray_left(before: set[int]) -> dict[int, str]:
-    """Ray processes that were not there `before`, with their command lines (what a timeout
-    names)."""
+def ray_processes(tmpdir: Path) -> set[int]:
+    """The Ray processes started under `tmpdir` (own_tmpdir): they inherit it as TMPDIR."""
+    pids = set()
+    for p in psutil.process_iter(["cmdline"]):
+        if is_ray_process(p.info["cmdline"] or []):
+            with contextlib.suppress(psutil.Error):
+                if p.environ().get("TMPDIR") == str(tmpdir):
+                    pids.add(p.pid)
+    return pids
+
+
+def ray_left(tmpdir: Path) -> dict[int, str]:
+    """Ray processes started under `tmpdir` that still run, with their command lines (what a
+    timeout names)."""
     left = {}
-    for pid in ray_processes() - before:
+    for pid in ray_processes(tmpdir):
         with contextlib.suppress(psutil.Error):
             left[pid] = " ".join(psutil.Process(pid).cmdline())[:160]
     return left
@@ -64,9 +84,9 @@ def assert_gone(pids: list[int]) -> None:
     assert not alive, f"left running: {alive}"
 
 
-def multiprocessing_dirs() -> set[Path]:
-    """multiprocessing's temp folders on this machine (Ray's dashboard makes one per head)."""
-    return set(Path(tempfile.gettempdir()).glob("pymp-*"))
+def multiprocessing_dirs(tmpdir: Path) -> set[Path]:
+    """multiprocessing's temp folders under `tmpdir` (Ray's dashboard makes one per head)."""
+    return set(tmpdir.glob("pymp-*"))
 
 
 def wait_for(predicate, timeout_s: float, what: str):
@@ -78,13 +98,13 @@ def wait_for(predicate, timeout_s: float, what: str):
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
-def wait_for_ray_to_end(before: set[int], timeout_s: float, what: str) -> None:
-    """Every Ray process that was not there `before` ends within timeout_s; a failure names the
-    ones left, with their command lines."""
+def wait_for_ray_to_end(tmpdir: Path, timeout_s: float, what: str) -> None:
+    """Every Ray process started under `tmpdir` ends within timeout_s; a failure names the ones
+    left, with their command lines."""
     try:
-        wait_for(lambda: not ray_left(before), timeout_s, what)
+        wait_for(lambda: not ray_left(tmpdir), timeout_s, what)
     except AssertionError as e:
-        raise AssertionError(f"{e}; left: {ray_left(before)}") from None
+        raise AssertionError(f"{e}; left: {ray_left(tmpdir)}") from None
 
 
 def records(port: int) -> bool:
@@ -169,10 +189,9 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
                if e["kind"] == "waiting" and e["time_s"] < learner_at), events
 
 
-def test_a_failed_head_start_leaves_nothing_running(tmp_path):
+def test_a_failed_head_start_leaves_nothing_running(tmp_path, own_tmpdir):
     """The head fails half-way: `ray start` has started the GCS when it finds the dashboard's
     port taken, and exits; what it started goes too."""
-    before = ray_processes()
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
@@ -181,7 +200,7 @@ def test_a_failed_head_start_leaves_nothing_running(tmp_path):
         with pytest.raises(ClusterError, match="node head exited with code"):
             cluster.start()
     assert cluster.nodes == []
-    wait_for_ray_to_end(before, 30, "the head's processes to end")
+    wait_for_ray_to_end(own_tmpdir, 30, "the head's processes to end")
 
 
 def test_an_unreachable_head_is_a_clear_error_and_leaves_nothing(tmp_path):
@@ -206,6 +225,7 @@ time.sleep(600)
 """
 
 
+@pytest.mark.waits
 def test_a_cluster_whose_owner_is_killed_is_stopped_by_its_reaper(tmp_path):
     """The process that started the cluster dies without running any cleanup (SIGKILL, as a
     kernel gets when it does not shut down in time): its nodes go too, and so does Ray's
@@ -341,7 +361,9 @@ exec "$@"
 """
 
 
-def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monkeypatch):
+@pytest.mark.waits
+def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monkeypatch,
+                                                          own_tmpdir):
     """Ray waits a fixed 30 s for a new node's GCS and for its raylet, then gives up. Both ways
     the series starts a node try once more: a driver's init_local_ray (ray.init) and a
     LocalCluster head (`ray start`), each losing its first raylet the moment it starts (through
@@ -350,7 +372,6 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     and LocalCluster sees a child of `ray start` end, and each starts the node again. So does
     a worker node that joins then, losing its first raylet too (`ray start` behind
     wait-for-head.sh)."""
-    before, dirs_before = ray_processes(), multiprocessing_dirs()
     hook = tmp_path / "hook"
     hook.mkdir()
     (hook / "valgrind").write_text(LOSE_FIRST_RAYLET)
@@ -370,7 +391,9 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
             assert [n["state"] for n in table] == ["ALIVE", "ALIVE"], table
             assert [n.name for n in cluster.nodes] == ["head", "worker-1"]
             pids = cluster.pids()
-            made = multiprocessing_dirs() - dirs_before  # both starts' dashboards
+            made = multiprocessing_dirs(own_tmpdir)  # both starts' dashboards
+            # What the checks below scope to: this test's Ray, sessions and all, in own_tmpdir.
+            assert ray_processes(own_tmpdir) and list((own_tmpdir / "ray").glob("session_*"))
         out, driver_err = driver.communicate(timeout=240)
     finally:
         driver.kill()
@@ -390,7 +413,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     assert err.count("starting it again") == 2, err[-3000:]
     assert_gone(pids)
     # The dashboard's temp folder: neither start's is left (the driver's Ray runs no dashboard).
-    assert made and not multiprocessing_dirs() - dirs_before, multiprocessing_dirs() - dirs_before
+    assert made and not multiprocessing_dirs(own_tmpdir), multiprocessing_dirs(own_tmpdir)
     # The driver: a new raylet ran its task, it said which session's logs to read, and that
     # session's processes (its GCS, dashboard, monitors) were stopped before the second start.
     assert driver.returncode == 0, driver_err[-3000:]
@@ -406,7 +429,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
     assert failed, driver_err[-3000:]
     assert failed.group(1).endswith(f"_{driver.pid}"), failed.group(1)  # its own, not the head's
     assert not [c for c in result["cmdlines"] if failed.group(1) in c], result["cmdlines"]
-    wait_for_ray_to_end(before, 30, "every session's processes to end")
+    wait_for_ray_to_end(own_tmpdir, 30, "every session's processes to end")
 
 
 def test_a_failed_start_is_traced_to_its_own_session_not_the_newest(tmp_path):
@@ -485,17 +508,16 @@ def test_a_nodes_ports_are_distinct_and_avoid_the_heads_ports():
     assert pick_head_ports(6380, 0)[0] == 6380 and pick_head_ports(6380, 0)[1] not in (0, 6380)
 
 
-def test_command_line_up_status_down(capsys, tmp_path):
+def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir):
     assert not STATE_FILE.exists()
     (tmp_path / "a-file").write_text("")
     assert main(["up", "--log-dir", str(tmp_path / "a-file")]) == 1
     assert f"log_dir='{tmp_path / 'a-file'}': exists and is not a directory" in \
         capsys.readouterr().err
-    before = multiprocessing_dirs()
     assert main(["up", "--workers", "1", "--log-dir", str(tmp_path / "logs")]) == 0
     try:
         assert "Ray cluster up: 2 nodes" in capsys.readouterr().out
-        made = multiprocessing_dirs() - before
+        made = multiprocessing_dirs(own_tmpdir)
         assert made  # the head's dashboard runs a forkserver
         state = json.loads(STATE_FILE.read_text())
         assert main(["up"]) == 1 and "already up" in capsys.readouterr().err
@@ -513,7 +535,7 @@ def test_command_line_up_status_down(capsys, tmp_path):
         assert "Local node finished draining; shutting down." in log, log[-2000:]
     wait_for(lambda: not running(tree), 30, "the cluster's processes to end")
     assert not STATE_FILE.exists()
-    assert not made & multiprocessing_dirs(), "a stopped cluster left its temp folders"
+    assert not multiprocessing_dirs(own_tmpdir), "a stopped cluster left its temp folders"
 
 
 def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):

@@ -2,6 +2,7 @@
 learner and driver (also during start-up and while actors wait for a CPU), a killed driver and
 --resume, actors that never get a CPU. Every fault runs with every core kept busy (busy_cpus)."""
 
+import contextlib
 import json
 import os
 import re
@@ -39,12 +40,14 @@ def ray_local():
 
 
 def processes(title: str) -> list[psutil.Process]:
-    """Ray worker processes by their title, e.g. 'ray::ActorWorker'."""
+    """This test run's Ray worker processes by their title, e.g. 'ray::ActorWorker': its Ray
+    runs under it, and another pytest run's beside it (make test's other lane) does not."""
     found = []
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = p.info["cmdline"] or []
-        if cmd and cmd[0].startswith(title):
-            found.append(p)
+    for p in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            cmd = p.cmdline()
+            if cmd and cmd[0].startswith(title):
+                found.append(p)
     return found
 
 
@@ -181,6 +184,7 @@ def test_the_stop_sequence_waits_for_actors_that_ran_or_have_a_process_not_a_que
             ray_local.kill(actor)
 
 
+@pytest.mark.waits
 def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_as_no_learner(ray_local,
                                                                                 tmp_path):
     """Someone else's work holds one of the two CPUs, so the learner (it asks for both) waits
@@ -430,6 +434,7 @@ def test_no_actor_for_actor_wait_s_ends_the_run(ray_local, tmp_path, busy_cpus):
     assert TrainingResult.load(tmp_path / "results.json").stop_reason == "no_actors"
 
 
+@pytest.mark.waits
 def test_ray_dashboard_dying_at_start_up_is_a_note_not_an_error(tmp_path):
     """ray.init starts Ray's dashboard process even with include_dashboard=False; CI once saw it
     abort (SIGABRT) at start-up. init_local_ray leaves it out through a private Ray API; where

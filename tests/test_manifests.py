@@ -338,6 +338,7 @@ def _nodes(address: str, token_env: dict) -> int:
 
 
 @pytest.mark.slow
+@pytest.mark.waits
 def test_wait_for_head_script_joins_a_real_head_with_the_token_file(tmp_path):
     """As the plain manifests run it: the worker starts first and waits, and both nodes read
     the Ray token from the file RAY_AUTH_TOKEN_PATH names (the mounted Secret), not from env."""
