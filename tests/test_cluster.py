@@ -577,6 +577,25 @@ def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):
         write_state(tmp_path / "shared" / "cluster.json", {})
 
 
+def test_a_record_the_head_writes_while_it_stops_is_forgotten_too(tmp_path, monkeypatch):
+    """`ray start --head` writes Ray's record of the cluster as its last step, which on a busy
+    machine comes seconds after the head serves: a cluster stopped right away may see it
+    written after stop_groups' first forget. A stand-in head that ignores SIGTERM and writes
+    the record during the grace: the record is gone once stop_groups returns."""
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # its record: tmp_path/ray/...
+    ray_temp_dir().mkdir()
+    record = ray_temp_dir() / "ray_current_cluster"
+    head = subprocess.Popen(["sh", "-c", f"trap '' TERM; sleep 0.3; echo 127.0.0.1:6390 > {record}"
+                            "; sleep 60"], start_new_session=True)
+    try:
+        stop_groups([head.pid], 6390, grace_s=1.5)
+        assert head.wait(timeout=10) == -9  # it ignored SIGTERM, wrote, and was killed
+        assert not record.exists()
+    finally:
+        head.kill()
+        head.wait()
+
+
 def test_killed_node_names_are_checked(tmp_path):
     cluster = LocalCluster(num_workers=0, log_dir=tmp_path)
     with pytest.raises(ValueError, match=r"name='head': expected one of the worker nodes"):

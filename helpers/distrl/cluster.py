@@ -887,8 +887,9 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     """Forget the cluster's record, then stop its node process groups: the worker nodes', then
     the head's (the first group), each SIGTERM and up to grace_s to end; then SIGKILL to what is
     left. LocalCluster.stop, `distrl cluster down` and the reaper all stop nodes this way. The
-    record goes first: once the nodes are gone nothing may still point ray.init() at them. With
-    `created` (the leaders' start times), only the groups still the recorded ones are signalled.
+    record goes first, and again last: once the nodes are gone nothing may still point
+    ray.init() at them. With `created` (the leaders' start times), only the groups still the
+    recorded ones are signalled.
 
     Workers first: a worker's `ray start` drains its node through the head's GCS on SIGTERM,
     and signalled together with the head it could wait for a GCS that was already gone until
@@ -906,6 +907,14 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
+    # A head's `ray start` writes the record as its last step, seconds after the head serves
+    # when the machine is busy: a cluster stopped right after it started (a notebook that fails
+    # in its next cell) could write it after the first forget. Once the head's processes are
+    # gone nothing writes it any more.
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and any(_group_alive(g) for g in groups if g in head):
+        time.sleep(0.05)
+    forget_cluster(port)
     _remove_dirs(leftovers)
 
 
