@@ -34,6 +34,7 @@ from distrl.cluster import (
     ray_gave_up,
     ray_temp_dir,
     read_state,
+    recorded,
     running,
     stop_groups,
     write_state,
@@ -107,13 +108,6 @@ def wait_for_ray_to_end(tmpdir: Path, timeout_s: float, what: str) -> None:
         raise AssertionError(f"{e}; left: {ray_left(tmpdir)}") from None
 
 
-def records(port: int) -> bool:
-    """Whether Ray's record of the current cluster (what `ray start --head` writes, and
-    ray.init() with no address joins) names this port."""
-    record = ray_temp_dir() / "ray_current_cluster"
-    return record.exists() and record.read_text().strip().endswith(f":{port}")
-
-
 def test_ray_temp_dir_is_where_ray_puts_its_sessions(monkeypatch, tmp_path):
     """As Ray resolves it, RAY_TMPDIR first (tempfile.gettempdir() knows no RAY_TMPDIR), and
     forget_cluster removes the record there, only for its own port."""
@@ -132,9 +126,9 @@ def test_ray_temp_dir_is_where_ray_puts_its_sessions(monkeypatch, tmp_path):
     ray_temp_dir().mkdir(parents=True)
     (ray_temp_dir() / "ray_current_cluster").write_text("127.0.0.1:6380\n")
     forget_cluster(6379)
-    assert records(6380)
+    assert recorded(6380)
     forget_cluster(6380)
-    assert not records(6380) and not (ray_temp_dir() / "ray_current_cluster").exists()
+    assert not recorded(6380) and not (ray_temp_dir() / "ray_current_cluster").exists()
 
 
 def autogroup_nice(session_leader: int) -> int:
@@ -237,13 +231,13 @@ def test_a_cluster_whose_owner_is_killed_is_stopped_by_its_reaper(tmp_path):
         assert pids
         # `ray start --head` records the cluster as its last step, which can come seconds
         # after the head already serves (start() returns then).
-        wait_for(lambda: records(port), 60,
+        wait_for(lambda: recorded(port), 60,
                  "ray start to record the cluster in ray_current_cluster")
     finally:
         owner.kill()
         owner.wait(30)
     wait_for(lambda: not running(pids), 60, "the reaper to stop the nodes")
-    assert not records(port)
+    assert not recorded(port)
     fresh = subprocess.run([sys.executable, "-c",
                             "import ray; ray.init(num_cpus=1, include_dashboard=False); "
                             "print(ray.get_runtime_context().gcs_address); ray.shutdown()"],
@@ -280,7 +274,7 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
                 if "PORT" in o.get("text", ""))
     port, *pids = map(int, line.split()[1:])
     wait_for(lambda: not running(pids), 60, "the notebook's cluster to stop")
-    assert not records(port)
+    assert not recorded(port)
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -718,13 +718,21 @@ def job_client(dashboard_url: str):
     return JobSubmissionClient(dashboard_url)
 
 
+def recorded(port: int) -> bool:
+    """Whether Ray's record of the current cluster, which `ray start --head` writes and
+    ray.init() with no address joins, names this port."""
+    try:
+        return (ray_temp_dir() / "ray_current_cluster").read_text().strip().endswith(f":{port}")
+    except OSError:
+        return False
+
+
 def forget_cluster(port: int) -> None:
-    """`ray start --head` records its cluster for later ray.init() calls to join; once that
-    head is gone, the record would make them fail. Removes it if it names this port."""
-    with contextlib.suppress(OSError):
-        record = ray_temp_dir() / "ray_current_cluster"  # where `ray start --head` writes it
-        if record.read_text().strip().endswith(f":{port}"):
-            record.unlink()
+    """Once a head is gone, its record would make later ray.init() calls fail: removes the
+    record if it names this port."""
+    if recorded(port):
+        with contextlib.suppress(OSError):
+            (ray_temp_dir() / "ray_current_cluster").unlink()
 
 
 _NODE_PORTS = ("node-manager", "object-manager", "dashboard-agent-listen",
@@ -899,11 +907,11 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     if created is not None:
         groups = [g for g, c in zip(groups, created) if _ours(g, c)]
     leftovers: set[Path] = set()
-    for part in ([g for g in groups if g not in head], [g for g in groups if g in head]):
+    workers, head = [g for g in groups if g not in head], [g for g in groups if g in head]
+    for part in (workers, head):
         deadline = time.monotonic() + grace_s
         leftovers |= _terminate_leaders(list(reversed(part)), deadline)
-        while time.monotonic() < deadline and any(_group_alive(g) for g in part):
-            time.sleep(0.1)
+        _wait_for_groups_to_end(part, deadline)
     for pgid in groups:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pgid, signal.SIGKILL)
@@ -911,11 +919,14 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
     # when the machine is busy: a cluster stopped right after it started (a notebook that fails
     # in its next cell) could write it after the first forget. Once the head's processes are
     # gone nothing writes it any more.
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline and any(_group_alive(g) for g in groups if g in head):
-        time.sleep(0.05)
+    _wait_for_groups_to_end(head, time.monotonic() + grace_s)
     forget_cluster(port)
     _remove_dirs(leftovers)
+
+
+def _wait_for_groups_to_end(groups: list[int], deadline: float) -> None:
+    while time.monotonic() < deadline and any(_group_alive(g) for g in groups):
+        time.sleep(0.05)
 
 
 def _remove_dirs(dirs: Iterable[Path]) -> None:

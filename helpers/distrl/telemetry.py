@@ -158,7 +158,7 @@ class Telemetry:
     resource: object | None
     enabled: bool
     exporters: tuple = ()  # the OTLP exporters setup_telemetry made (none for custom readers)
-    endpoints: tuple[str, ...] = ()  # where they send: the metrics' and the traces' URL
+    endpoints: tuple[str, ...] = ()  # where they send (metrics and traces; one if the same)
 
     @property
     def meter(self):
@@ -186,18 +186,17 @@ class Telemetry:
             timeout_s = min(timeout_s, REFUSED_FLUSH_S)
         deadline = time.monotonic() + timeout_s
 
-        def stop(provider, **bound):
+        def flush(shutdown):
             try:
-                provider.shutdown(**bound)
+                shutdown()
             except Exception as error:  # one failed flush must not stop the other or the caller
                 logging.getLogger(__name__).warning("telemetry: %s", error)
 
         # The SDK's shutdowns can wait on exporter retries; never let them hold a process.
-        flushes = [threading.Thread(target=stop, args=args, kwargs=bound, daemon=True,
+        flushes = [threading.Thread(target=flush, args=(shutdown,), daemon=True,
                                     name="otel-shutdown")
-                   for args, bound in (((self.tracer_provider,), {}),
-                                       ((self.meter_provider,),
-                                        {"timeout_millis": timeout_s * 1000}))]
+                   for shutdown in (self.tracer_provider.shutdown, lambda: self.meter_provider
+                                    .shutdown(timeout_millis=timeout_s * 1000))]
         for flush in flushes:
             flush.start()
         for flush in flushes:
@@ -325,7 +324,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
         tracer_provider.add_span_processor(processor)
     _set_globals_once(meter_provider, tracer_provider)
     return Telemetry(meter_provider, tracer_provider, resource, True, tuple(exporters),
-                     tuple(endpoints))
+                     tuple(dict.fromkeys(endpoints)))
 
 
 def _set_globals_once(meter_provider, tracer_provider) -> None:
@@ -344,9 +343,7 @@ def _check_env_schemes(protocol: str) -> None:
     OTEL_EXPORTER_OTLP[_SIGNAL]_INSECURE (TLS by default, per the OTel spec's exporter
     configuration), for OTLP/HTTP one that is not a URL."""
     for signal in ("METRICS", "TRACES"):
-        name = next((n for n in (f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT",
-                                 "OTEL_EXPORTER_OTLP_ENDPOINT") if os.environ.get(n)), None)
-        value = os.environ[name] if name else None
+        name, value = _env_endpoint(signal)
         if value is None or value.startswith(("http://", "https://")):
             continue
         where = f"{name}={value!r}"
@@ -361,11 +358,19 @@ def _check_env_schemes(protocol: str) -> None:
                              "OTEL_EXPORTER_OTLP_INSECURE=true (false: TLS)")
 
 
+def _env_endpoint(signal: str) -> tuple[str | None, str | None]:
+    """The variable that sets a signal's endpoint, and its value: the signal's own, else
+    OTEL_EXPORTER_OTLP_ENDPOINT (OTel spec, exporter configuration); (None, None) if neither."""
+    for name in (f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        if os.environ.get(name):
+            return name, os.environ[name]
+    return None, None
+
+
 def _endpoint_of(signal: str, protocol: str, endpoint: str | None) -> str:
-    """Where a signal's exporter sends: the argument, else the signal's env variable, else
-    OTEL_EXPORTER_OTLP_ENDPOINT, else the protocol's default (OTel spec, exporter config)."""
-    return (endpoint or os.environ.get(f"OTEL_EXPORTER_OTLP_{signal}_ENDPOINT")
-            or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+    """Where a signal's exporter sends: the argument, else the environment, else the
+    protocol's default."""
+    return (endpoint or _env_endpoint(signal)[1]
             or ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318"))
 
 
