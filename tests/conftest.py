@@ -6,8 +6,37 @@ import shutil
 import stat
 import sys
 import tempfile
+from pathlib import Path
 
 import pytest
+
+# The suite never reads or writes the user's own state: HOME and the XDG folders are a folder of
+# this run's, for the tests and every process they start (Ray's ~/.ray/auth_token, `distrl
+# cluster`'s state file, Keras', Jupyter's and matplotlib's files). A reader who keeps a
+# `distrl cluster up` running, or has a Ray token of their own, sees the same results.
+_HOME = tempfile.mkdtemp(prefix="distrl-test-home-")
+atexit.register(shutil.rmtree, _HOME, ignore_errors=True)
+for _var, _sub in (("HOME", ""), ("XDG_STATE_HOME", ".local/state"), ("XDG_CACHE_HOME", ".cache"),
+                   ("XDG_CONFIG_HOME", ".config"), ("XDG_DATA_HOME", ".local/share")):
+    os.environ[_var] = os.path.join(_HOME, _sub)
+os.environ.pop("RAY_AUTH_TOKEN", None)
+os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+
+
+def _register_kernel() -> None:
+    """The Jupyter kernel "distrl" of the interpreter that runs the tests, ahead of any other
+    of that name (JUPYTER_PATH comes first): the notebook tests need no `make install`, and a
+    reader's own "distrl" kernel of another environment is not the one tested."""
+    spec = Path(_HOME) / "jupyter" / "kernels" / "distrl"
+    spec.mkdir(parents=True)
+    (spec / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python (distrl, tests)", "language": "python"}))
+    os.environ["JUPYTER_PATH"] = os.pathsep.join(
+        p for p in (str(spec.parents[1]), os.environ.get("JUPYTER_PATH")) if p)
+
+
+_register_kernel()
 
 # Before any test module imports grpc: distrl turns gRPC's fork support off, without which about
 # one child in 100 started beside a live channel aborts (grpc/grpc#43055). A module run alone
@@ -150,14 +179,11 @@ def stand_ins(tmp_path, monkeypatch):
 
 @pytest.fixture(scope="session")
 def kernel():
-    """The project's own environment as a Jupyter kernel (make install registers it too)."""
-    import subprocess
-
+    """The Jupyter kernel of the interpreter that runs the tests (_register_kernel)."""
     from jupyter_client.kernelspec import KernelSpecManager
 
-    if "distrl" not in KernelSpecManager().find_kernel_specs():
-        subprocess.run([sys.executable, "-m", "ipykernel", "install", "--sys-prefix",
-                        "--name", "distrl"], check=True, capture_output=True)
+    spec = KernelSpecManager().get_kernel_spec("distrl")
+    assert spec.argv[0] == sys.executable, spec.argv
     return "distrl"
 
 

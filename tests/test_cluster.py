@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -22,7 +23,6 @@ from conftest import is_ray_process
 
 from distrl import jobs
 from distrl.cluster import (
-    STATE_FILE,
     WORKER_NICE,
     ClusterError,
     LocalCluster,
@@ -36,6 +36,7 @@ from distrl.cluster import (
     read_state,
     recorded,
     running,
+    state_file,
     stop_groups,
     write_state,
 )
@@ -471,6 +472,32 @@ def test_init_local_ray_refuses_bad_values_and_passes_other_errors_on_at_once(ca
     assert "starting Ray again" not in capsys.readouterr().err  # not taken for a slow start
 
 
+STOPPED_WHILE_STARTING = """
+import psutil, ray
+from distrl.cluster import StartInterrupted, init_local_ray
+
+def gcs_up():  # stop() turns True once Ray's GCS runs: the start is then waiting on its raylet
+    return any(c.name() == "gcs_server" for c in psutil.Process().children())
+
+try:
+    init_local_ray(num_cpus=1, include_dashboard=False, stop=gcs_up)
+except StartInterrupted as e:
+    print("interrupted:", e)
+print("initialized:", ray.is_initialized())
+"""
+
+
+def test_init_local_ray_asked_to_stop_while_starting_stops_what_it_started(own_tmpdir):
+    """A SIGTERM caught while Ray's node starts: init_local_ray gives up at its next wait,
+    stops the processes it had started, and does not start again."""
+    run = subprocess.run([sys.executable, "-c", STOPPED_WHILE_STARTING], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "interrupted: asked to stop while Ray's raylet started" in run.stdout, run.stdout
+    assert "initialized: False" in run.stdout and "starting Ray again" not in run.stderr
+    wait_for(lambda: not ray_processes(own_tmpdir), 30, "the started processes to end")
+
+
 def test_running_counts_ended_zombie_and_vanished_processes_as_ended():
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # ended, not yet reaped
@@ -502,8 +529,11 @@ def test_a_nodes_ports_are_distinct_and_avoid_the_heads_ports():
     assert pick_head_ports(6380, 0)[0] == 6380 and pick_head_ports(6380, 0)[1] not in (0, 6380)
 
 
-def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir):
-    assert not STATE_FILE.exists()
+def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir, monkeypatch):
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # this test's own record
+    record = state_file()
+    assert record == tmp_path / "state" / "distrl" / "cluster.json"
+    assert not record.exists()
     (tmp_path / "a-file").write_text("")
     assert main(["up", "--log-dir", str(tmp_path / "a-file")]) == 1
     assert f"log_dir='{tmp_path / 'a-file'}': exists and is not a directory" in \
@@ -513,7 +543,7 @@ def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir):
         assert "Ray cluster up: 2 nodes" in capsys.readouterr().out
         made = multiprocessing_dirs(own_tmpdir)
         assert made  # the head's dashboard runs a forkserver
-        state = json.loads(STATE_FILE.read_text())
+        state = json.loads(record.read_text())
         assert main(["up"]) == 1 and "already up" in capsys.readouterr().err
         assert main(["status"]) == 0
         assert state["dashboard_url"] in capsys.readouterr().out
@@ -528,7 +558,7 @@ def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir):
         log = (tmp_path / "logs" / f"{node}.log").read_text()
         assert "Local node finished draining; shutting down." in log, log[-2000:]
     wait_for(lambda: not running(tree), 30, "the cluster's processes to end")
-    assert not STATE_FILE.exists()
+    assert not record.exists()
     assert not multiprocessing_dirs(own_tmpdir), "a stopped cluster left its temp folders"
 
 
@@ -536,7 +566,7 @@ def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):
     """`distrl cluster down` kills the process groups its state file names: the file lives in
     the user's own directory, and a link, a file others may write, or a group whose leader
     is not the recorded process (a reused pid, another user's) is refused."""
-    assert STATE_FILE.is_relative_to(Path.home()) or "XDG_STATE_HOME" in os.environ
+    assert state_file().is_relative_to(Path(os.environ.get("XDG_STATE_HOME") or Path.home()))
     state = tmp_path / "state" / "cluster.json"
     write_state(state, {})
     state.unlink()
@@ -574,19 +604,24 @@ def test_cluster_down_trusts_only_its_own_state_file_and_processes(tmp_path):
 def test_a_record_the_head_writes_while_it_stops_is_forgotten_too(tmp_path, monkeypatch):
     """`ray start --head` writes Ray's record of the cluster as its last step, which on a busy
     machine comes seconds after the head serves: a cluster stopped right away may see it
-    written after stop_groups' first forget. A stand-in head that ignores SIGTERM and writes
-    the record during the grace: the record is gone once stop_groups returns."""
+    written after stop_groups' first forget. A stand-in head that writes the record when its
+    SIGTERM comes (after the first forget, by construction) and then ignores it: the record is
+    gone once stop_groups returns."""
     monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))  # its record: tmp_path/ray/...
     ray_temp_dir().mkdir()
     record = ray_temp_dir() / "ray_current_cluster"
-    head = subprocess.Popen(["sh", "-c", f"trap '' TERM; sleep 0.3; echo 127.0.0.1:6390 > {record}"
-                            "; sleep 60"], start_new_session=True)
+    # `sleep & wait`: sh runs a trap only between commands, and `wait` is one it interrupts.
+    head = subprocess.Popen(["sh", "-c", f"trap 'echo 127.0.0.1:6390 > {record}' TERM; "
+                             "echo trapped; while :; do sleep 60 & wait; done"],
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
     try:
+        assert head.stdout.readline() == "trapped\n"  # its trap is set before any signal
         stop_groups([head.pid], 6390, grace_s=1.5)
-        assert head.wait(timeout=10) == -9  # it ignored SIGTERM, wrote, and was killed
+        assert head.wait(timeout=10) == -9  # it wrote on SIGTERM, went on, and was killed
         assert not record.exists()
     finally:
-        head.kill()
+        if head.poll() is None:
+            os.killpg(head.pid, signal.SIGKILL)
         head.wait()
 
 

@@ -604,22 +604,25 @@ def test_remote_listening_needs_an_explicit_option_and_honours_a_bearer_token(
 
 SOAK_EXPORTERS = textwrap.dedent("""
     # Five exporter threads of one process, each exporting small requests back to back until
-    # the deadline; prints the acknowledged points and each export's latency as JSON.
+    # the deadline, each retried as an OTel exporter retries (RESOURCE_EXHAUSTED, UNAVAILABLE)
+    # up to 20 times; prints the acknowledged points, every export's latency (a refused one's
+    # up to its last refusal) and the exports refused every time, as JSON.
     import json, sys, threading, time
     import grpc
     from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
     from test_collector import _gauges
     endpoint, first, seconds = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
-    acked, latencies = {}, []
+    acked, latencies, refused = {}, [], []
     def run(index):
         stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
         end, t = time.monotonic() + seconds, 0
         while time.monotonic() < end:
             t += 1
             start = time.perf_counter()
-            for attempt in range(20):  # retried as an OTel exporter does
+            for attempt in range(20):
                 try:
                     stub.Export(_gauges(f"soak{index}", 10, t=t), timeout=30)
+                    acked[index] = acked.get(index, 0) + 10
                     break
                 except grpc.RpcError as err:
                     if err.code() not in (grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -627,13 +630,12 @@ SOAK_EXPORTERS = textwrap.dedent("""
                         raise
                     time.sleep(0.1)
             else:
-                continue
+                refused.append(t)
             latencies.append(time.perf_counter() - start)
-            acked[index] = acked.get(index, 0) + 10
     threads = [threading.Thread(target=run, args=(i,)) for i in range(first, first + 5)]
     [t.start() for t in threads]
     [t.join() for t in threads]
-    print(json.dumps({"acked": acked, "latencies": latencies}))
+    print(json.dumps({"acked": acked, "latencies": latencies, "refused": len(refused)}))
 """)
 SOAK_P99_BOUND_S = 2.0  # measured p99 on 2 busy cores: see the stop note of issue 13
 
@@ -681,9 +683,12 @@ def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
                 stored = store.query("SELECT COUNT(*) AS n FROM points WHERE metric_type = ?",
                                      (f"{PREFIX}soak{index}/gauge",))[0]["n"]
                 assert stored == acked, (index, stored, acked)
-        latencies = np.concatenate([r["latencies"] for r in results])
+        latencies = np.concatenate([r["latencies"] for r in results])  # refused ones too
+        refused = sum(r["refused"] for r in results)
         p99 = float(np.percentile(latencies, 99))
-        print(f"soak: {len(latencies):,} exports, p50 {np.percentile(latencies, 50) * 1e3:.0f} "
-              f"ms, p99 {p99 * 1e3:.0f} ms, {len(reads)} whole reads of 20,000 series, "
-              f"{len(busy)} reads told to retry")
+        print(f"soak: {len(latencies):,} exports, {refused} refused 20 times, p50 "
+              f"{np.percentile(latencies, 50) * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
+              f"{len(reads)} whole reads of 20,000 series, {len(busy)} reads told to retry")
+        assert len(latencies) >= 20 * 20  # every exporter kept exporting, about 1 a second
+        assert refused == 0, f"{refused} of {len(latencies)} exports were refused 20 times"
         assert p99 < SOAK_P99_BOUND_S

@@ -385,6 +385,64 @@ def test_sigterm_during_start_up_ends_the_run_with_results(tmp_path, busy_cpus):
              "no process of the run")
 
 
+# The driver, with SIGTERM sent from inside an at-fork callback of the first fork that Ray makes
+# while ray.init starts its node (the GCS's Popen), and the handler made to run right there: the
+# interleaving that lost a SIGTERM in a make test run. Ray's handler raised SystemExit inside
+# logging's at-fork callback, Python printed "Exception ignored in: <function _releaseLock>" and
+# went on, and the run trained for its whole budget.
+SIGTERM_IN_AT_FORK = """
+import os, runpy, signal, sys
+
+def inside_ray_init():
+    frame = sys._getframe()
+    while frame is not None:
+        if frame.f_code.co_filename.endswith(os.path.join("ray", "_private", "node.py")):
+            return True
+        frame = frame.f_back
+    return False
+
+sent = []
+
+def sigterm_here():
+    if not sent and inside_ray_init():
+        sent.append(True)
+        print("SIGTERM sent inside an at-fork callback of ray.init", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(100_000):  # bytecode: the handler runs inside this callback
+            pass
+
+os.register_at_fork(after_in_parent=sigterm_here)
+sys.argv[0] = "distrl.train"
+runpy.run_module("distrl.train", run_name="__main__")
+"""
+
+
+def test_sigterm_inside_an_at_fork_callback_of_ray_init_is_not_lost(tmp_path, busy_cpus):
+    """SIGTERM handled inside an at-fork callback while ray.init starts Ray's processes: a
+    handler that raises (Ray's) has its exception swallowed there and the signal is lost. The
+    driver keeps its own handler through ray.init, so the run still ends at once, with
+    results.json saying why."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-c", SIGTERM_IN_AT_FORK,
+                             *_train_command(out, "--max-seconds", "120")[3:]],
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            start_new_session=True)
+    lines = _lines_of(proc)
+    try:
+        proc.wait(90)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+    text = "".join(lines)
+    assert "SIGTERM sent inside an at-fork callback of ray.init" in text, text[-3000:]
+    assert "Exception ignored" not in text, text[-3000:]
+    assert proc.returncode == 0, text[-3000:]
+    result = json.loads((out / "results.json").read_text())
+    assert result["stop_reason"] == "sigterm", result["stop_detail"]
+    assert result["learner_updates"] == 0 and result["checkpoint"] is None
+
+
 def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(ray_local, tmp_path, busy_cpus):
     """The Spot notice on the driver's node while it trains: three actors on a 2-CPU Ray where
     the learner takes one CPU, so one actor runs and two wait and are reported. SIGTERM ends the

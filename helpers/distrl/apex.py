@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -40,15 +39,17 @@ from pathlib import Path
 import numpy as np
 
 from distrl.actor import env_spec, slot_epsilons
-from distrl.cluster import init_local_ray, ray_temp_dir, shutdown_ray
+from distrl.cluster import StartInterrupted, init_local_ray, ray_temp_dir, shutdown_ray
 from distrl.config import ApexConfig
 from distrl.faults import (
     ActorFleet,
     Deadline,
+    StopFlag,
     catch_sigterm,
     cause,
     get_within,
     in_a_process,
+    ray_keeps_our_sigterm_handler,
     restore_sigterm,
 )
 from distrl.network import NetworkSpec
@@ -89,7 +90,7 @@ class TrainingResult:
     stop_reason: str
     stop_detail: str = ""
     evals: list[dict] = field(default_factory=list)
-    actor_epsilons: list[list[float]] = field(default_factory=list)
+    actor_epsilons: list[list[float] | None] = field(default_factory=list)  # as each used
     actor_weights_versions: list[int | None] = field(default_factory=list)
     actor_restarts: list[int] = field(default_factory=list)
     actor_nodes: list[str | None] = field(default_factory=list)
@@ -219,7 +220,7 @@ class ApeX:
         if config.run_id is None:  # every process labels its telemetry with the same id
             self.config = config = config.replace(
                 run_id=f"{config.env_id}-{stamp}-{uuid.uuid4().hex[:6]}")
-        self.sigterm = threading.Event()
+        self.sigterm = StopFlag()
         self.marks: dict[str, float] = {}  # start-up milestones of train(), for the timeline
 
     def resource_plan(self, cluster_cpus: float, autoscaling: bool = False) -> dict:
@@ -288,14 +289,15 @@ class ApeX:
                             "autoscaling=True if nodes join on demand")
         return problems
 
-    def train(self, sigterm: threading.Event | None = None) -> TrainingResult:
-        """Run to a stop; `sigterm`: an event already set by a SIGTERM caught earlier."""
+    def train(self, sigterm: StopFlag | None = None) -> TrainingResult:
+        """Run to a stop. `sigterm`: a flag that a SIGTERM caught earlier may have set (or that
+        another thread sets to stop the run as SIGTERM would)."""
         import ray
 
         t_start = time.monotonic()
         self.marks = {"train() called": 0.0}  # seconds since t_start, for the timeline
         self.startup_notes: list[str] = []  # what went wrong but did not stop the start
-        self.sigterm = sigterm or threading.Event()
+        self.sigterm = sigterm or StopFlag()
         previous = catch_sigterm(self.sigterm)
         # Quiet TensorFlow in every worker this driver starts (workers inherit the environment).
         os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -313,21 +315,26 @@ class ApeX:
 
     def _init_ray(self, ray) -> None:
         """A Ray job's driver has RAY_ADDRESS; anything else gets a fresh local Ray, never a
-        cluster that an old `ray start` recorded and that may be dead or someone else's."""
+        cluster that an old `ray start` recorded and that may be dead or someone else's.
+        SIGTERM meanwhile sets self.sigterm (Ray's own handler is kept out: StopFlag says why),
+        and a local start gives up at its next wait once it is set."""
         import signal
 
         notes_before = len(_DASHBOARD_FAILURES.notes)
         options = dict(include_dashboard=False, logging_level="warning", log_to_driver=True)
         try:
-            if os.environ.get("RAY_ADDRESS"):
-                ray.init(address=os.environ["RAY_ADDRESS"], **options)
-            else:
-                init_local_ray(**options)
-        except SystemExit as e:  # Ray's own SIGTERM handler, installed inside ray.init
+            with ray_keeps_our_sigterm_handler():
+                if os.environ.get("RAY_ADDRESS"):
+                    ray.init(address=os.environ["RAY_ADDRESS"], **options)
+                else:
+                    init_local_ray(stop=self.sigterm.is_set, **options)
+        except StartInterrupted:
+            pass  # self.sigterm is set; what the start had begun is stopped
+        except SystemExit as e:  # Ray's own handler, where it could not be kept out
             if e.code != signal.SIGTERM:
                 raise
             self.sigterm.set()
-        catch_sigterm(self.sigterm)  # ray.init replaced ours with one that exits at once
+        catch_sigterm(self.sigterm)
         self.startup_notes += _DASHBOARD_FAILURES.notes[notes_before:]
 
     def _train(self, ray, plan: dict | None, t_start: float) -> TrainingResult:
@@ -711,6 +718,8 @@ class _Run:
                          "actors": sum(f["cpu_s"] for f in actor_finals.values())},
             weights_versions=[actor_finals[i]["weights_version"] if i in actor_finals else None
                               for i in range(len(t.actors))],
+            epsilons=[actor_finals[i]["epsilons"] if i in actor_finals else None
+                      for i in range(len(t.actors))],
             restarts=list(fleet.restarts), nodes=list(fleet.nodes), states=states)
 
     def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
@@ -723,8 +732,8 @@ class _Run:
             weights=None, replay_check={"ok": True, "problems": [], "size": 0, "inserted": 0,
                                         "shards": 0},
             cpu_seconds={"driver": time.process_time() - self.driver_cpu_start},
-            weights_versions=[None] * n, restarts=[0] * n, nodes=[None] * n,
-            states=["never created"] * n)
+            weights_versions=[None] * n, epsilons=[None] * n, restarts=[0] * n,
+            nodes=[None] * n, states=["never created"] * n)
 
     def timeline(self) -> dict[str, float]:
         """When each start-up milestone came, in seconds since this process started (the
@@ -756,7 +765,8 @@ class _Run:
         return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
 
     def _result(self, env_steps, updates, replay, checkpoint, weights, replay_check,
-                cpu_seconds, weights_versions, restarts, nodes, states) -> TrainingResult:
+                cpu_seconds, weights_versions, epsilons, restarts, nodes,
+                states) -> TrainingResult:
         c = self.config
         wall = time.monotonic() - self.t_start
         updates_this_run = updates - (self.resumed or {}).get("updates", 0)
@@ -773,7 +783,7 @@ class _Run:
             final_eval_return=self.evals[-1]["mean_return"] if self.evals else None,
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
             stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
-            actor_epsilons=actor_epsilon_table(c), actor_weights_versions=weights_versions,
+            actor_epsilons=epsilons, actor_weights_versions=weights_versions,
             actor_restarts=restarts, actor_nodes=nodes, actor_states=states,
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,

@@ -37,10 +37,13 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
-# `distrl cluster up`'s record, in this user's own state directory: a fixed name in the shared
-# temporary directory could be planted by another user (and `down` would kill what it names).
-STATE_FILE = (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
-              / "distrl" / "cluster.json")
+
+def state_file() -> Path:
+    """`distrl cluster up`'s record, in this user's own state directory ($XDG_STATE_HOME, else
+    ~/.local/state), looked up at each use: a fixed name in the shared temporary directory could
+    be planted by another user (and `down` would kill what it names)."""
+    return (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+            / "distrl" / "cluster.json")
 
 
 def ray_temp_dir() -> Path:
@@ -472,11 +475,14 @@ def ray_gave_up(message: str) -> bool:
             or (GCS_PORT_FILE_TIMEOUT in message and "gcs_server_port" in message))
 
 
-def init_local_ray(attempts: int = 2, **ray_init_kwargs):
+def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
+                   **ray_init_kwargs):
     """ray.init(address="local", **ray_init_kwargs): a new Ray on this machine, never a cluster
     that an old `ray start` recorded. A node whose GCS or raylet does not come up within Ray's
     fixed 30 s is started again (up to `attempts` starts in all); each failed start names its
-    logs, and what it had started is stopped first."""
+    logs, and what it had started is stopped first. `stop`: once it returns True (a SIGTERM
+    was caught), the start is abandoned at its next wait, what it started is stopped, and
+    StartInterrupted is raised."""
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts={attempts!r}: expected an integer >= 1")
     if "address" in ray_init_kwargs:
@@ -484,12 +490,15 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
                          "a new local Ray; call ray.init(address=...) to join a cluster")
     import ray
 
+    stop = stop or (lambda: False)
     temp_dir = Path(ray_init_kwargs.get("_temp_dir") or ray_temp_dir())
     for attempt in range(1, attempts + 1):
+        if stop():
+            raise StartInterrupted("asked to stop before Ray's node started")
         began = time.time()
         try:
             with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")), \
-                    _raylet_registration_polled():
+                    _raylet_registration_polled(stop):
                 return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
             seen_ending = isinstance(e, RayletNotRegistered)
@@ -501,6 +510,8 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
             logs = _failed_start_logs(session, temp_dir)
             if session is not None:
                 _stop_children_of_session(session)
+            if isinstance(e, StartInterrupted):
+                raise
             if attempt == attempts:
                 raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) ({why}); "
                                    f"{logs}") from e
@@ -510,6 +521,10 @@ def init_local_ray(attempts: int = 2, **ray_init_kwargs):
 
 class RayletNotRegistered(RuntimeError):
     """A new node's raylet ended, or did not register with the GCS in time."""
+
+
+class StartInterrupted(RayletNotRegistered):
+    """init_local_ray was asked to stop (its `stop` returned True) while Ray's node started."""
 
 
 RAYLET_REGISTRATION_S = 30.0  # Ray's own wait (raylet_start_wait_time_s)
@@ -535,9 +550,9 @@ def _node_method_replaced(name: str, replacement: Callable[[Callable], Callable]
         setattr(Node, name, original)
 
 
-def _raylet_registration_polled():
+def _raylet_registration_polled(stop: Callable[[], bool]):
     """While ray.init starts a node: its raylet's registration with the GCS is awaited by asking
-    the GCS every 20 ms, and given up on as soon as the raylet has ended.
+    the GCS every 20 ms, and given up on as soon as the raylet has ended or stop() is True.
 
     Ray 2.60 waits in GlobalStateAccessor::GetNode, which asks the GCS, then sleeps a fixed 1 s
     before it asks again, for up to raylet_start_wait_time_s, 30 s
@@ -567,6 +582,8 @@ def _raylet_registration_polled():
             raylet = getattr(raylets[0], "process", None)
             deadline = time.monotonic() + RAYLET_REGISTRATION_S
             while not registered(node):
+                if stop():
+                    raise StartInterrupted("asked to stop while Ray's raylet started")
                 code = raylet.poll() if raylet is not None else None
                 if code is not None:
                     raise RayletNotRegistered(f"its raylet (pid {raylet.pid}) ended with exit "
@@ -1056,14 +1073,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="where the nodes' logs go (default: a new distrl-cluster-* folder "
                              "in the temp dir); they stay after `down`")
     args = parser.parse_args(argv)
+    state_path = state_file()
     try:
-        state = read_state(STATE_FILE)
+        state = read_state(state_path)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
     if args.action == "up":
         if state is not None:
-            print(f"error: a cluster is already up ({STATE_FILE}); `distrl cluster down` first",
+            print(f"error: a cluster is already up ({state_path}); `distrl cluster down` first",
                   file=sys.stderr)
             return 1
         try:
@@ -1073,7 +1091,7 @@ def main(argv: list[str] | None = None) -> int:
         except (ValueError, ClusterError) as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
-        write_state(STATE_FILE, {
+        write_state(state_path, {
             "address": cluster.address, "dashboard_url": cluster.dashboard_url,
             "port": cluster.port, **node_groups(cluster.nodes), "log_dir": str(cluster.log_dir)})
         print(f"Ray cluster up: {1 + args.workers} nodes\n  address   {cluster.address}\n"
@@ -1087,6 +1105,6 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(state, indent=2))
         return 0
     stop_groups(state["groups"], state["port"], grace_s=10.0, created=state["created"])
-    STATE_FILE.unlink()
+    state_path.unlink()
     print(f"Ray cluster down; its logs stay in {state.get('log_dir', '?')}")
     return 0

@@ -83,7 +83,36 @@ def ask_learner_to_checkpoint(get_learner, role: str):
     return action
 
 
-def catch_sigterm(flag: threading.Event):
+class StopFlag:
+    """Set once, by SIGTERM's handler or by another thread; read and waited on by the driver.
+
+    A plain attribute and no lock, so that setting it from a signal handler can neither be lost
+    nor deadlock. A handler that raises (Ray's: sys.exit) loses the signal wherever Python
+    swallows the exception: seen in a test run, Ray's SystemExit raised inside logging's at-fork
+    callback (`Exception ignored in: <function _releaseLock>`) while ray.init started a process,
+    and the run trained on. A handler that takes a lock (threading.Event.set) deadlocks if the
+    main thread it interrupts holds that lock (inside Event.wait)."""
+
+    POLL_S = 0.05
+
+    def __init__(self) -> None:
+        self._set = False
+
+    def set(self) -> None:
+        self._set = True
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def wait(self, timeout: float) -> bool:
+        """Sleep up to `timeout` seconds, less once set; returns is_set()."""
+        deadline = time.monotonic() + max(0.0, timeout)
+        while not self._set and (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(self.POLL_S, left))
+        return self._set
+
+
+def catch_sigterm(flag: StopFlag):
     """SIGTERM to the driver sets `flag` (the run then ends with a final checkpoint). Returns
     the previous handler, or None when this is not the main thread (nothing installed)."""
     if threading.current_thread() is not threading.main_thread():
@@ -96,6 +125,26 @@ def catch_sigterm(flag: threading.Event):
 def restore_sigterm(previous) -> None:
     if previous is not None and threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextlib.contextmanager
+def ray_keeps_our_sigterm_handler():
+    """While inside: ray.init cannot replace this process's SIGTERM handler with its own, which
+    raises SystemExit wherever the main thread happens to be (StopFlag says why that loses the
+    signal). ray.init and the Node it builds both install theirs through
+    ray._private.utils.set_sigterm_handler (Ray 2.60); a private API: if it is gone, nothing
+    is replaced and the caller still catches SystemExit."""
+    try:
+        from ray._private import utils
+        original = utils.set_sigterm_handler
+    except (ImportError, AttributeError):
+        yield
+        return
+    utils.set_sigterm_handler = lambda handler: None
+    try:
+        yield
+    finally:
+        utils.set_sigterm_handler = original
 
 
 # --------------------------------------------------------------------------- the actor fleet

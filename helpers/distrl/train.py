@@ -8,11 +8,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
-import threading
 import typing
 
 from distrl.config import ApexConfig, field_help
-from distrl.faults import catch_sigterm, restore_sigterm
+from distrl.faults import StopFlag, catch_sigterm, restore_sigterm
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -80,7 +79,7 @@ def resumed_config(explicit: dict) -> ApexConfig:
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a Spot notice, `ray job stop`) is honoured from here on, start-up included: the
     # run then ends at once with results.json (and a checkpoint if the learner exists).
-    early_sigterm = threading.Event()
+    early_sigterm = StopFlag()
     previous = catch_sigterm(early_sigterm)
     try:
         return _main(argv, early_sigterm)
@@ -88,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         restore_sigterm(previous)
 
 
-def _main(argv: list[str] | None, early_sigterm: threading.Event) -> int:
+def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
     args = vars(build_parser().parse_args(argv))
     try:
         if args["resume"] is not None:

@@ -381,11 +381,6 @@ class ActorWorker:
             self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
                                          otel.RL_SYNC_DESTINATION: "actor"})
 
-    def ready(self) -> dict:
-        """Answered once this life of the actor is constructed: where it runs, as what."""
-        return {"pid": os.getpid(), "node_id": self.node_id,
-                "epsilons": self.actor.epsilons.tolist()}
-
     def run(self) -> dict:
         c, actor, tel = self.config, self.actor, self.tel
         steps = c.actor_block_steps
@@ -473,7 +468,8 @@ class ActorWorker:
         return {"env_steps": self.actor.env_steps, "weights_version": self.actor.weights_version,
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
                 "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
-                "node_id": self.node_id, "first_step_time": self.actor.first_step_time}
+                "node_id": self.node_id, "first_step_time": self.actor.first_step_time,
+                "epsilons": self.actor.epsilons.tolist()}  # what its env slots explore with
 
     def stop(self) -> None:
         self._stop.set()
