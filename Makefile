@@ -19,7 +19,7 @@ $(STAMP): requirements.lock pyproject.toml
 	# cores, the same packages. No cache: it would keep the lock's 3 GB of wheels in ~/.cache.
 	# --compile-bytecode (20 s of it) stays: where PYTHONDONTWRITEBYTECODE is set, as on this
 	# CI machine, nothing compiles at import time, and the test suite took 20 min, not 12.
-	$(BIN)/python -m pip install --quiet uv==0.13.9
+	$(BIN)/python -m pip install --quiet $$(grep '^uv==' requirements.lock)
 	$(UV) --quiet --no-cache --compile-bytecode -r requirements.lock pip==25.3
 	$(UV) --quiet --no-cache --no-deps -e .
 	# ipykernel writes the spec in a mkdtemp folder it does not remove: keep that folder in .venv.
@@ -32,19 +32,21 @@ tutorial: install
 
 # Two lanes side by side. One runs the slow tests one after another (they start Ray, kernels,
 # faults under load). The other runs the unit tests (no Ray), then the slow tests that mostly
-# wait (-m waits: a node's start, a deadline), whose idle time the first lane's tests leave;
-# under a TMPDIR of their own, so their Ray sessions, records and temp folders are apart from
-# the first lane's. Its report follows the first lane's. (pytest-xdist's --dist loadgroup would
-# do this, but with pytest 9.2 it silently stops grouping: pytest-dev/pytest-xdist#1386.)
+# wait (-m waits: a node's start, a deadline), whose idle time the first lane's tests leave,
+# then every benchmark's smoke mode (-m benchmarks); under a TMPDIR of their own, so their Ray
+# sessions, records and temp folders are apart from the first lane's. Its report follows the
+# first lane's. (pytest-xdist's --dist loadgroup would do this, but with pytest 9.2 it silently
+# stops grouping: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
 	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d /tmp/distrl-waits-XXXXXX); \
 	{ $(UNIT_TESTS) -p no:cacheprovider; unit_rc=$$?; \
-	  TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=5 -m waits; \
+	  TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=5 \
+	    -m "waits or benchmarks"; \
 	  waits_rc=$$?; test $$unit_rc -eq 0 && test $$waits_rc -eq 0; } >$$lane_log 2>&1 & lane=$$!; \
-	$(BIN)/python -m pytest -ra --durations=30 -m "slow and not waits"; slow_rc=$$?; \
+	$(BIN)/python -m pytest -ra --durations=30 -m "slow and not waits and not benchmarks"; slow_rc=$$?; \
 	wait $$lane; lane_rc=$$?; \
-	echo "== beside them: the unit tests (-m 'not slow'), then the waiting ones (-m waits) =="; \
+	echo "== beside them: the unit tests (-m 'not slow'), then the waiting ones and the benchmarks' smoke modes (-m 'waits or benchmarks') =="; \
 	cat $$lane_log; rm -rf $$lane_log $$lane_tmp; \
 	test $$slow_rc -eq 0 && test $$lane_rc -eq 0
 

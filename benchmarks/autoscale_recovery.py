@@ -76,7 +76,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--busy", action="store_true", help="keep every core busy meanwhile")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.busy = 1, False
     runs = [one_run(args.busy) for _ in range(args.repeats)]
     print(f"autoscaling rehearsal, {args.repeats} run(s), "
           f"{'every core busy' if args.busy else 'quiet machine'}, {os.cpu_count()} cores")

@@ -50,11 +50,14 @@ class StopAtTarget(BaseCallback):
         self.every, self.target, self.episodes, self.seed = every, target, episodes, seed
         self.last_return = None
         self.solved_at = None
+        self.eval_s = 0.0  # wall time of the greedy evaluations, inside the run's own
 
     def _on_step(self) -> bool:
         if self.num_timesteps % self.every:
             return True
+        began = time.monotonic()
         self.last_return = greedy_mean_return(self.model, self.episodes, self.seed + 10_000)
+        self.eval_s += time.monotonic() - began
         if self.last_return >= self.target:
             self.solved_at = self.num_timesteps
             return False
@@ -67,15 +70,19 @@ def main() -> None:
     parser.add_argument("--target-return", type=float, default=475.0)
     parser.add_argument("--eval-every", type=int, default=2_500)
     parser.add_argument("--max-steps", type=int, default=150_000)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
-    if args.max_steps < ZOO_TIMESTEPS or args.eval_every < 1:
+    if args.smoke:
+        args.max_steps, args.eval_every = 1_500, 500
+    elif args.max_steps < ZOO_TIMESTEPS or args.eval_every < 1:
         parser.error(f"--max-steps must be >= {ZOO_TIMESTEPS} and --eval-every >= 1")
     start = time.monotonic()
     env = gym.make("CartPole-v1")
     # SB3 anneals epsilon over exploration_fraction of learn()'s total_timesteps: scale it so
     # that epsilon reaches its floor after the zoo's 8,000 steps although we allow more.
     hyper = {**ZOO_CARTPOLE, "exploration_fraction":
-             ZOO_CARTPOLE["exploration_fraction"] * ZOO_TIMESTEPS / args.max_steps}
+             min(1.0, ZOO_CARTPOLE["exploration_fraction"] * ZOO_TIMESTEPS / args.max_steps)}
     model = DQN("MlpPolicy", env, seed=args.seed, verbose=0, device="cpu", **hyper)
     # A logger with no output: SB3's default one makes a new /tmp/SB3-<time> folder every run
     # (stable_baselines3/common/logger.py, configure) and leaves it there.
@@ -84,7 +91,7 @@ def main() -> None:
     model.learn(total_timesteps=args.max_steps, callback=stop)
     print(json.dumps({"solved": stop.solved_at is not None, "env_steps": model.num_timesteps,
                       "learner_updates": model._n_updates, "last_return": stop.last_return,
-                      "train_s": time.monotonic() - start}))
+                      "eval_s": stop.eval_s, "train_s": time.monotonic() - start}))
 
 
 if __name__ == "__main__":

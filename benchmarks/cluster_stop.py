@@ -44,7 +44,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--workers", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.workers = 1, 0
     if args.repeats < 1 or args.workers < 0:
         parser.error(f"--repeats {args.repeats} must be >= 1 and --workers {args.workers} >= 0")
     runs = {"as shipped": [], "without the shortcuts": []}

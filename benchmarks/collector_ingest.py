@@ -7,6 +7,10 @@ RL attributes) as fast as the collector acknowledges them; every acknowledged po
 committed. Target (issue 3): at least 50,000 points/s sustained.
 """
 
+import distrl  # noqa: F401 - first: it turns gRPC's fork support off (grpc/grpc#43055)
+
+# isort: split
+
 import argparse
 import tempfile
 import threading
@@ -60,7 +64,11 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=2)
     parser.add_argument("--points-per-request", type=int, default=2000)
     parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.clients, args.points_per_request, args.seconds = 1, 200, 0.5
     # Enough distinct requests for the whole run at well above the target rate.
     count = max(100, int(150_000 * args.seconds / args.points_per_request))
     requests = [build_request(i, args.points_per_request) for i in range(count)]

@@ -12,6 +12,10 @@ answered or refused, and the collector's resident memory after max_exports concu
 of nearly the largest message it takes.
 """
 
+import distrl  # noqa: F401 - first: it turns gRPC's fork support off (grpc/grpc#43055)
+
+# isort: split
+
 import argparse
 import datetime as dt
 import multiprocessing as mp
@@ -107,7 +111,11 @@ def main() -> None:
     parser.add_argument("--exporters", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--descriptor-points", type=int, default=200_000)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.series, args.exporters, args.seconds, args.descriptor_points = 2_000, 1, 1.0, 5_000
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
@@ -141,7 +149,7 @@ def main() -> None:
         limits = Limits()
         big = gauge_request("bench.big", range(95_000), time.time_ns())  # just under the limit
         size = big.ByteSize()
-        n = limits.max_exports
+        n = 2 if args.smoke else limits.max_exports
         with mp.get_context("spawn").Pool(n) as pool:
             codes = pool.starmap(_export_code, [(endpoint, big)] * n)
         print(f"collector RSS {before / 2**20:.0f} MiB before and "

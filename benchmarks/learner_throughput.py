@@ -80,7 +80,11 @@ def main() -> None:
     parser.add_argument("--per-call", type=int, default=defaults.batches_per_fetch,
                         help="batches per update_many call (the learner's batches_per_fetch)")
     parser.add_argument("--first-call-only", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.updates = 16
     if args.device == "cpu":
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         if hasattr(os, "sched_setaffinity"):

@@ -13,6 +13,10 @@ each page's time, with the collector keeping the first page's result for the lat
 and with a page cache too small to keep it (every page reads the store again).
 """
 
+import distrl  # noqa: F401 - first: it turns gRPC's fork support off (grpc/grpc#43055)
+
+# isort: split
+
 import argparse
 import datetime as dt
 import tempfile
@@ -113,7 +117,11 @@ def main() -> None:
     parser.add_argument("--export-interval-s", type=float, default=10.0)
     parser.add_argument("--listing-series", type=int, default=40_000,
                         help="series of the paged listing (0: skip it)")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.processes, args.hours, args.listing_series = 2, 0.05, 6_000
     exports = int(args.hours * 3600 / args.export_interval_s)
     end = dt.datetime.now(dt.UTC).replace(microsecond=0)
     t0 = int(end.timestamp()) * S - int(args.hours * 3600 * S)

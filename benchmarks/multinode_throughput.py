@@ -35,7 +35,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=40.0)
     parser.add_argument("--actors", type=int, default=2)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.actors = 5.0, 1
     with tempfile.TemporaryDirectory() as tmp:
         one = run(LocalCluster(num_workers=0, head_cpus=1 + args.actors), args.actors,
                   args.seconds, Path(tmp) / "one")
@@ -45,8 +49,10 @@ def main() -> None:
         print(f"{name:>9}: {r['env_steps_per_s']:,.0f} env steps/s, "
               f"{r['learner_updates_per_s']:,.0f} updates/s, actors on "
               f"{len(set(r['actor_nodes']))} node(s)")
-    print(f"two nodes / one node: env steps {two['env_steps_per_s'] / one['env_steps_per_s']:.3f}, "
-          f"updates {two['learner_updates_per_s'] / one['learner_updates_per_s']:.3f}")
+    ratios = {key: f"{two[key] / one[key]:.3f}" if one[key] else "n/a (none on one node)"
+              for key in ("env_steps_per_s", "learner_updates_per_s")}
+    print(f"two nodes / one node: env steps {ratios['env_steps_per_s']}, "
+          f"updates {ratios['learner_updates_per_s']}")
 
 
 if __name__ == "__main__":

@@ -54,7 +54,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--children", type=int, default=300)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.children, args.rounds = 20, 1
     if args.children < 1 or args.rounds < 1:
         parser.error(f"--children {args.children} and --rounds {args.rounds}: both must be >= 1")
     import grpc

@@ -2,17 +2,21 @@
 after its last: Ray's own `ray.init()`/`ray.shutdown()` against distrl.cluster's
 `init_local_ray()`/`shutdown_ray()`.
 
-    python benchmarks/process_startup.py [--repeats 3]
+    python benchmarks/process_startup.py [--repeats 3] [--smoke]
 
-Each figure is the median of fresh interpreters, run one after another (issue 15: start-up to
-the first env step at most 5 s; time to solve counts the whole process, its exit included).
-Last, TensorFlow's import and init_local_ray() overlapped in one process, both timed from its
-first line: the earliest a learner could have TensorFlow and Ray on this machine.
+Each figure is the median of fresh interpreters, run one after another; Ray's calls and
+distrl's alternate (A B, then B A), so that a drift of the machine favours neither. Then
+TensorFlow's import and init_local_ray() overlapped in one process, both timed from its first
+line: the earliest a learner could have TensorFlow and Ray on this machine. Last, what a
+notebook sees: ApeX.train() on a Ray that is already up, from the call to the first env step
+and to the first learner update (the goal: the first update within 5 s of train() on a running
+Ray, within 10 s of process start; benchmarks/time_to_solve.py measures the latter).
 Every Ray worker and agent imports Ray, so `import ray` is paid once per process, several times
 over on the way to the first transition.
 """
 
 import argparse
+import json
 import statistics
 import subprocess
 import sys
@@ -64,6 +68,22 @@ thread.join()
 shutdown_ray()
 print(done["ray"], done["tf"])
 """
+# train() on a Ray already up, as in a notebook's kernel: seconds from the call to its first env
+# step and first update (from the run's own timeline).
+TRAIN_ON_RAY = """
+import json, tempfile
+from distrl.cluster import init_local_ray, shutdown_ray
+init_local_ray(include_dashboard=False, logging_level="error")
+from distrl.apex import ApeX
+from distrl.config import ApexConfig
+with tempfile.TemporaryDirectory() as out:
+    config = ApexConfig(target_return=None, max_seconds={seconds}, progress=False, output_dir=out)
+    t = ApeX(config).train().timeline
+shutdown_ray()
+called = t["train() called"]
+print(json.dumps([None if t.get(k) is None else t[k] - called
+                  for k in ("first env step", "first update")]))
+"""
 # Ray's own calls, then distrl.cluster's: init_local_ray starts no dashboard process when
 # include_dashboard=False, shutdown_ray does not wait on the autoscaler monitor.
 OPTIONS = 'include_dashboard=False, logging_level="error"'
@@ -84,15 +104,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--actors", type=int, default=4, help="actors created after ray.init")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.repeats, args.actors = 1, 1
     if args.repeats < 1 or args.actors < 1:
         parser.error(f"--repeats {args.repeats} and --actors {args.actors}: both must be >= 1")
     for name, code in PROBES.items():
         runs = [timed(code) for _ in range(args.repeats)]
         print(f"{name:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
     rows = {name: [] for name in VARIANTS}  # per run: import ray, start, actors, shutdown
-    for _ in range(args.repeats):
-        for name, calls in VARIANTS.items():  # alternating, so drift hits both alike
+    for repeat in range(args.repeats):
+        order = list(VARIANTS) if repeat % 2 == 0 else list(VARIANTS)[::-1]  # A B, B A, ...
+        for name in order:
+            calls = VARIANTS[name]
             out = subprocess.run(
                 [sys.executable, "-c", RAY_START.format(actors=args.actors, **calls)],
                 capture_output=True, text=True, check=True, timeout=300).stdout
@@ -118,6 +144,18 @@ def main() -> None:
         timeout=300).stdout.split()[-2:]] for _ in range(args.repeats)]
     show("overlapped: Ray up", [r[0] for r in overlapped])
     show("overlapped: TF imported", [r[1] for r in overlapped])
+    on_ray = [json.loads(subprocess.run(
+        [sys.executable, "-c", TRAIN_ON_RAY.format(seconds=5 if args.smoke else 20)],
+        capture_output=True, text=True, check=True, timeout=300).stdout.splitlines()[-1])
+        for _ in range(args.repeats)]
+    for label, column, goal in (("first env step", 0, None), ("first update", 1, 5.0)):
+        values = [r[column] for r in on_ray if r[column] is not None]
+        if not values:
+            print(f"train() on a running Ray -> {label}: never, in {len(on_ray)} run(s)")
+            continue
+        median = show(f"train() -> {label}", values)
+        if goal is not None:
+            print(f"  on a running Ray: goal {goal:g} s -> {'met' if median <= goal else 'NOT met'}")
 
 if __name__ == "__main__":
     main()

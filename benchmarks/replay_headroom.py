@@ -46,7 +46,11 @@ def main() -> None:
     parser.add_argument("--producers", type=int, default=2)
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--shards", type=int, default=1)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.seconds, args.capacity = 1.0, 20_000
     config = ApexConfig(replay_capacity=args.capacity // args.shards, samples_per_insert=0.0)
     actor_rate, block = per_actor_rate(config)
     print(f"one actor process: {actor_rate:,.0f} env steps/s ({len(block)} transitions per block)")
@@ -79,7 +83,7 @@ def main() -> None:
     threads.append(threading.Thread(target=learn))
     for t in threads:
         t.start()
-    time.sleep(2.0)  # warm up, then measure
+    time.sleep(0.5 if args.smoke else 2.0)  # warm up, then measure
     before, t0 = dict(counts), time.perf_counter()
     time.sleep(args.seconds)
     after, dt = dict(counts), time.perf_counter() - t0

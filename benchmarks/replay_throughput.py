@@ -28,7 +28,11 @@ def main() -> None:
     parser.add_argument("--block", type=int, nargs="+", default=[256, 1024])
     parser.add_argument("--batch", type=int, default=512)
     parser.add_argument("--seconds", type=float, default=3.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.capacity, args.block, args.seconds = 10_000, [256], 0.2
     rng = np.random.default_rng(0)
     replay = PrioritizedReplay(args.capacity, (4,), alpha=0.6, eps=1e-3, seed=0)
 

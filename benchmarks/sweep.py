@@ -6,6 +6,7 @@ updates is preferred, then time.
 
     python benchmarks/sweep.py                     # the grid below, seeds 0 1 2
     python benchmarks/sweep.py --only learning_rate --seeds 0 1 2 3
+    python benchmarks/sweep.py --smoke             # seconds: that it runs (appends nothing)
 
 Each invocation appends one round to benchmarks/results/sweep_cartpole.json (committed: the
 defaults in distrl.config cite it), with the defaults it swept around, and prints a table.
@@ -17,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -39,7 +41,8 @@ GRID: dict[str, list[str]] = {
     "batch_size": ["512"],
     "hidden_sizes": ["128 128", "256 256"],  # a smaller one than (64, 64) is unlikely to help
 }
-RESULTS = Path(__file__).resolve().parent / "results" / "sweep_cartpole.json"
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "results" / "sweep_cartpole.json"
 
 
 def flag(name: str) -> str:
@@ -70,7 +73,16 @@ def main() -> None:
                         help="per-run training budget; an unsolved run counts as this")
     parser.add_argument("--only", choices=sorted(GRID), nargs="+",
                         help="sweep only these settings (the defaults always run)")
+    parser.add_argument("--results", type=Path, default=RESULTS,
+                        help="the JSON file each invocation appends its round to")
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    smoke_dir = None
+    if args.smoke:  # one setting, one seed, a few seconds; its round goes to a temporary file
+        args.seeds, args.budget_s, args.only = [0], 3.0, ["batch_size"]
+        smoke_dir = tempfile.TemporaryDirectory(prefix="distrl-sweep-smoke-")
+        args.results = Path(smoke_dir.name) / "sweep.json"
     if args.budget_s <= 0:
         parser.error(f"--budget-s must be > 0, got {args.budget_s}")
     grid = {k: v for k, v in GRID.items() if not args.only or k in args.only}
@@ -78,8 +90,11 @@ def main() -> None:
                                      for name, values in grid.items() for value in values]
     table = []
     started = time.time()
-    for label, extra in variants:
-        runs = [run_once(seed, extra, args.budget_s) for seed in args.seeds]
+    kept = (Path(smoke_dir.name) if smoke_dir else HERE.parent / "runs" / "sweep"
+            / time.strftime("%Y%m%d-%H%M%S"))
+    for n, (label, extra) in enumerate(variants):
+        runs = [run_once(seed, extra, args.budget_s, kept / f"{n:02d}-seed-{seed}")
+                for seed in args.seeds]
         row = {"variant": label, "args": extra, **summarize(runs, args.budget_s),
                "runs": runs}
         table.append(row)
@@ -91,16 +106,19 @@ def main() -> None:
               + f"time {t['median']:5.1f}s ({t['min']:.1f}-{t['max']:.1f})", flush=True)
     # Each invocation is one round, appended: a later round sweeps around the defaults that
     # the earlier ones chose, so the record shows how they were reached.
-    rounds = json.loads(RESULTS.read_text())["rounds"] if RESULTS.exists() else []
+    rounds = json.loads(args.results.read_text())["rounds"] if args.results.exists() else []
     defaults = ApexConfig()
     rounds.append({
         "when": time.strftime("%Y-%m-%d %H:%M", time.gmtime(started)),
         "command": "python benchmarks/sweep.py " + " ".join(sys.argv[1:]),
         "defaults": {name: getattr(defaults, name) for name in GRID},
         "seeds": args.seeds, "budget_s": args.budget_s, "table": table})
-    RESULTS.parent.mkdir(exist_ok=True)
-    RESULTS.write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
-    print(f"round {len(rounds)} appended to {RESULTS}")
+    args.results.parent.mkdir(exist_ok=True)
+    args.results.write_text(json.dumps({"rounds": rounds}, indent=1) + "\n")
+    print(f"round {len(rounds)} appended to {args.results}; each run's results.json and "
+          f"console: {kept}")
+    if smoke_dir is not None:
+        smoke_dir.cleanup()
 
 
 if __name__ == "__main__":

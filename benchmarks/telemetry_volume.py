@@ -1,6 +1,6 @@
 """Telemetry volume of a training run: what Cloud Monitoring would bill, per export.
 
-    python benchmarks/telemetry_volume.py [--actors 2] [--seconds 40]
+    python benchmarks/telemetry_volume.py [--actors 2] [--seconds 40] [--smoke]
 
 Trains CartPole-v1 with telemetry into a local collector, then counts, from what arrived:
 - samples per export, the way Managed Service for Prometheus counts them (a gauge or counter
@@ -25,14 +25,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--actors", type=int, default=2)
     parser.add_argument("--seconds", type=float, default=40.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    if args.smoke:
+        args.actors, args.seconds = 1, 4.0
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         result = run_training(["--num-actors", str(args.actors), "--target-return", "none",
                                "--max-seconds", str(args.seconds), "--telemetry", "true",
                                "--otlp-endpoint", collector.endpoint,
                                "--metric-export-interval-s", "2"],
-                              timeout_s=args.seconds + 120)
+                              timeout_s=args.seconds + 120, output_dir=Path(tmp) / "run")
         store = collector.store()
         rows = store.query(
             "SELECT p.metric_type, p.resource_id, p.attributes, r.attributes AS resource, "

@@ -3,6 +3,7 @@ machine left idle while it ran (from /proc/stat, so Ray's daemons and workers co
 `time -v` on pytest does not see).
 
     python benchmarks/wait_by_test.py [-m slow] [pytest arguments]
+    python benchmarks/wait_by_test.py --smoke     # seconds: a few unit tests
 
 On 2 cores a test that leaves much idle waits on something (a process to start, a deadline, a
 poll) and could run beside another; one that leaves none can only get faster by using less CPU
@@ -51,4 +52,8 @@ class WaitReport:
 if __name__ == "__main__":
     if not os.path.exists("/proc/stat"):
         sys.exit("wait_by_test.py reads /proc/stat: Linux only")
-    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *sys.argv[1:]], plugins=[WaitReport()]))
+    args = sys.argv[1:]
+    if args == ["--smoke"]:  # that the script runs (tests/test_benchmarks.py)
+        here = os.path.dirname(os.path.abspath(__file__))
+        args = [os.path.join(here, "..", "tests", "test_config.py"), "-m", "not slow"]
+    sys.exit(pytest.main(["-q", "-p", "no:cacheprovider", *args], plugins=[WaitReport()]))

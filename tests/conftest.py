@@ -78,15 +78,22 @@ def unit_tests_start_no_ray(request):
 
 
 STAND_IN = """#!{python}
-# Stand-in for {name}: records its argv and answers from the recorded responses of a healthy
-# project (RESPONSES in tests/conftest.py; FAKE_RESPONSES overrides them); `kubectl exec ... --
-# tar` runs tar here (a rehearsed pod's files are on this machine). A describe or
-# `get secret` that no response names finds nothing (exit 1) unless FAKE_EXISTS lists it;
-# FAKE_FAIL makes a matching command fail with a quota error.
+# Stand-in for {name}: records its argv, refuses what the real tool refuses (a subcommand or flag
+# its reference does not document: tests/cli_reference.py, exit 2), and answers the rest from
+# the recorded responses of a healthy project (RESPONSES in tests/conftest.py; FAKE_RESPONSES
+# overrides them); `kubectl exec ... -- tar` runs tar here (a rehearsed pod's files are on this
+# machine). A describe or `get secret` that no response names finds nothing (exit 1) unless
+# FAKE_EXISTS lists it; FAKE_FAIL makes a matching command fail with a quota error.
 import json, os, sys
+sys.path.insert(0, {tests!r})
+from cli_reference import refusal
 argv = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(["{name}", *argv]) + "\\n")
+why = refusal("{name}", argv)
+if why:
+    print(why, file=sys.stderr)
+    sys.exit(2)
 line = " ".join(["{name}", *argv])
 if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in line:
     print("ERROR: (gcloud) quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0", file=sys.stderr)
@@ -165,7 +172,8 @@ def stand_ins(tmp_path, monkeypatch):
     bin_dir.mkdir()
     for name in ("gcloud", "kubectl", "gke-gcloud-auth-plugin"):
         path = bin_dir / name
-        path.write_text(STAND_IN.format(python=sys.executable, name=name))
+        path.write_text(STAND_IN.format(python=sys.executable, name=name,
+                                        tests=str(Path(__file__).parent)))
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_LOG", str(log))

@@ -3,8 +3,10 @@ gcloud/kubectl executables that record their argv and answer like a healthy proj
 step then fed a recorded bad answer), describe-before-create, resume, teardown, prerequisites
 and cost."""
 
+import dataclasses
 import json
 import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -342,6 +344,30 @@ def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
     again = stand_ins()[before:]
     assert not [argv for argv in again if "create" in argv or "create-auto" in argv]
     assert sum(line.endswith("skipped") for line in output) == sum(bool(s.exists) for s in plan)
+
+
+def test_a_misspelt_flag_stops_the_plan_where_the_real_tool_would(stand_ins, tmp_path):
+    """The stand-ins refuse what gcloud and kubectl refuse (tests/cli_reference.py, from their
+    reference pages): a plan whose GPU pool step misspells a flag stops there, with gcloud's
+    usage error, and creates nothing after it; kubectl's flags are checked too."""
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    pool = next(i for i, step in enumerate(plan) if step.argv[2:5] == (
+        "node-pools", "create", "rl-head"))
+    typo = tuple(a.replace("--machine-type=", "--machine-typ=") for a in plan[pool].argv)
+    plan[pool] = dataclasses.replace(plan[pool], argv=typo, exists=None)
+    with pytest.raises(gke.StepFailed, match="unrecognized arguments: --machine-typ=") as e:
+        run_plan(plan, out=lambda line: None)
+    assert e.value.number == pool + 1
+    assert stand_ins()[-1] == list(typo)  # nothing ran after it
+    for argv, refused in (
+            (["kubectl", "get", "pods", "--namespace=rl", "--selectr=app=x"], "--selectr"),
+            (["kubectl", "aply", "--filename=x.yaml"], "Invalid choice"),
+            (["gcloud", "container", "clusters", "create-auto", "c", "--workload-pool=p"],
+             "--workload-pool"),  # a flag of `clusters create`, not of create-auto
+            (["gcloud", "container", "clusters", "create", "c", "--release-channel=fast"],
+             "Invalid choice: 'fast'")):
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+        assert run.returncode == 2 and refused in run.stderr, (argv, run.returncode, run.stderr)
 
 
 def test_resume_refuses_a_step_number_outside_the_plan(tmp_path):

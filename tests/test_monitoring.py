@@ -748,8 +748,11 @@ SEED_QUERIES = [
 
 
 @pytest.mark.parametrize(("seed_filter", "answer", "hint"), SEED_QUERIES)
-def test_the_seeds_own_filters_get_cloud_monitorings_answer_with_the_dotted_form(
+def test_the_local_collector_refuses_the_seeds_own_filters_and_hints_the_dotted_form(
         mon, seed_filter, answer, hint):
+    """What the local collector (the emulator) answers the seed's filters: the status code
+    Cloud Monitoring gives them, and a hint of its own. The text is the emulator's; nothing here
+    reaches Cloud Monitoring."""
     interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
     with pytest.raises(answer) as refused:
         mon.client.list_time_series(request={"name": mon.project_name, "interval": interval,
@@ -757,11 +760,13 @@ def test_the_seeds_own_filters_get_cloud_monitorings_answer_with_the_dotted_form
     assert hint in refused.value.message
 
 
-def test_the_seeds_underscored_forms_get_cloud_monitorings_answer_and_a_hint(mon):
+def test_the_local_collector_copies_cloud_monitorings_not_found_for_the_seeds_names(mon):
     """The seed writes prometheus.googleapis.com/rl_sample_samples_total/... and
     metric.label."rl_run_id": nothing by those names exists. Cloud Monitoring answers an
     unknown metric type with NOT_FOUND "Cannot find metric(s) that match type = ..." and a
-    label no series has with no series; the local answer is the same plus the dotted form."""
+    label no series has with no series. The local collector's copy of that answer (its own
+    text, written from Cloud Monitoring's; nothing here reaches Cloud Monitoring), plus the
+    dotted form."""
     interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
     with pytest.raises(exceptions.NotFound) as refused:
         mon.client.list_time_series(request={

@@ -82,8 +82,8 @@ class TrainingResult:
     learner_updates: int
     transitions_inserted: int
     transitions_sampled: int
-    env_steps_per_s: float
-    learner_updates_per_s: float
+    env_steps_per_s: float  # this run's env steps over the time since its first env step
+    learner_updates_per_s: float  # this run's updates over the time since its first update
     samples_per_insert: float
     final_eval_return: float | None
     best_eval_return: float | None
@@ -375,8 +375,7 @@ class _DashboardStartFailure(logging.Filter):
     lines and carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here
     uses it, so the first line becomes one warning that says so and the rest, about the same
     failure, are dropped. Installed on import, so it covers every ray.init in a process that
-    imports this module: ApeX's and the notebooks' own. Seen in CI on 2 busy cores: return
-    code -6."""
+    imports this module: ApeX's and the notebooks' own."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -735,6 +734,12 @@ class _Run:
             weights_versions=[None] * n, epsilons=[None] * n, restarts=[0] * n,
             nodes=[None] * n, states=["never created"] * n)
 
+    def _since_start(self, wall_clock: float | None) -> float | None:
+        """Seconds since train() began of a time.time() stamp from a worker's own clock."""
+        if wall_clock is None:
+            return None
+        return wall_clock - (time.time() - (time.monotonic() - self.t_start))
+
     def timeline(self) -> dict[str, float]:
         """When each start-up milestone came, in seconds since this process started (the
         interpreter, imports and all), in the order they came; milestones never reached are
@@ -747,18 +752,13 @@ class _Run:
         # own clocks (wall-clock: they may be on other machines, within their clocks' sync): the
         # driver sees each up to one REPORT_INTERVAL_S and a call later, and the first
         # transition in replay comes a block and a trip to replay after the first env step.
-        wall_start = time.time() - (time.monotonic() - self.t_start)
-
-        def since_start(wall: float | None) -> float | None:
-            return None if wall is None else wall - wall_start
-
         learner = self.learner_stats or {}
         marks = {**self.apex.marks, "first actor running": actor_running,
-                 "first env step": since_start(None if self.fleet is None
-                                               else self.fleet.first_step_time),
+                 "first env step": self._since_start(None if self.fleet is None
+                                                     else self.fleet.first_step_time),
                  "first transition": self.startup_s,
-                 "learner running": since_start(learner.get("ready_time")),
-                 "first update": since_start(learner.get("first_update_time")),
+                 "learner running": self._since_start(learner.get("ready_time")),
+                 "first update": self._since_start(learner.get("first_update_time")),
                  "first evaluation": self.evals[0]["time_s"] if self.evals else None,
                  "target": self.time_to_target}
         reached = sorted((t, name) for name, t in marks.items() if t is not None)
@@ -770,15 +770,24 @@ class _Run:
         c = self.config
         wall = time.monotonic() - self.t_start
         updates_this_run = updates - (self.resumed or {}).get("updates", 0)
-        training_s = max(wall - (self.startup_s or wall), 1e-9)  # rates: after start-up
+
+        def per_second(count: float, since: float | None) -> float:
+            """count over the time from a milestone (before which there was none) to the end;
+            0 where the milestone never came. Clamped to the run: workers' clocks may differ."""
+            if since is None or count <= 0:
+                return 0.0
+            return count / min(wall, max(wall - since, 1e-3))
+
+        first_step = self._since_start(None if self.fleet is None else self.fleet.first_step_time)
+        first_update = self._since_start((self.learner_stats or {}).get("first_update_time"))
         result = TrainingResult(
             env_id=c.env_id, reached_target=self.time_to_target is not None,
             target_return=c.target_return, time_to_target_s=self.time_to_target,
             wall_time_s=wall, startup_s=self.startup_s or wall, env_steps=env_steps,
             learner_updates=updates, transitions_inserted=replay["inserted"],
             transitions_sampled=replay["sampled"],
-            env_steps_per_s=(env_steps - self.steps_before) / training_s,
-            learner_updates_per_s=updates_this_run / training_s,
+            env_steps_per_s=per_second(env_steps - self.steps_before, first_step),
+            learner_updates_per_s=per_second(updates_this_run, first_update),
             samples_per_insert=replay["sampled"] / max(replay["inserted"], 1),
             final_eval_return=self.evals[-1]["mean_return"] if self.evals else None,
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),

@@ -459,11 +459,11 @@ def running(pids: list[int]) -> list[int]:
 # FileNotFoundError for the gcs_server.err it then reads: both raised in _init_gcs_client), and for
 # the raylet to register (raylet_start_wait_time_s in ray/_private/node.py, not a setting in Ray
 # 2.60: "The current node timed out during startup"). The GCS or raylet that never came had aborted
-# before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055). distrl/__init__.py
-# turns those off: beside a live channel on 2 cores, 3 of 35 ray.init calls failed with them on, 0
-# of 45 with them off. A second start, in a new session, is what a reader would do by hand for
-# whatever else kills a node at launch; LocalCluster.join does the same for `ray start`, and does
-# not wait out the 30 s once a process that `ray start` launched has ended (NodeStartFailed).
+# before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055); distrl/__init__.py
+# turns those off (benchmarks/popen_beside_grpc.py counts the aborts either way). A second start,
+# in a new session, is what a reader would do by hand for whatever else kills a node at launch;
+# LocalCluster.join does the same for `ray start`, and does not wait out the 30 s once a process
+# that `ray start` launched has ended (NodeStartFailed).
 NODE_START_TIMEOUT = "timed out during startup"
 GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
 GCS_CLIENT_FAILED = "in _init_gcs_client"  # the frame of both in a `ray start` traceback
@@ -784,7 +784,7 @@ WORKER_NICE = 5
 STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), before SIGKILL
 # A node that never joined (a failed start in join or the autoscaler): its `ray start` is usually
 # blocked in Ray's wait for its raylet to register (up to 30 s, in C++), where its SIGTERM handler
-# cannot run, so STOP_GRACE_S would be waited out whole (5.0 s measured, each failed start). One
+# cannot run, so STOP_GRACE_S would be waited out whole at each failed start. One
 # second still lets a `ray start` that is not blocked stop its processes itself.
 FAILED_START_GRACE_S = 1.0
 

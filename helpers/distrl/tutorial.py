@@ -91,7 +91,7 @@ def stream_text(executed: Path) -> str:
 # Ray lines at ERROR level that report no error. Ray 2.60's GCS logs this one when ray.kill
 # meets an actor whose worker exits before it can reply, which is how such a kill succeeds
 # (ray-project/ray#53412); later Ray no longer logs it (ray-project/ray#58544). Each run ends by
-# killing its actors, and one may still be starting then (seen once in CI, notebook 02).
+# killing its actors, and one may still be starting then.
 NOT_AN_ERROR = re.compile(r"Failed to kill actor \w+, return status: Invalid: KillActor RPC "
                           r"failed for actor \w+: RpcError: RPC error: Socket closed")
 
