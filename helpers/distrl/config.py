@@ -71,17 +71,20 @@ class ApexConfig:
     """how far (as a fraction of samples_per_insert) the live ratio may drift before one side waits"""
 
     # --- learner ---
-    # 128, from benchmarks/sweep.py rounds 4-6 (benchmarks/results/sweep_cartpole.json). Round 6
-    # (5 seeds, a quiet machine): median 50k env steps (43k-155k), 2.8k updates and 30.4 s
-    # (28.8-62.9 s) to solve CartPole-v1, against 208k, 3.2k and 39.2 s (31.7-44.3 s) with 512;
-    # round 4 (3 seeds) agreed. At the same samples per insert a smaller batch lets the actors
-    # insert less per update: fresher, less redundant data, and cheaper updates. Its tail is
-    # longer (one seed in five took 63 s); 64 and 256 did no better in round 5.
+    # The four learner settings below were chosen with benchmarks/sweep.py, one setting changed
+    # at a time around the defaults, recorded round by round in
+    # benchmarks/results/sweep_cartpole.json. Round 8 re-ran them on this code, seeds 0-2:
+    #   python benchmarks/sweep.py --only batch_size learning_rate hidden_sizes batches_per_fetch \
+    #       --budget-s 60
+    # The defaults solved CartPole-v1 in a median 13.3 s (136k env steps, 8.2k updates), and no
+    # single change was faster (15.1-20.4 s).
+    # 128: at the same samples per insert a smaller batch lets the actors insert less per update:
+    # fresher, less redundant data, and cheaper updates (rounds 4-6; round 8: 512 needed 225k env
+    # steps against 136k).
     batch_size: int = 128
     """transitions per learner update"""
-    # 4e-3, from benchmarks/sweep.py round 3 (5 seeds, benchmarks/results/sweep_cartpole.json):
-    # median 2.1k updates (1.8k-2.6k) and 139k env steps to solve CartPole-v1, against 3.7k
-    # (2.3k-7.5k) and 243k with 1e-3 and 3.4k with 2e-3; the spread over seeds shrank too.
+    # 4e-3: fewer updates to solve than 1e-3 and 2e-3 (round 3; round 8: 2e-3 needed 9.8k against
+    # 8.2k); 8e-3 was within the seed-to-seed spread (round 8).
     learning_rate: float = 4e-3
     """Adam learning rate"""
     adam_epsilon: float = 1e-7
@@ -90,10 +93,8 @@ class ApexConfig:
     """gradients are clipped to this global norm"""
     target_update_period: int = 50
     """learner updates between copies of the online network into the target network"""
-    # (64, 64), from benchmarks/sweep.py (benchmarks/results/sweep_cartpole.json). Round 1 (3
-    # seeds) favoured (128, 128): median 117k env steps to solve CartPole-v1 against 437k. Round 2
-    # (5 seeds) did not confirm it: 221k against 206k, solved in 49.7 s against 43.3 s; (256, 256)
-    # needed 137k, all within the seed-to-seed spread (25k-536k). The cheaper network stays.
+    # (64, 64): the wider networks did not solve sooner (rounds 1-2; round 8: (256, 256) needed
+    # fewer env steps but more time, 20.4 s against 13.3 s), and this one is the cheapest.
     hidden_sizes: tuple[int, ...] = (64, 64)
     """units of the fully connected hidden layers of the Q-network"""
     dueling: bool = True
@@ -102,19 +103,18 @@ class ApexConfig:
     """Huber loss threshold"""
     weight_publish_period: int = 25
     """learner updates between publications of a new weights version for the actors"""
-    # 8, from benchmarks/sweep.py round 7 (3 seeds, benchmarks/results/sweep_cartpole.json):
-    # 28.4 s (28.1-28.7) to solve CartPole-v1, against 27.1 s (26.7-39.0) with 4 and 31.1 s
-    # with 16, within the seed-to-seed spread; 8 gives the learner the most updates/s (one
-    # replay round trip and one XLA call per 8 updates: ~600/s in a run against ~430/s with 4).
+    # 8: one replay round trip and one XLA call per 8 updates; 4 and 16 solved no sooner (rounds 7
+    # and 8).
     batches_per_fetch: int = 8
     """batches the learner fetches from replay per request, and priority updates per reply"""
     num_gpus: float = 0.0
     """GPUs for the learner (0: CPU)"""
     learner_cpus: float = 1.0
     """CPUs Ray reserves for the learner"""
-    # True, from benchmarks/learner_throughput.py (one core, batch 128, (64, 64), 4 batches a
-    # call): XLA fuses the step's many small ops, 1,642 updates/s against 867 without it; it
-    # costs about 2 s of compiling before the first update.
+    # True: XLA fuses the step's many small ops, at the cost of compiling before the first update
+    # (xla_cache keeps it for later starts). `python benchmarks/learner_throughput.py` (one core,
+    # batch 128, (64, 64), 8 batches a call) printed 2,945 updates/s against 1,627 without XLA,
+    # and a first call of 3.09 s against 0.35 s.
     jit_compile: bool = True
     """compile the train steps with XLA"""
     xla_cache: bool = True
