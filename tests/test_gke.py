@@ -646,3 +646,23 @@ def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, mon
     assert stand_ins()[-1] == ["kubectl", "apply", f"--filename={manifests}/job/rayjob.yaml"]
     assert [list(s.argv) for s in gke.teardown_plan(plan)] == [
         ["kubectl", "delete", "rayjob", "rl-train", "--namespace=rl", "--ignore-not-found"]]
+
+
+def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_path):
+    """What GitHub renders of the stored notebook 03 (no outputs) lists every command of the
+    plan, and the pods' OTEL_* variables, exactly as the dry run prints them with the notebook's
+    defaults: tools/notebook_listings.py regenerates both, and a stale copy is caught."""
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("notebook_listings",
+                                                  root / "tools" / "notebook_listings.py")
+    listings = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(listings)
+    assert listings.synced()[1] == [], "run `python tools/notebook_listings.py`"
+    text = listings.NOTEBOOK.read_text()
+    assert "gcloud container clusters create distrl-cluster --zone=us-central1-a" in text
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text
+    stale = tmp_path / "03.ipynb"
+    stale.write_text(text.replace("--release-channel=rapid", "--release-channel=stable"))
+    assert listings.synced(stale)[1] == ["generated:plan"]
