@@ -101,9 +101,13 @@ def main() -> None:
           "env steps/s each "
           f"(CartPole on one core); at a seed-like 1,000 env steps/s per actor: {ingest / 1000:,.0f}")
     per_shard = fed / args.shards
-    print("300 actors: " + ("fed" if fed >= 300 else
-                            f"need about {int(np.ceil(300 / per_shard))} replay shards at this "
-                            "per-actor rate, each with a core of its own"))
+    if fed >= 300:
+        print("300 actors: fed")
+    elif per_shard > 0:
+        print(f"300 actors: need about {int(np.ceil(300 / per_shard))} replay shards at this "
+              "per-actor rate, each with a core of its own")
+    else:
+        print("300 actors: nothing was inserted while measuring (a machine too busy to tell)")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ def main() -> None:
                         help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
     if args.smoke:
-        args.actors, args.seconds = 1, 4.0
+        args.actors, args.seconds = 1, 8.0
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         result = run_training(["--num-actors", str(args.actors), "--target-return", "none",
@@ -55,13 +55,17 @@ def main() -> None:
     spans = defaultdict(int)
     for row in span_rows:
         spans[json.loads(row["resource"]).get("service.component", "?")] += row["n"]
-    training_s = result["wall_time_s"] - result["startup_s"]
-    actor_spans = spans.pop("actor", 0) / args.actors / training_s
-    other_spans = sum(spans.values()) / training_s
+    training_s = result["wall_time_s"] - result["startup_s"]  # 0: no transition in the budget
     print(f"{len(rows)} series from {args.actors} actors, {args.seconds:g} s budget, "
           f"{training_s:.0f} s of training")
     print(f"samples per export: {other} for driver, learner, replay and evaluator "
           f"({dict(samples)}), {actor:.0f} per actor")
+    if training_s <= 0:
+        print(f"spans per second: none to count, no training within the budget ({dict(spans)} "
+              "spans in all)")
+        return
+    actor_spans = spans.pop("actor", 0) / args.actors / training_s
+    other_spans = sum(spans.values()) / training_s
     print(f"spans per second: {other_spans:.1f} for the others ({dict(spans)} in all), "
           f"{actor_spans:.1f} per actor")
 
