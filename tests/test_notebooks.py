@@ -1,6 +1,7 @@
 """Run the notebooks with papermill, small parameters, and check what they recorded."""
 
 import json
+import re
 from pathlib import Path
 
 import psutil
@@ -272,14 +273,22 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     second = json.loads((out_dir / "fetched" / "results.json").read_text())
     assert second["reached_target"] and second["resumed_from"].endswith(".npz")
     assert "[autoscaler] node actors-1 starting" in text  # nodes came for the pending actors
-    assert "killed actors-" in text and "the replacement node has joined" in text, text[-3000:]
-    assert "waiting for a CPU" in text  # the third actor had no node: the pool's limit
-    # Stopped once the replacement hosted an actor (`ray job stop`), not on its budget.
-    assert first["stop_reason"] == "sigterm" and len(first["actor_states"]) == 3
+    assert "killed actors-" in text and "waiting for a CPU" in text, text[-3000:]
+    # The node loss came before learning (the first job is slowed on purpose), and its story is
+    # told from the run's own events: the kill, the driver's report, the replacement node.
+    assert re.search(r"\d+\.\d s  actors-\d killed, with actor\(s\) \[\d\] on it", text), text[-3000:]
+    assert re.search(r"\(\+ ?\d+\.\d s\)  actor \d lost", text), text[-3000:]
+    assert re.search(r"\(\+ ?\d+\.\d s\)  node actors-\d joined", text), text[-3000:]
+    # The first job stopped mid-training (the Spot notice, or its safety-net target), with a
+    # checkpoint; the resumed job began above where the first began, and reached the target.
+    assert first["stop_reason"] in ("sigterm", "target_return") and len(first["actor_states"]) == 3
     assert first["checkpoint"] and first["wall_time_s"] < 120  # SMOKE's budget
-    assert first["learner_updates"] > 0  # stopped after training began: progress to resume
-    assert text.count("CartPole-v1: stopped (sigterm)") == 1  # each log line printed once
-    assert text.count("CartPole-v1: reached 150.0") == 1
+    assert first["learner_updates"] > 0 and first["best_eval_return"] < second["target_return"]
+    assert second["evals"][0]["mean_return"] > first["evals"][0]["mean_return"]
+    restored = float(re.search(r"checkpoint after [\d,]+ updates: greedy return (\d+)", text).group(1))
+    assert restored > first["evals"][0]["mean_return"]
+    assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
+    assert text.count("CartPole-v1: reached 475.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event
     assert "processes left: 0" in text
     # The head stopped on SIGTERM, its monitor ended inside that stop (LocalCluster.stop), so

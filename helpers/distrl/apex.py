@@ -102,6 +102,7 @@ class TrainingResult:
     events: list[dict] = field(default_factory=list)
     timeline: dict[str, float] = field(default_factory=dict)
     resumed_from: str | None = None
+    started_at: float | None = None  # wall clock (time.time()) of train()'s start: events' zero
     replay_check: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     weights: list[np.ndarray] | None = field(default=None, repr=False)
@@ -431,9 +432,11 @@ class _Run:
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
-    def say(self, kind: str, detail: str) -> None:
+    def say(self, kind: str, detail: str, print_it: bool = True) -> None:
         self.events.append({"time_s": time.monotonic() - self.t_start, "kind": kind,
                             "detail": detail})
+        if not print_it:
+            return
         line = f"[distrl] {self.config.env_id}: {detail}"  # which run, where runs share a log
         if self.bar is not None:
             self.bar.write(line)
@@ -635,7 +638,14 @@ class _Run:
                 return
             ev |= {"time_s": now - self.t_start, "env_steps": self.throughput[-1]["env_steps"],
                    "learner_updates": self.throughput[-1]["learner_updates"]}
+            best = max((e["mean_return"] for e in self.evals), default=None)
             self.evals.append(ev)
+            if best is None or ev["mean_return"] > best:
+                # A job's log shows learning as it happens (the progress bar, where there is
+                # one, shows the latest return already).
+                self.say("eval_best", f"greedy mean return {ev['mean_return']:.1f}, the best so "
+                         f"far, after {ev['time_s']:.1f} s and {ev['learner_updates']:,} updates",
+                         print_it=not self.config.progress)
             self.topology.learner.log_scalars.remote(
                 {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
                 ev["learner_updates"])
@@ -797,6 +807,7 @@ class _Run:
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,
             events=self.events, timeline=self.timeline(), resumed_from=self.resume_path,
+            started_at=time.time() - wall,
             config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result

@@ -199,6 +199,7 @@ class LocalAutoscaler:
 
     def _event(self, kind: str, node: str | None, detail: str) -> None:
         self.events.append({"time_s": round(time.monotonic() - self._t0, 1), "kind": kind,
-                            "node": node, "detail": detail})
+                            "node": node, "detail": detail,
+                            "at": time.time()})  # wall clock, to line up with a run's events
         if self.on_event is not None:
             self.on_event(f"[autoscaler] {detail}")

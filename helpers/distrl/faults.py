@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import textwrap
 import threading
 import time
 
@@ -49,9 +50,9 @@ def get_within(ref, seconds: float | None, default=None, errors: list | None = N
 
 
 def cause(error: BaseException) -> str:
-    """The first line of an error, short enough for one log line."""
+    """The first line of an error, short enough for one log line (cut at a word, not in one)."""
     text = str(error).strip().splitlines()
-    return (text[0] if text else type(error).__name__)[:160]
+    return textwrap.shorten(text[0] if text else type(error).__name__, 160, placeholder=" ...")
 
 
 # --------------------------------------------------------------------------- SIGTERM
