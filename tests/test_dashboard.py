@@ -75,39 +75,6 @@ def test_deploy_plan_commands_and_bad_project(stand_ins, capsys):
         dashboard.deploy_plan("My_Project", SHIPPED)
 
 
-# Google's published RL dashboard (GoogleCloudPlatform/monitoring-dashboard-samples,
-# dashboards/reinforcement-learning/rl-workload-performance.json, at 25d8c3e): each tile's
-# metric type and aggregation, and its filter form: two comparisons side by side, no AND.
-_P99_95_50 = ["REDUCE_PERCENTILE_99", "REDUCE_PERCENTILE_95", "REDUCE_PERCENTILE_50"]
-GOOGLE_RL_TILES = [
-    ("Loop Duration", "rl.loop.duration/histogram", "ALIGN_DELTA", _P99_95_50),
-    ("Reward", "rl.environment.reward.mean/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Train Loss", "rl.train.loss/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Training MFU", "rl.train.mfu/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Samples/sec/GPU", "rl.samples.rate_per_gpu/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Samples/sec", "rl.samples.rate/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Total Samples", "rl.sample.samples/counter", "ALIGN_RATE", ["REDUCE_SUM"]),
-    ("Total Episodes", "rl.sample.episodes/counter", "ALIGN_RATE", ["REDUCE_SUM"]),
-    ("Tokens/sec/GPU", "rl.tokens.rate_per_gpu/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Tokens/sec", "rl.tokens.rate/gauge", "ALIGN_MEAN", ["REDUCE_MEAN"]),
-    ("Total Tokens", "rl.train.tokens/counter", "ALIGN_RATE", ["REDUCE_SUM"]),
-    ("Total Steps", "rl.train.steps/counter", "ALIGN_RATE", ["REDUCE_SUM"]),
-    *((f"{phase.title()} Duration", f"rl.{phase}.duration/histogram", "ALIGN_DELTA", _P99_95_50)
-      for phase in ("train", "sync", "sample", "reward")),
-]
-
-
-def _google_rl_board() -> dict:
-    tiles = [{"widget": {"title": title, "xyChart": {"dataSets": [{"timeSeriesQuery": {
-        "timeSeriesFilter": {
-            "filter": f'metric.type="prometheus.googleapis.com/{metric}" '
-                      'resource.type="prometheus_target"',
-            "aggregation": {"alignmentPeriod": "60s", "perSeriesAligner": aligner,
-                            "crossSeriesReducer": reducer, "groupByFields": []}}}}
-        for reducer in reducers]}}} for title, metric, aligner, reducers in GOOGLE_RL_TILES]
-    return {"displayName": "RL workload performance", "mosaicLayout": {"tiles": tiles}}
-
-
 @pytest.mark.slow
 def test_every_tile_has_data_after_a_short_instrumented_run(instrumented_run):
     run_id = instrumented_run.run_id
@@ -115,11 +82,16 @@ def test_every_tile_has_data_after_a_short_instrumented_run(instrumented_run):
     board = json.loads((SHIPPED / "dashboard.json").read_text())
     tiles = explore.preview_dashboard(mon, board, where={"rl.run.id": run_id}, minutes=10,
                                       alignment_s=5)
-    google = explore.preview_dashboard(mon, _google_rl_board(), minutes=10, alignment_s=5)
+    google_board = dashboard.google_rl_dashboard()
+    google = explore.preview_dashboard(mon, google_board, minutes=10, alignment_s=5)
     # Google's own dashboard, its filters unchanged: every tile has data but the token ones
-    # (CartPole has no tokens) and samples per GPU (this run has no GPU).
+    # (CartPole has no tokens) and samples per GPU (this run has no GPU), and exactly those
+    # are the ones dashboard.why_empty explains.
     empty = sorted(title for title, df in google.items() if df.empty)
     assert empty == ["Samples/sec/GPU", "Tokens/sec", "Tokens/sec/GPU", "Total Tokens"]
+    explained = sorted({title for title, filter_, _ in dashboard.tile_queries(google_board)
+                        if dashboard.why_empty(filter_)})
+    assert explained == empty
     titles = [tile["widget"]["title"] for tile in board["mosaicLayout"]["tiles"]]
     assert list(tiles) == titles
     empty = [title for title, df in tiles.items() if df.empty]

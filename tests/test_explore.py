@@ -170,3 +170,69 @@ def test_tensorboard_scalars_are_read_by_step_without_tensorflow(tmp_path):
                     "missing": [], "tensorflow": False}
     with pytest.raises(FileNotFoundError, match="logdir='.*nowhere'"):
         explore.tensorboard_scalars(tmp_path / "nowhere", "learner/loss")
+
+
+def test_slowest_work_is_learner_and_actor_spans_and_outside_root_finds_late_children():
+    def span(trace, sid, parent, name, component, start_ms, end_ms):
+        return {"trace_id": trace, "span_id": sid, "parent_span_id": parent, "name": name,
+                "start_ns": int(start_ms * 1e6), "end_ns": int(end_ms * 1e6), "attributes": {},
+                "resource": {"service.component": component}}
+
+    spans = [span("a", "r", None, "rl.loop", "driver", 0, 250),  # a poll: not work
+             span("a", "t", "r", "rl.train", "learner", 10, 400),  # runs on past its root
+             span("a", "s", "r", "rl.sample", "actor", 20, 60),
+             span("b", "r2", None, "rl.loop", "driver", 500, 750),
+             span("b", "t2", "r2", "rl.train", "learner", 510, 530)]
+    slowest = explore.slowest_work(FakeStore(spans=spans), n=2)
+    assert slowest["name"].tolist() == ["rl.train", "rl.sample"]
+    assert slowest["duration_ms"].tolist() == pytest.approx([390.0, 40.0])
+    assert slowest["trace_id"].tolist() == ["a", "a"]
+    assert [s["span_id"] for s in explore.outside_root([s for s in spans if s["trace_id"] == "a"])] \
+        == ["t"]
+    assert explore.outside_root([s for s in spans if s["trace_id"] == "b"]) == []
+    assert explore.slowest_work(FakeStore(spans=[])).empty
+    with pytest.raises(ValueError, match="n=0"):
+        explore.slowest_work(FakeStore(spans=spans), n=0)
+
+
+def test_firing_windows_need_the_condition_for_the_whole_duration():
+    import pandas as pd
+
+    t0 = pd.Timestamp("2026-12-04T12:00:00Z")
+    rate = [900, 850, 20, 10, 0, 0, 880, 5, 900]  # a 40-s drop, then a single low point
+    frame = pd.DataFrame({"time": [t0 + pd.Timedelta(seconds=10 * (i + 1)) for i in range(9)],
+                          "value": rate, "rl.run.id": "r1"})
+    windows = explore.firing_windows(frame, "COMPARISON_LT", 100, duration_s=30, alignment_s=10,
+                                     by=("rl.run.id",))
+    assert len(windows) == 1  # the single low point (10 s) is shorter than the duration
+    [w] = windows.to_dict("records")
+    assert w["rl.run.id"] == "r1" and w["worst"] == 0
+    assert (w["start"], w["end"]) == (t0 + pd.Timedelta(seconds=20), t0 + pd.Timedelta(seconds=60))
+    assert explore.firing_windows(frame, "COMPARISON_GT", 1000, 10, 10).empty
+    gap = frame.drop(index=[4])  # a period without a point ends a window: nothing inferred
+    assert explore.firing_windows(gap, "COMPARISON_LT", 100, 30, 10, ("rl.run.id",)).empty
+    with pytest.raises(ValueError, match="comparison='COMPARISON_EQ'"):
+        explore.firing_windows(frame, "COMPARISON_EQ", 1, 1, 1)
+
+
+def test_reward_drops_compare_each_series_with_its_own_best():
+    import pandas as pd
+
+    t = pd.date_range("2026-12-04", periods=6, freq="10s", tz="UTC")
+    frame = pd.concat([
+        pd.DataFrame({"time": t, "value": [20, 200, 360, 330, 200, 380], "rl.run.id": "cartpole"}),
+        pd.DataFrame({"time": t, "value": [-500, -300, -120, -150, -110, -100],
+                      "rl.run.id": "acrobot"})])
+    drops = explore.reward_drops(frame, fraction=0.3)
+    assert drops["rl.run.id"].tolist() == ["cartpole"]  # 360 -> 200 is more than 30 % of 360
+    assert drops["value"].tolist() == [200] and drops["best_so_far"].tolist() == [360]
+    with pytest.raises(ValueError, match="fraction=1.5"):
+        explore.reward_drops(frame, fraction=1.5)
+
+
+def test_evaluate_alert_refuses_promql_and_bad_time_scale():
+    policy = {"displayName": "x", "conditions": [{"conditionPrometheusQueryLanguage": {}}]}
+    with pytest.raises(ValueError, match="only threshold conditions"):
+        explore.evaluate_alert(None, policy)
+    with pytest.raises(ValueError, match="time_scale=0"):
+        explore.evaluate_alert(None, policy, time_scale=0)

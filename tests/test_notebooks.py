@@ -309,3 +309,18 @@ def test_05_explore_metrics(kernel, tmp_path: Path):
     assert summary["run_id"].startswith("cartpole-")
     assert len(summary["tiles_with_data"]) == summary["tiles"]
     assert len(summary["golden_signal_charts_with_data"]) == 13
+    # The fault (the CartPole learner hung on purpose) made the sample-rate alert fire, on the
+    # collected data, with the policy's own query; the plot marks both.
+    assert summary["fault_at"] is not None and "sample-rate-drop" in summary["alerts_fired"]
+    text = stream_text(executed)
+    assert re.search(r"fault: the CartPole-v1 run's learner \(pid \d+\) hangs", text)
+    # Google's published RL dashboard, tile by tile: the empty ones are exactly the GPU and
+    # token tiles, and each is explained.
+    assert summary["google_tiles_empty"] == ["Samples/sec/GPU", "Tokens/sec", "Tokens/sec/GPU",
+                                             "Total Tokens"]
+    assert "no data: unexpected!" not in text and text.count("no data: ") == 4
+    # The seed's own filters were sent and answered, and the corrected ones found data.
+    assert text.count("-> NOT_FOUND: Cannot find metric(s)") == 2
+    assert "-> INVALID_ARGUMENT:" in text and "fixed: " in text
+    # The slowest work is a learner's or an actor's span, not the driver's poll.
+    assert re.search(r"\d+ of \d+ spans of this trace reach past its root span", text)

@@ -223,6 +223,7 @@ class ApeX:
                 run_id=f"{config.env_id}-{stamp}-{uuid.uuid4().hex[:6]}")
         self.sigterm = StopFlag()
         self.marks: dict[str, float] = {}  # start-up milestones of train(), for the timeline
+        self.topology: Topology | None = None  # its processes, once train() has made them
 
     def resource_plan(self, cluster_cpus: float, autoscaling: bool = False) -> dict:
         """What each Ray actor asks for. Without actor_cpus, actors share what the learner
@@ -356,6 +357,7 @@ class ApeX:
         topology = create_topology(ray, c, plan, self.spec, self.obs_shape, weights,
                                    str(self.output_dir), checkpoint_dir, resume_path)
         self.marks["processes created"] = time.monotonic() - t_start
+        self.topology = topology  # the run's Ray actors, for a reader (or a fault) to reach
         try:
             return run.drive(topology)
         finally:

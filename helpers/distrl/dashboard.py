@@ -130,6 +130,58 @@ def dashboard() -> dict:
             "mosaicLayout": {"columns": 48, "tiles": tiles}}
 
 
+# Google's published RL dashboard, "RL workload performance" (GoogleCloudPlatform/
+# monitoring-dashboard-samples, dashboards/reinforcement-learning/rl-workload-performance.json,
+# at 25d8c3e): each tile's title, metric type and aggregation, rebuilt here from those facts.
+# Its filters put two comparisons side by side with no AND, as Monitoring filters allow.
+_P99_95_50 = ("REDUCE_PERCENTILE_99", "REDUCE_PERCENTILE_95", "REDUCE_PERCENTILE_50")
+GOOGLE_RL_TILES = (
+    ("Loop Duration", "rl.loop.duration/histogram", "ALIGN_DELTA", _P99_95_50),
+    ("Reward", "rl.environment.reward.mean/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Train Loss", "rl.train.loss/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Training MFU", "rl.train.mfu/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Samples/sec/GPU", "rl.samples.rate_per_gpu/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Samples/sec", "rl.samples.rate/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Total Samples", "rl.sample.samples/counter", "ALIGN_RATE", ("REDUCE_SUM",)),
+    ("Total Episodes", "rl.sample.episodes/counter", "ALIGN_RATE", ("REDUCE_SUM",)),
+    ("Tokens/sec/GPU", "rl.tokens.rate_per_gpu/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Tokens/sec", "rl.tokens.rate/gauge", "ALIGN_MEAN", ("REDUCE_MEAN",)),
+    ("Total Tokens", "rl.train.tokens/counter", "ALIGN_RATE", ("REDUCE_SUM",)),
+    ("Total Steps", "rl.train.steps/counter", "ALIGN_RATE", ("REDUCE_SUM",)),
+    *((f"{phase.title()} Duration", f"rl.{phase}.duration/histogram", "ALIGN_DELTA", _P99_95_50)
+      for phase in ("train", "sync", "sample", "reward")),
+)
+# Why a tile of Google's board can be empty for a DQN on a CPU: the metrics nothing here writes.
+EMPTY_BECAUSE = {
+    "rl.samples.rate_per_gpu": "written only by a learner with a GPU (num_gpus > 0)",
+    "rl.tokens.rate_per_gpu": "tokens are a language model's unit: a DQN on gymnasium has none "
+                              "(and this one has no GPU either)",
+    "rl.tokens.rate": "tokens are a language model's unit: a DQN on gymnasium has none",
+    "rl.train.tokens": "tokens are a language model's unit: a DQN on gymnasium has none",
+}
+
+
+def google_rl_dashboard() -> dict:
+    """Google's "RL workload performance" dashboard (GOOGLE_RL_TILES) in the JSON form the
+    Cloud Monitoring API takes, its filters as published."""
+    tiles = [{"widget": {"title": title, "xyChart": {"dataSets": [{"timeSeriesQuery": {
+        "timeSeriesFilter": {
+            "filter": f'metric.type="{PREFIX}{metric}" resource.type="prometheus_target"',
+            "aggregation": {"alignmentPeriod": f"{ALIGNMENT_S}s", "perSeriesAligner": aligner,
+                            "crossSeriesReducer": reducer, "groupByFields": []}}}}
+        for reducer in reducers]}}} for title, metric, aligner, reducers in GOOGLE_RL_TILES]
+    return {"displayName": "RL workload performance", "mosaicLayout": {"tiles": tiles}}
+
+
+def why_empty(filter_: str) -> str:
+    """Why a tile with this filter has no data in a run of this series, or '' if it should
+    have data."""
+    for name, why in EMPTY_BECAUSE.items():
+        if f"/{name}/" in filter_:
+            return why
+    return ""
+
+
 def tile_queries(board: dict) -> list[tuple[str, str, dict]]:
     """(tile title, filter, aggregation) of every data set of a dashboard's xyChart tiles."""
     out = []

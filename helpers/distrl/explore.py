@@ -12,6 +12,7 @@ Straight from the local store (SQLite), for what Cloud Monitoring's API has no c
     store = CollectorStore("runs/otel.db")
     latency_percentiles(store, "rl.sample.duration")          # p50/p95/p99 per rl.loop
     slowest_iterations(store)                                  # traces, slowest first
+    slowest_work(store)                                        # learner/actor spans, slowest first
     plot_trace_waterfall(store.spans(trace_id))                # one loop iteration across processes
 
 And from the learner's TensorBoard logs, without TensorFlow:
@@ -212,6 +213,140 @@ def slowest_iterations(store, n: int = 5):
     if table.empty:
         return table
     return table.sort_values("duration_ms", ascending=False).head(n).reset_index(drop=True)
+
+
+WORK_SPANS = ("rl.train", "rl.sample")  # a learner's fetch of batches, an actor's block
+
+
+def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
+    """The n slowest spans of real work (by default the learner's rl.train and the actors'
+    rl.sample), slowest first, with the trace each belongs to. The root rl.loop spans are the
+    driver's polls, which last as long as the poll interval whatever the work."""
+    import pandas as pd
+
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected a positive integer")
+    rows = [{"name": s["name"], "process": s["resource"].get("service.component", "?"),
+             "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
+             "span_id": s["span_id"], "start_ns": s["start_ns"]}
+            for s in store.spans() if s["name"] in names]
+    if not rows:
+        return pd.DataFrame()
+    return (pd.DataFrame(rows).sort_values("duration_ms", ascending=False).head(n)
+            .reset_index(drop=True))
+
+
+def outside_root(spans: list[dict]) -> list[dict]:
+    """The spans of a trace that start before its root span or end after it. A driver's
+    rl.loop span ends once it has sent its calls; work it started can run on past it."""
+    roots = [s for s in spans if s["parent_span_id"] is None]
+    if not roots:
+        return []
+    root = roots[0]
+    return [s for s in spans if s is not root
+            and (s["start_ns"] < root["start_ns"] or s["end_ns"] > root["end_ns"])]
+
+
+def reward_drops(frame, fraction: float = 0.3, by: str = otel.RL_RUN_ID):
+    """Where a reward series fell below its own best so far by more than `fraction` of that
+    best (the reward-drop alert's condition, k8s/monitoring/alerts/reward-drop.json), per
+    series of `frame` (time, value and a `by` column). Returns the rows that met it, with the
+    best so far and the drop."""
+    import pandas as pd
+
+    if not 0 < fraction < 1:
+        raise ValueError(f"fraction={fraction!r} is invalid: expected 0 < fraction < 1")
+    if frame.empty:
+        return frame
+    parts = []
+    for _, series in (frame.groupby(by) if by in frame.columns else [(None, frame)]):
+        series = series.sort_values("time")
+        best = series["value"].cummax()
+        drop = best - series["value"]
+        parts.append(series.assign(best_so_far=best, drop=drop)[drop > fraction * best.abs()])
+    return pd.concat(parts) if parts else frame.iloc[:0]
+
+
+def firing_windows(frame, comparison: str, threshold: float, duration_s: float,
+                   alignment_s: float, by: tuple[str, ...] = ()):
+    """When a threshold condition held for at least duration_s, per series: frame is the
+    condition's aligned query (time, value and the `by` columns); each aligned point stands
+    for the period it ends. Returns one row per window: the series, start, end, and the
+    value at its worst. Nothing is inferred for periods without points, as in Cloud
+    Monitoring's threshold conditions."""
+    import pandas as pd
+
+    if comparison not in ("COMPARISON_GT", "COMPARISON_LT"):
+        raise ValueError(f"comparison={comparison!r}: expected COMPARISON_GT or COMPARISON_LT")
+    rows = []
+    keys = [k for k in by if k in frame.columns]
+    groups = frame.groupby(keys) if keys else [((), frame)]
+    for group, series in groups:
+        series = series.sort_values("time")
+        held = series["value"] > threshold if comparison == "COMPARISON_GT" \
+            else series["value"] < threshold
+        run_start = previous = None
+        worst = []
+        for (t, value), ok in zip(series[["time", "value"]].itertuples(index=False), held):
+            gap = previous is not None and (t - previous).total_seconds() > 1.5 * alignment_s
+            if run_start is not None and (not ok or gap):
+                rows.append(_window(group, keys, run_start, previous, worst, alignment_s,
+                                    duration_s, comparison))
+                run_start, worst = None, []
+            if ok:
+                run_start = t if run_start is None else run_start
+                worst.append(value)
+            previous = t
+        if run_start is not None:
+            rows.append(_window(group, keys, run_start, previous, worst, alignment_s, duration_s,
+                                comparison))
+    rows = [r for r in rows if r is not None]
+    return pd.DataFrame(rows, columns=[*keys, "start", "end", "worst"])
+
+
+def _window(group, keys, first, last, values, alignment_s, duration_s, comparison):
+    start = first - dt.timedelta(seconds=alignment_s)  # a point ends its period
+    if (last - start).total_seconds() < duration_s:
+        return None
+    group = group if isinstance(group, tuple) else (group,)
+    worst = max(values) if comparison == "COMPARISON_GT" else min(values)
+    return {**dict(zip(keys, group)), "start": start, "end": last, "worst": worst}
+
+
+def evaluate_alert(monitoring: Monitoring, policy: dict, *, minutes: float = 60.0,
+                   time_scale: float = 1.0, end: dt.datetime | None = None):
+    """Evaluate an alert policy's threshold condition on the data `monitoring` holds: its
+    filter and aggregation run as a query, and firing_windows says when the condition held
+    for its duration. time_scale shortens the policy's alignment period and duration alike,
+    for runs of seconds on the local collector (Cloud Monitoring takes the policy as
+    written: time_scale 1). Returns (query frame, firing windows, the scaled alignment and
+    duration in seconds). A PromQL condition is not evaluated here: ValueError."""
+    if not 0 < time_scale <= 1:
+        raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
+    condition = policy["conditions"][0]
+    threshold = condition.get("conditionThreshold")
+    if threshold is None:
+        raise ValueError(f"policy {policy.get('displayName')!r}: only threshold conditions are "
+                         "evaluated here (its condition is "
+                         f"{next(iter(condition.keys() - {'displayName'}))})")
+    aggregation = dict(threshold["aggregations"][0])
+    alignment_s = max(1, round(_seconds(aggregation["alignmentPeriod"]) * time_scale))
+    duration_s = _seconds(threshold.get("duration", "0s")) * time_scale
+    aggregation["alignmentPeriod"] = f"{alignment_s}s"
+    frame = monitoring.query(threshold["filter"], aggregation, minutes=minutes, end=end)
+    by = tuple(re.sub(r'^metric\.labels?\."?([^"]+)"?$', r"\1", field)
+               for field in aggregation.get("groupByFields", []))
+    windows = firing_windows(frame, threshold["comparison"], threshold["thresholdValue"],
+                             duration_s, alignment_s, by) if not frame.empty else frame
+    return frame, windows, alignment_s, duration_s
+
+
+def _seconds(duration: str) -> float:
+    """'300s' -> 300.0 (the JSON form of a google.protobuf.Duration)."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)s", duration)
+    if match is None:
+        raise ValueError(f"duration={duration!r} is invalid: expected seconds such as '300s'")
+    return float(match.group(1))
 
 
 # ---- Cloud Monitoring's API: the local collector or a project ----
@@ -479,12 +614,17 @@ def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=Non
         keys = [k for k in keys if k in df.columns]
         starts = df.groupby(keys)["time"].transform("min") if keys else df["time"].min()
         df = df.assign(elapsed_s=(df["time"] - starts).dt.total_seconds())
-        for (stat, *group), part in df.groupby(["statistic", *keys], sort=True):
-            ax.plot(part["elapsed_s"], part["value"], styles.get(stat, "-"),
-                    label=" ".join([*map(str, group), stat]))
+        lines = list(df.groupby(["statistic", *keys], sort=True))
+        for (stat, *group), part in lines:
+            label = " ".join([*map(str, group), stat])
+            ax.plot(part["elapsed_s"], part["value"], styles.get(stat, "-"), label=label,
+                    marker="." if len(part) < 20 else None)  # a few points: show each
+            if len(lines) > 6:  # too many for a legend: each line labelled at its end
+                ax.annotate(label, (part["elapsed_s"].iloc[-1], part["value"].iloc[-1]),
+                            fontsize=5, xytext=(2, 0), textcoords="offset points")
         ax.set_xlabel("s since the group's first point", fontsize=8)
         ax.tick_params(labelsize=7)
-        if len(ax.lines) <= 8:
+        if len(lines) <= 6:
             ax.legend(fontsize=6)
     for ax in list(axes)[len(panels):]:
         ax.axis("off")
