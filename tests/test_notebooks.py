@@ -51,6 +51,13 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     # The 100-line Ape-X learned too (SMOKE: to 100), with its own ray.wait loop.
     assert "reached 100 in" in text, text[-2000:]
     assert "the run is learner-bound" in text or "the run is actor-bound" in text
+    # The figures the prose points to are the run's: printed from its results.
+    per_update = float(re.search(r"env steps per learner update in this run: ([\d.]+)", text)
+                       .group(1))
+    assert per_update == pytest.approx(results["env_steps"] / results["learner_updates"], abs=0.06)
+    assert re.search(r"first env step [\d.]+ s after train\(\); learner running at [\d.]+ s", text)
+    assert re.search(r"100-line version: reached 100 in \d+ s after [\d,]+ transitions", text)
+    assert re.search(r"the same defaults over seeds \[[\d, ]+\] \(python benchmarks/sweep.py", text)
     # The animation cell rendered frames of the trained agent.
     import nbformat
 
@@ -163,6 +170,10 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
     assert summary["best_eval_return"] >= 100
     assert set(summary["overhead_env_steps_per_s"]) == {"off", "on"}
     assert summary["trace_across_ray_call"] is True
+    # The golden-signal panels are described by figures drawn from the same data.
+    text = stream_text(executed)
+    assert re.search(r"traffic: first env steps at \d+ s; median [\d,]+ env steps/s", text), text[-3000:]
+    assert re.search(r"greedy return: \d+ at its first evaluation, best \d+ at \d+ s", text)
     # The raw-SDK cell's instruments arrived under the seed's scope names.
     from distrl.collector import CollectorStore
 

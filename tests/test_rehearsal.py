@@ -117,7 +117,7 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
         {"CLUSTER": "gke", "DASHBOARD_URL": cluster.dashboard_url, "NAMESPACE": "distrl",
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
-         "MAX_SECONDS": 20.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 60.0,
+         "MAX_SECONDS": 20.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 60.0, "FIRST_JOB_RETURN": 30.0,
          "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = stream_text(executed)
     assert "from the RayCluster: --num-actors 2 --actor-cpus 1 --learner-cpus 5 --num-gpus 0 " \
