@@ -111,7 +111,7 @@ def main() -> None:
         args.repeats, args.actors = 1, 1
     if args.repeats < 1 or args.actors < 1:
         parser.error(f"--repeats {args.repeats} and --actors {args.actors}: both must be >= 1")
-    for name, code in PROBES.items():
+    for name, code in ({} if args.smoke else PROBES).items():  # smoke: distrl's calls only
         runs = [timed(code) for _ in range(args.repeats)]
         print(f"{name:<24} {statistics.median(runs):6.2f} s  (runs: {', '.join(f'{r:.2f}' for r in runs)})")
     rows = {name: [] for name in VARIANTS}  # per run: import ray, start, actors, shutdown
@@ -141,9 +141,10 @@ def main() -> None:
         print(f"driver start to actors, {LABELS[name][0]:<17} {total:6.2f} s")
     overlapped = [[float(x) for x in subprocess.run(
         [sys.executable, "-c", OVERLAP], capture_output=True, text=True, check=True,
-        timeout=300).stdout.split()[-2:]] for _ in range(args.repeats)]
-    show("overlapped: Ray up", [r[0] for r in overlapped])
-    show("overlapped: TF imported", [r[1] for r in overlapped])
+        timeout=300).stdout.split()[-2:]] for _ in range(0 if args.smoke else args.repeats)]
+    if overlapped:
+        show("overlapped: Ray up", [r[0] for r in overlapped])
+        show("overlapped: TF imported", [r[1] for r in overlapped])
     on_ray = [json.loads(subprocess.run(
         [sys.executable, "-c", TRAIN_ON_RAY.format(seconds=5 if args.smoke else 20)],
         capture_output=True, text=True, check=True, timeout=300).stdout.splitlines()[-1])
