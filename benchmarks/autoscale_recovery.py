@@ -26,7 +26,7 @@ from distrl.cluster import LocalCluster, actor_table
 from distrl.gke import GkeSettings
 
 
-def one_run(busy: bool) -> dict:
+def one_run(busy: bool, actors: int = 2) -> dict:
     burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
                for _ in range(os.cpu_count() or 2)] if busy else []
     lines: list[tuple[float, str]] = []
@@ -38,7 +38,8 @@ def one_run(busy: bool) -> dict:
     def first(text: str, after: float = 0.0) -> float | None:
         return next((t for t, line in lines if text in line and t >= after), None)
 
-    doc = manifests.ray_cluster(GkeSettings(project_id="bench-autoscale", max_actor_nodes=2))
+    doc = manifests.ray_cluster(GkeSettings(project_id="bench-autoscale",
+                                            max_actor_nodes=actors))
     out = tempfile.mkdtemp(prefix="distrl-bench-")
     try:
         with LocalCluster.from_ray_cluster(doc, cpus_per_worker=1, on_event=note,
@@ -46,11 +47,11 @@ def one_run(busy: bool) -> dict:
             client = cluster.job_client()
             submitted = time.monotonic() - t0
             job_id = jobs.submit_training(client, [
-                "--num-actors", "2", "--actor-cpus", "1", "--autoscaling", "true",
+                "--num-actors", str(actors), "--actor-cpus", "1", "--autoscaling", "true",
                 "--envs-per-actor", "16", "--target-return", "none", "--max-seconds", "300"],
                 output_dir=f"{out}/job")
             jobs.follow(client, job_id, timeout_s=240, out=note,
-                        until=lambda: sum("running on node" in line for _, line in lines) >= 2)
+                        until=lambda: sum("running on node" in line for _, line in lines) >= actors)
             first_step = first("running on node")
             hosts = {a["node_id"] for a in actor_table(cluster.dashboard_url)
                      if a["class"] == "ActorWorker"}
@@ -81,7 +82,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.smoke:
         args.repeats, args.busy = 1, False
-    runs = [one_run(args.busy) for _ in range(args.repeats)]
+    runs = [one_run(args.busy, actors=1 if args.smoke else 2) for _ in range(args.repeats)]
     print(f"autoscaling rehearsal, {args.repeats} run(s), "
           f"{'every core busy' if args.busy else 'quiet machine'}, {os.cpu_count()} cores")
     for key in runs[0]:

@@ -88,7 +88,7 @@ def main() -> None:
                         help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
     if args.smoke:
-        args.seeds, args.throughput_seconds, args.repeats = args.seeds[:1], 5.0, 1
+        args.seeds, args.throughput_seconds, args.repeats = args.seeds[:1], 3.0, 1
     direct_cost(*((0.3, 20) if args.smoke else ()))
     solve_budget_s = 2.0 if args.smoke else 120.0
     with tempfile.TemporaryDirectory() as tmp, \
