@@ -92,6 +92,7 @@ class TrainingResult:
     evals: list[dict] = field(default_factory=list)
     actor_epsilons: list[list[float] | None] = field(default_factory=list)  # as each used
     actor_weights_versions: list[int | None] = field(default_factory=list)
+    actor_env_steps: list[int] = field(default_factory=list)  # each actor's, all its lives
     actor_restarts: list[int] = field(default_factory=list)
     actor_nodes: list[str | None] = field(default_factory=list)
     actor_states: list[str] = field(default_factory=list)
@@ -731,6 +732,8 @@ class _Run:
                               for i in range(len(t.actors))],
             epsilons=[actor_finals[i]["epsilons"] if i in actor_finals else None
                       for i in range(len(t.actors))],
+            actor_steps=[fleet.base[i] + fleet.last[i]["env_steps"]
+                         for i in range(len(t.actors))],
             restarts=list(fleet.restarts), nodes=list(fleet.nodes), states=states)
 
     def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
@@ -743,8 +746,8 @@ class _Run:
             weights=None, replay_check={"ok": True, "problems": [], "size": 0, "inserted": 0,
                                         "shards": 0},
             cpu_seconds={"driver": time.process_time() - self.driver_cpu_start},
-            weights_versions=[None] * n, epsilons=[None] * n, restarts=[0] * n,
-            nodes=[None] * n, states=["never created"] * n)
+            weights_versions=[None] * n, epsilons=[None] * n, actor_steps=[0] * n,
+            restarts=[0] * n, nodes=[None] * n, states=["never created"] * n)
 
     def _since_start(self, wall_clock: float | None) -> float | None:
         """Seconds since train() began of a time.time() stamp from a worker's own clock."""
@@ -777,7 +780,7 @@ class _Run:
         return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
 
     def _result(self, env_steps, updates, replay, checkpoint, weights, replay_check,
-                cpu_seconds, weights_versions, epsilons, restarts, nodes,
+                cpu_seconds, weights_versions, epsilons, actor_steps, restarts, nodes,
                 states) -> TrainingResult:
         c = self.config
         wall = time.monotonic() - self.t_start
@@ -805,6 +808,7 @@ class _Run:
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
             stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
             actor_epsilons=epsilons, actor_weights_versions=weights_versions,
+            actor_env_steps=actor_steps,
             actor_restarts=restarts, actor_nodes=nodes, actor_states=states,
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,

@@ -115,6 +115,14 @@ class TrafficTally:
         self.returns += returns
         self.lengths += lengths
 
+    @staticmethod
+    def start(rl, attrs: dict) -> None:
+        """The traffic counters' series exist from the process's first export on, at 0: a
+        rate is then 0 while nothing flows (an actor blocked behind the rate limiter before its
+        first flush), not an absent series, which no threshold condition sees."""
+        for name in ("rl.sample.samples", "rl.sample.episodes"):
+            rl.add(name, 0, attrs)
+
     def flush(self, rl, attrs: dict) -> None:
         if self.samples:
             rl.add("rl.sample.samples", self.samples, attrs)

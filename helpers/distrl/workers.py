@@ -389,6 +389,8 @@ class ActorWorker:
         steps_since_sync = 0
         sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
         traffic = TrafficTally()
+        if tel.enabled:
+            traffic.start(tel.rl, self._sample_attrs)
         while not self._stop.is_set():
             carrier = tel.take_carrier()
             t0 = time.perf_counter()
