@@ -116,9 +116,13 @@ def _env(s: GkeSettings) -> list[dict]:
         {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": s.otlp_endpoint},
         {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": s.otlp_protocol},
         {"name": "OTEL_SERVICE_NAME", "value": "rl-training-service"},
+        # gcp.project_id: the Telemetry API refuses OTLP whose resource lacks it (reported by
+        # several users; Google's own OTLP examples add it with a resource processor,
+        # cloud.google.com/stackdriver/docs/otlp-logs/migrate-to-otlp). Harmless if the
+        # managed collector adds it too.
         {"name": "OTEL_RESOURCE_ATTRIBUTES",
          "value": f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
-                  "k8s.pod.name=$(POD_NAME)"},
+                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id}"},
         # Cloud Monitoring bills by samples; 30 s keeps the golden signals fresh enough.
         {"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "30000"},
         {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
