@@ -109,8 +109,8 @@ if " describe " in line or " get secret " in line:
         sys.exit(0)
     print("ERROR: NOT_FOUND", file=sys.stderr)
     sys.exit(1)
-if "{name}" == "kubectl" and argv[:1] == ["exec"] and "--" in argv \
-        and argv[argv.index("--") + 1:][:1] == ["tar"]:
+if "{name}" == "kubectl" and "exec" in argv and "--" in argv \
+        and argv.index("exec") < argv.index("--") and argv[argv.index("--") + 1:][:1] == ["tar"]:
     # `kubectl exec POD -- tar cf - -C DIR .` in a pod rehearsed on this machine: its files
     # are here, so the real tar runs.
     os.execvp("tar", argv[argv.index("--") + 1:])

@@ -772,7 +772,7 @@ def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_p
 
 def test_the_managed_collectors_log_check_names_refusals_and_their_fix():
     s = settings()
-    step = gke.telemetry_check_step(s)
+    step = gke.telemetry_check_step(s.kube_context)
     assert list(step.argv[:2]) == ["kubectl", CONTEXT] and "--namespace=gke-managed-otel" in step.argv
     assert step.check("2026-12-04T10:00:00Z info exporter sent 120 points") == []
     denied = step.check('error exporterhelper: rpc error: code = PermissionDenied desc = '

@@ -93,6 +93,10 @@ KUBE_CONTEXT = "gke_{project}_{location}_{cluster}"
 # Check steps that read what the cluster's add-ons install (the managed collector's Service,
 # KubeRay's CRD) ask again for this long: create returns before every add-on has rolled out.
 ADDON_ROLLOUT_S = 300.0
+# How long a new Ray pod may take to be ready: a node to start and an image of about 8 GB to be
+# pulled (with a GPU, the driver install too). The plan waits this long for the head; notebook 04
+# gives a job on GKE this much more than a local one, for its Spot actor nodes.
+NODE_READY_S = 900.0
 
 # GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
 # cloud.google.com/compute/docs/regions-zones, GKE cluster names).
@@ -406,7 +410,7 @@ def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
              ("gcloud", "iam", "service-accounts", "delete", s.node_email, project, "--quiet"),
              exists=("gcloud", "iam", "service-accounts", "describe", s.node_email, project,
                      "--format=value(email)")),
-        _grant("Grant the nodes GKE's node role", member, NODE_ROLE, ("projects",),
+        _grant("Let the nodes act as GKE nodes", member, NODE_ROLE, ("projects",),
                s.project_id, ("--condition=None", project),
                "What a node needs to run (logs, metrics, the node's own API calls)."),
         _grant("Let the nodes pull from the repository", member, NODE_PULL_ROLE,
@@ -577,7 +581,7 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
                        "--ignore-not-found", "--wait=true")),
         Step("Wait for the Ray head",
              s.kubectl("wait", f"raycluster/{s.prefix}", ns, "--for=condition=HeadPodReady",
-                       "--timeout=900s"),
+                       f"--timeout={NODE_READY_S:.0f}s"),
              "Waits on the RayCluster, which exists once applied (a pod selector would match "
              "nothing until the operator makes the pod, and kubectl wait then exits at once: "
              "kubernetes/kubectl#665). The first start pulls the image and, with a GPU, waits "
@@ -610,7 +614,7 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
     return steps
 
 
-def telemetry_check_step(s: GkeSettings) -> Step:
+def telemetry_check_step(kube_context: str) -> Step:
     """After the first training run: the managed collector's log must not say that Google
     Cloud refused what it forwarded (the identity it writes as lacks a role, or the resource
     lacks gcp.project_id). Which identity that collector writes with is not stated in the pages
@@ -619,8 +623,8 @@ def telemetry_check_step(s: GkeSettings) -> Step:
     documented name: a `not found` here says to list the namespace's pods."""
     return Step(
         "Check the managed collector's log for refused exports",
-        s.kubectl("logs", f"--namespace={MANAGED_OTEL_NAMESPACE}",
-                  "deployment/opentelemetry-collector", "--since=30m", "--tail=2000"),
+        ("kubectl", f"--context={kube_context}", "logs", f"--namespace={MANAGED_OTEL_NAMESPACE}",
+         "deployment/opentelemetry-collector", "--since=30m", "--tail=2000"),
         "Stops on PermissionDenied or a missing resource attribute in what the collector "
         "forwarded to Cloud Monitoring and Cloud Trace.",
         check=preflight.collector_log_problems)
