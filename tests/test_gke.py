@@ -780,3 +780,41 @@ def test_the_managed_collectors_log_check_names_refusals_and_their_fix():
     assert len(denied) == 1 and "roles/monitoring.metricWriter" in denied[0]
     missing = step.check("error: Resource is missing required attribute \"gcp.project_id\"")
     assert len(missing) == 1 and "gcp.project_id" in missing[0]
+
+
+def test_every_kubectl_command_names_the_clusters_context(tmp_path):
+    """In both modes, create, teardown, the RayJob and the collector's log check: no kubectl
+    command relies on the current context (after a switch, a teardown would delete elsewhere)."""
+    for mode, location in (("standard", "europe-west4-b"), ("autopilot", "europe-west4")):
+        s = settings(mode=mode)
+        plan = create_plan(s, tmp_path, tmp_path / "token")
+        steps = [*plan, *teardown_plan(plan), *gke.rayjob_plan(s, tmp_path),
+                 gke.telemetry_check_step(s.kube_context)]
+        argvs = [a for step in steps for a in (step.argv, step.exists, step.teardown) if a]
+        kubectl = [a for a in argvs if a[0] == "kubectl"]
+        assert kubectl and all(a[1] == f"--context=gke_{PROJECT}_{location}_rl-cluster"
+                               for a in kubectl), [a for a in kubectl if not a[1].startswith("--context")]
+
+
+def test_the_pods_resource_carries_the_project_id(tmp_path):
+    from distrl import manifests as m
+
+    m.write_manifests(settings(), tmp_path)
+    docs = [doc for _, doc in m.load_dir(tmp_path)]
+    env = [e for doc in docs for e in _containers_env(doc) if e["name"] == "OTEL_RESOURCE_ATTRIBUTES"]
+    assert env and all(f"gcp.project_id={PROJECT}" in e["value"].split(",") for e in env)
+
+
+def _containers_env(doc: dict) -> list[dict]:
+    """Every env entry of every container in a manifest document (any nesting of templates)."""
+    found = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key == "containers" and isinstance(value, list):
+                found += [e for c in value for e in c.get("env", [])]
+            else:
+                found += _containers_env(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            found += _containers_env(item)
+    return found
