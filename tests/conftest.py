@@ -109,8 +109,8 @@ if " describe " in line or " get secret " in line:
         sys.exit(0)
     print("ERROR: NOT_FOUND", file=sys.stderr)
     sys.exit(1)
-if "{name}" == "kubectl" and argv[:1] == ["exec"] and "--" in argv \
-        and argv[argv.index("--") + 1:][:1] == ["tar"]:
+if "{name}" == "kubectl" and "exec" in argv and "--" in argv \
+        and argv.index("exec") < argv.index("--") and argv[argv.index("--") + 1:][:1] == ["tar"]:
     # `kubectl exec POD -- tar cf - -C DIR .` in a pod rehearsed on this machine: its files
     # are here, so the real tar runs.
     os.execvp("tar", argv[argv.index("--") + 1:])
@@ -122,7 +122,8 @@ QUOTAS = {"quotas": [{"metric": "CPUS", "limit": 72.0, "usage": 0.0},
                      {"metric": "PREEMPTIBLE_CPUS", "limit": 0.0, "usage": 0.0},
                      {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
                      {"metric": "NVIDIA_L4_GPUS", "limit": 1.0, "usage": 0.0},
-                     {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0}]}
+                     {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0},
+                     {"metric": "IN_USE_ADDRESSES", "limit": 8.0, "usage": 0.0}]}
 DESCRIBE_NODE = """Name:               gke-node-1
 Allocatable:
   cpu:                7910m
@@ -152,9 +153,10 @@ RESPONSES = {
         "telemetry", "logging", "artifactregistry", "cloudbuild", "storage"))},
     "compute regions describe": {"out": json.dumps(QUOTAS)},
     "compute project-info describe": {"out": json.dumps(
-        {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0}]})},
+        {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0},
+                    {"metric": "CPUS_ALL_REGIONS", "limit": 72.0, "usage": 0.0}]})},
     "currentMasterVersion": {"out": "1.35.1-gke.1396000"},
-    "get service opentelemetry-collector": {"out": "4317 4318"},
+    "get service opentelemetry-collector": {"out": "4317 4318|4317 4318"},
     "get crd rayclusters.ray.io": {"out": "string"},
     "get deployments --all-namespaces": {"out": json.dumps({"items": []})},
     "describe nodes": {"out": DESCRIBE_NODE},

@@ -27,6 +27,16 @@ def settings(**kw) -> GkeSettings:
     return GkeSettings(**(base | kw))
 
 
+@pytest.fixture(autouse=True)
+def quick_rollout_retries(monkeypatch):
+    """A check of what an add-on installs asks again for ADDON_ROLLOUT_S (5 min) before it
+    judges; here a failing answer is judged after a fraction of a second."""
+    from distrl import plan
+
+    monkeypatch.setattr(gke, "ADDON_ROLLOUT_S", 0.05)
+    monkeypatch.setattr(plan, "RETRY_EVERY_S", 0.01)
+
+
 # --- settings ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("field, value, message", [
@@ -84,9 +94,15 @@ BUCKET = f"gs://{PROJECT}-rl-build"
 IMAGE = f"europe-west4-docker.pkg.dev/{PROJECT}/rl-images/distrl:t1"
 
 
+NODE_SA = f"rl-nodes@{PROJECT}.iam.gserviceaccount.com"
+CONTEXT = f"--context=gke_{PROJECT}_europe-west4-b_rl-cluster"
+KC = ["kubectl", CONTEXT]  # every kubectl command names the cluster's context
+
+
 def expected_standard(manifests: Path, token: Path, exists: bool = False) -> list[list[str]]:
     """The exact create sequence for settings(): every command and flag, in order. With
-    exists=True, the describe that comes before each create is in it too (a live run)."""
+    exists=True, the describe that comes before each create is in it too (a live run). The
+    image is built before any cluster exists, the nodes run as their own service account."""
     def made(check: list[str], create: list[str]) -> list[list[str]]:
         return [check, create] if exists else [create]
 
@@ -97,37 +113,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
             "telemetry", "logging", "artifactregistry", "cloudbuild", "storage")), P],
         ["gcloud", "compute", "regions", "describe", "europe-west4", P, "--format=json"],
         ["gcloud", "compute", "project-info", "describe", P, "--format=json"],
-        *made(["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
-               "--format=value(name)"],
-              ["gcloud", "container", "clusters", "create", "rl-cluster", ZONE,
-               "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
-               "--machine-type=e2-standard-4", "--num-nodes=1", "--disk-size=50",
-               f"--workload-pool={PROJECT}.svc.id.goog",
-               "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P]),
-        # What the cluster must offer is checked before anything that costs time or money.
-        ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
-        ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
-         "--format=value(currentMasterVersion)"],
-        ["kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
-         "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"],
-        ["kubectl", "get", "crd", "rayclusters.ray.io",
-         '--output=jsonpath={.spec.versions[?(@.name=="v1")].schema.openAPIV3Schema'
-         '.properties.spec.properties.authOptions.properties.secretName.type}'],
-        ["kubectl", "get", "deployments", "--all-namespaces", "--output=json"],
-        *made(["gcloud", "container", "node-pools", "describe", "rl-head", *pool,
-               "--format=value(name)"],
-              ["gcloud", "container", "node-pools", "create", "rl-head", "--cluster=rl-cluster",
-               ZONE, "--machine-type=n1-standard-8",
-               "--accelerator=type=nvidia-tesla-t4,count=1,gpu-driver-version=latest",
-               "--num-nodes=1", "--disk-size=50", "--node-labels=distrl/pool=rl-head", LABELS,
-               P]),
-        *made(["gcloud", "container", "node-pools", "describe", "rl-actors", *pool,
-               "--format=value(name)"],
-              ["gcloud", "container", "node-pools", "create", "rl-actors",
-               "--cluster=rl-cluster", ZONE, "--machine-type=e2-standard-8", "--spot",
-               "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0", "--max-nodes=3",
-               "--disk-size=50", "--node-labels=distrl/pool=rl-actors", LABELS, P]),
-        ["kubectl", "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
+        # The image first: half an hour of build, before anything is paid by the hour.
         *made(["gcloud", "artifacts", "repositories", "describe", "rl-images",
                "--location=europe-west4", P, "--format=value(name)"],
               ["gcloud", "artifacts", "repositories", "create", "rl-images",
@@ -136,11 +122,12 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-build",
                "--display-name=distrl image builds", P]),
+        # europe-west4 is not among the regions every project may build in: us-central1.
         *made(["gcloud", "storage", "buckets", "describe", BUCKET, P, "--format=value(name)"],
-              ["gcloud", "storage", "buckets", "create", BUCKET, "--location=europe-west4",
+              ["gcloud", "storage", "buckets", "create", BUCKET, "--location=us-central1",
                "--uniform-bucket-level-access", P]),
         ["gcloud", "storage", "buckets", "add-iam-policy-binding", BUCKET,
-         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/storage.objectAdmin", P],
+         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/storage.admin", P],
         ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "rl-images",
          f"--member=serviceAccount:{BUILD_SA}", "--role=roles/artifactregistry.writer",
          "--location=europe-west4", P],
@@ -150,10 +137,53 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         *made(["gcloud", "artifacts", "docker", "images", "describe", IMAGE, P,
                "--format=value(image_summary.digest)"],
               ["gcloud", "builds", "submit", str(gke.REPO_ROOT), f"--tag={IMAGE}",
-               "--region=europe-west4",
+               "--region=us-central1",
                f"--service-account=projects/{PROJECT}/serviceAccounts/{BUILD_SA}",
                f"--gcs-source-staging-dir={BUCKET}/source", f"--gcs-log-dir={BUCKET}/logs",
                "--timeout=7200s", P]),
+        # The nodes' own service account, allowed to run nodes and pull the image.
+        *made(["gcloud", "iam", "service-accounts", "describe", NODE_SA, P,
+               "--format=value(email)"],
+              ["gcloud", "iam", "service-accounts", "create", "rl-nodes",
+               "--display-name=distrl GKE nodes", P]),
+        ["gcloud", "projects", "add-iam-policy-binding", PROJECT,
+         f"--member=serviceAccount:{NODE_SA}", "--role=roles/container.defaultNodeServiceAccount",
+         "--condition=None", P],
+        ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "rl-images",
+         f"--member=serviceAccount:{NODE_SA}", "--role=roles/artifactregistry.reader",
+         "--location=europe-west4", P],
+        *made(["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+               "--format=value(name)"],
+              ["gcloud", "container", "clusters", "create", "rl-cluster", ZONE,
+               "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
+               "--machine-type=e2-standard-4", "--num-nodes=1", "--disk-size=50",
+               f"--workload-pool={PROJECT}.svc.id.goog", f"--service-account={NODE_SA}",
+               "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P]),
+        # What the cluster must offer is checked before the node pools, which cost money.
+        ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
+        ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+         "--format=value(currentMasterVersion)"],
+        [*KC, "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
+         "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}|{.spec.ports[*].targetPort}"],
+        [*KC, "get", "crd", "rayclusters.ray.io",
+         '--output=jsonpath={.spec.versions[?(@.name=="v1")].schema.openAPIV3Schema'
+         '.properties.spec.properties.authOptions.properties.secretName.type}'],
+        [*KC, "get", "deployments", "--all-namespaces", "--output=json"],
+        *made(["gcloud", "container", "node-pools", "describe", "rl-head", *pool,
+               "--format=value(name)"],
+              ["gcloud", "container", "node-pools", "create", "rl-head", "--cluster=rl-cluster",
+               ZONE, "--machine-type=n1-standard-8",
+               "--accelerator=type=nvidia-tesla-t4,count=1,gpu-driver-version=latest",
+               "--num-nodes=1", "--disk-size=50", "--node-labels=distrl/pool=rl-head",
+               f"--service-account={NODE_SA}", LABELS, P]),
+        *made(["gcloud", "container", "node-pools", "describe", "rl-actors", *pool,
+               "--format=value(name)"],
+              ["gcloud", "container", "node-pools", "create", "rl-actors",
+               "--cluster=rl-cluster", ZONE, "--machine-type=e2-standard-8", "--spot",
+               "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0", "--max-nodes=3",
+               "--disk-size=50", "--node-labels=distrl/pool=rl-actors",
+               f"--service-account={NODE_SA}", LABELS, P]),
+        [*KC, "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
         *made(["gcloud", "iam", "service-accounts", "describe", GSA, P, "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-ray",
                "--display-name=distrl Ray pods (metrics and traces)", P]),
@@ -164,37 +194,48 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         ["gcloud", "iam", "service-accounts", "add-iam-policy-binding", GSA,
          "--role=roles/iam.workloadIdentityUser",
          f"--member=serviceAccount:{PROJECT}.svc.id.goog[rl/rl-ray]", P],
-        ["kubectl", "apply", f"--filename={manifests}/cluster/00-namespace.yaml"],
-        *made(["kubectl", "get", "secret", "rl-ray-token", "--namespace=rl", "--output=name"],
-              ["kubectl", "create", "secret", "generic", "rl-ray-token", "--namespace=rl",
+        [*KC, "apply", f"--filename={manifests}/cluster/00-namespace.yaml"],
+        *made([*KC, "get", "secret", "rl-ray-token", "--namespace=rl", "--output=name"],
+              [*KC, "create", "secret", "generic", "rl-ray-token", "--namespace=rl",
                f"--from-file=auth_token={token}"]),
-        ["kubectl", "apply", f"--filename={manifests}/cluster", "--recursive"],
-        ["kubectl", "wait", "raycluster/rl", "--namespace=rl", "--for=condition=HeadPodReady",
+        [*KC, "apply", f"--filename={manifests}/cluster", "--recursive"],
+        [*KC, "wait", "raycluster/rl", "--namespace=rl", "--for=condition=HeadPodReady",
          "--timeout=900s"],
-        ["kubectl", "get", "pods", "--namespace=rl",
+        [*KC, "get", "pods", "--namespace=rl",
          "--selector=ray.io/node-type=head,ray.io/cluster=rl",
          '--output=jsonpath={.items[0].spec.containers[?(@.name=="autoscaler")]'
          '.env[?(@.name=="RAY_AUTH_MODE")].value}'],
-        ["kubectl", "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
+        [*KC, "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
          "--", "python", "-c",
          "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
-        ["kubectl", "get", "pods", "--namespace=rl", "--output=wide"],
-        ["kubectl", "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
+        [*KC, "get", "pods", "--namespace=rl", "--output=wide"],
+        [*KC, "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
          "--", "ray", "status"],
     ]
 
 
 def expected_teardown(manifests: Path) -> list[list[str]]:
+    """Newest first: the namespace (and the run volume's disk) first, the cluster after its
+    node pools, the image last of all."""
     unbind = ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
               f"--member=serviceAccount:{GSA}"]
     return [
-        ["kubectl", "delete", f"--filename={manifests}/cluster", "--recursive",
+        [*KC, "delete", f"--filename={manifests}/cluster", "--recursive",
          "--ignore-not-found", "--wait=true"],
-        ["kubectl", "delete", "namespace", "rl", "--ignore-not-found", "--wait=true"],
+        [*KC, "delete", "namespace", "rl", "--ignore-not-found", "--wait=true"],
         [*unbind, "--role=roles/telemetry.metricsWriter", "--condition=None", P],
         [*unbind, "--role=roles/cloudtrace.agent", "--condition=None", P],
         [*unbind, "--role=roles/monitoring.metricWriter", "--condition=None", P],
         ["gcloud", "iam", "service-accounts", "delete", GSA, P, "--quiet"],
+        ["gcloud", "container", "node-pools", "delete", "rl-actors", "--cluster=rl-cluster",
+         ZONE, P, "--quiet"],
+        ["gcloud", "container", "node-pools", "delete", "rl-head", "--cluster=rl-cluster",
+         ZONE, P, "--quiet"],
+        ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"],
+        ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
+         f"--member=serviceAccount:{NODE_SA}", "--role=roles/container.defaultNodeServiceAccount",
+         "--condition=None", P],
+        ["gcloud", "iam", "service-accounts", "delete", NODE_SA, P, "--quiet"],
         ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
          f"--member=serviceAccount:{BUILD_SA}", "--role=roles/logging.logWriter",
          "--condition=None", P],
@@ -202,11 +243,6 @@ def expected_teardown(manifests: Path) -> list[list[str]]:
         ["gcloud", "iam", "service-accounts", "delete", BUILD_SA, P, "--quiet"],
         ["gcloud", "artifacts", "repositories", "delete", "rl-images", "--location=europe-west4",
          P, "--quiet"],
-        ["gcloud", "container", "node-pools", "delete", "rl-actors", "--cluster=rl-cluster",
-         ZONE, P, "--quiet"],
-        ["gcloud", "container", "node-pools", "delete", "rl-head", "--cluster=rl-cluster",
-         ZONE, P, "--quiet"],
-        ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"],
     ]
 
 
@@ -258,15 +294,19 @@ def test_autopilot_mode_creates_an_autopilot_cluster_without_node_pools(tmp_path
     plan = create_plan(settings(mode="autopilot"), tmp_path)
     argvs = [list(s.argv) for s in plan]
     # GA gcloud (576+): --managed-otel-scope and --enable-ray-operator; Autopilot always has
-    # Workload Identity, and create-auto takes no --workload-pool.
+    # Workload Identity, and create-auto takes no --workload-pool. Its nodes run as the node
+    # service account, and kubectl names the regional cluster's context.
     assert ["gcloud", "container", "clusters", "create-auto", "rl-cluster",
             "--region=europe-west4", "--release-channel=rapid", "--enable-ray-operator",
+            f"--service-account={NODE_SA}",
             "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P] in argvs
     assert not any("node-pools" in a for a in argvs)
     assert not any(s.title.startswith("Check the head node") for s in plan)
-    delete = [list(s.argv) for s in teardown_plan(plan)][-1]
-    assert delete == ["gcloud", "container", "clusters", "delete", "rl-cluster",
-                      "--region=europe-west4", P, "--quiet"]
+    assert all(a[1] == f"--context=gke_{PROJECT}_europe-west4_rl-cluster"
+               for a in argvs if a[0] == "kubectl")
+    undo = [list(s.argv) for s in teardown_plan(plan)]
+    assert ["gcloud", "container", "clusters", "delete", "rl-cluster", "--region=europe-west4",
+            P, "--quiet"] in undo
 
 
 def test_no_beta_or_alpha_gcloud_anywhere(tmp_path):
@@ -306,7 +346,7 @@ def test_live_run_executes_the_plan_in_order_and_teardown_undoes_it(stand_ins, t
     output = []
     run_plan(plan, out=output.append)
     assert stand_ins() == PREREQS + expected_standard(manifests, token, exists=True)
-    assert "done: kubectl get pods --namespace=rl --output=wide" in output  # streamed
+    assert f"done: kubectl {CONTEXT} get pods --namespace=rl --output=wide" in output  # streamed
     assert output.count("check passed") == sum(step.check is not None for step in plan)
     run_plan(teardown_plan(plan), out=output.append)
     assert stand_ins()[len(PREREQS) + len(expected_standard(manifests, token, True)):] == \
@@ -382,52 +422,64 @@ def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
             "--prefix", "rl", "--gpu-type", "nvidia-tesla-t4", "--max-actor-nodes", "3",
             "--image-tag", "t1", "--manifests-dir", str(tmp_path / "m"),
             "--auth-token-file", str(tmp_path / "token")]
-    assert gke.main(["create", "--resume-from", "31", *args]) == 0
+    steps = len(create_plan(settings(), tmp_path / "m", tmp_path / "token"))
+    assert gke.main(["create", "--resume-from", str(steps - 1), *args]) == 0
     assert stand_ins()[len(PREREQS):] == expected_standard(tmp_path / "m", tmp_path / "token",
                                                            True)[-2:]
 
 
-@pytest.mark.parametrize("key, answer, step, message", [
+@pytest.mark.parametrize("key, answer, title, message", [
     ("compute regions describe", json.dumps({"quotas": [
         {"metric": "CPUS", "limit": 24.0, "usage": 4.0},
         {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
-        {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0}]}), 2,
+        {"metric": "NVIDIA_T4_GPUS", "limit": 1.0, "usage": 0.0}]}), "Check the regional quotas",
      "CPUS quota 24 with 4 in use leaves 20; the plan needs 36 at full scale (system node 4 + "
      "head 8 + actor nodes 3 x 8): request more at https://console.cloud.google.com/iam-admin/"
      "quotas?project=demo-project-1, or max_actor_nodes=1"),
     ("compute regions describe", json.dumps({"quotas": [
         {"metric": "CPUS", "limit": 72.0, "usage": 0.0},
         {"metric": "SSD_TOTAL_GB", "limit": 500.0, "usage": 0.0},
-        {"metric": "NVIDIA_T4_GPUS", "limit": 0.0, "usage": 0.0}]}), 2,
+        {"metric": "NVIDIA_T4_GPUS", "limit": 0.0, "usage": 0.0}]}), "Check the regional quotas",
      "NVIDIA_T4_GPUS quota 0 with 0 in use leaves 0; the plan needs 1"),
     ("compute project-info describe", json.dumps({"quotas": [
-        {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}), 3,
+        {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}), "Check the project-wide quotas",
      "GPUS_ALL_REGIONS quota 0 with 0 in use leaves no GPU for the head"),
-    ("currentMasterVersion", "1.33.5-gke.1000", 6,
+    ("currentMasterVersion", "1.33.5-gke.1000", "Check the GKE version",
      "the cluster runs GKE 1.33.5-gke.1000; Managed OpenTelemetry needs 1.34.1-gke.2178000"),
-    ("get service opentelemetry-collector", "", 7,
+    ("get service opentelemetry-collector", "", "Check the managed collector",
      "no Service opentelemetry-collector in namespace gke-managed-otel"),
-    ("get service opentelemetry-collector", "4317", 7,
+    ("get service opentelemetry-collector", "4317|4317", "Check the managed collector",
      "serves ports [4317], not 4318 (http/protobuf); render the manifests with "
      "otlp_protocol='grpc'"),
-    ("get crd rayclusters.ray.io", "", 8,
+    ("get crd rayclusters.ray.io", "", "Check the Ray operator supports",
      "does not know RayCluster spec.authOptions.secretName (KubeRay 1.6.0 or later"),
-    ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), 12,
+    ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), "Check the head node",
      "has 5.41 CPU free after GKE's system pods; the head pod requests 6"),
-    ("RAY_AUTH_MODE", "", 29, "has no RAY_AUTH_MODE=token: the running operator ignored"),
-    ("list_physical_devices", "0", 30, "TensorFlow in the head pod sees 0 GPU(s)"),
+    ("RAY_AUTH_MODE", "", "Check the autoscaler", "has no RAY_AUTH_MODE=token: the running operator ignored"),
+    ("list_physical_devices", "0", "Check TensorFlow", "TensorFlow in the head pod sees 0 GPU(s)"),
+    ("get service opentelemetry-collector", "4317 4318|4317 14318", "Check the managed collector",
+     "the managed collector's pods listen on ['14318']"),
+    ("compute project-info describe", json.dumps({"quotas": [
+        {"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0},
+        {"metric": "CPUS_ALL_REGIONS", "limit": 24.0, "usage": 0.0}]}),
+     "Check the project-wide quotas", "CPUS_ALL_REGIONS quota 24 with 0 in use leaves 24; the "
+     "plan needs 36 vCPUs at full scale in all regions together"),
 ])
 def test_each_check_stops_the_plan_with_the_fact_and_its_fix(stand_ins, tmp_path, monkeypatch,
-                                                              key, answer, step, message):
+                                                              key, answer, title, message):
     respond(monkeypatch, key, answer)
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    step = next(i for i, s in enumerate(plan, 1) if s.title.startswith(title))
     with pytest.raises(gke.StepFailed) as e:
         run_plan(plan, out=lambda line: None)
     assert e.value.number == step and e.value.problems, str(e.value)
     assert message in str(e.value)
     full = expected_standard(tmp_path / "m", tmp_path / "token", exists=True)
-    assert stand_ins()[-1] == list(plan[step - 1].argv)  # nothing ran after the check
-    assert len(stand_ins()) == full.index(list(plan[step - 1].argv)) + 1
+    first = full.index(list(plan[step - 1].argv))
+    ran = stand_ins()
+    assert ran[:first + 1] == full[:first + 1]
+    # Nothing ran after the check; a check of an add-on's work was asked again meanwhile.
+    assert ran[first + 1:] == [list(plan[step - 1].argv)] * (len(ran) - first - 1)
 
 
 def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
@@ -512,7 +564,7 @@ def test_quota_arithmetic_uses_family_and_preemptible_quotas_when_the_region_has
     needs = {n.metric: n.amount for n in quota_needs(s, quotas)}
     # Spot actors draw on PREEMPTIBLE_CPUS once it is granted; the on-demand nodes on CPUS.
     assert needs == {"CPUS": 4 + 8, "PREEMPTIBLE_CPUS": 32, "SSD_TOTAL_GB": 6 * 50,
-                     "NVIDIA_T4_GPUS": 1}
+                     "NVIDIA_T4_GPUS": 1, "IN_USE_ADDRESSES": 6}  # an external IP a node
     quotas["PREEMPTIBLE_CPUS"]["limit"] = 0.0
     needs = {n.metric: n.amount for n in quota_needs(s, quotas)}
     assert needs["N2_CPUS"] == 32 and needs["CPUS"] == 12
@@ -637,22 +689,25 @@ def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, mon
     manifests = tmp_path / "m"
     plan = gke.rayjob_plan(settings(), manifests)
     respond(monkeypatch, "get raycluster rl", "raycluster.ray.io/rl")
-    with pytest.raises(gke.StepFailed, match="kubectl delete raycluster rl --namespace=rl"):
+    with pytest.raises(gke.StepFailed, match=f"kubectl {CONTEXT} delete raycluster rl --namespace=rl"):
         run_plan(plan, out=lambda line: None)
-    assert stand_ins() == [["kubectl", "get", "raycluster", "rl", "--namespace=rl",
+    assert stand_ins() == [[*KC, "get", "raycluster", "rl", "--namespace=rl",
                             "--ignore-not-found", "--output=name"]]
     respond(monkeypatch, "get raycluster rl", "")
     run_plan(plan, out=lambda line: None)
-    assert stand_ins()[-1] == ["kubectl", "apply", f"--filename={manifests}/job/rayjob.yaml"]
+    assert stand_ins()[-1] == [*KC, "apply", f"--filename={manifests}/job/rayjob.yaml"]
     assert [list(s.argv) for s in gke.teardown_plan(plan)] == [
-        ["kubectl", "delete", "rayjob", "rl-train", "--namespace=rl", "--ignore-not-found"]]
+        [*KC, "delete", "rayjob", "rl-train", "--namespace=rl", "--ignore-not-found"]]
 
 
-def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_path):
+def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_path,
+                                                                             monkeypatch):
     """What GitHub renders of the stored notebook 03 (no outputs) lists every command of the
     plan, and the pods' OTEL_* variables, exactly as the dry run prints them with the notebook's
     defaults: tools/notebook_listings.py regenerates both, and a stale copy is caught."""
     import importlib.util
+
+    monkeypatch.undo()  # the plan as shipped (quick_rollout_retries shortens what it prints)
 
     root = Path(__file__).resolve().parents[1]
     spec = importlib.util.spec_from_file_location("notebook_listings",
@@ -666,3 +721,100 @@ def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_pa
     stale = tmp_path / "03.ipynb"
     stale.write_text(text.replace("--release-channel=rapid", "--release-channel=stable"))
     assert listings.synced(stale)[1] == ["generated:plan"]
+
+
+def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at_the_end(
+        stand_ins, tmp_path, monkeypatch):
+    """The create stopped at the GPU pool (quota). The teardown removes bindings that were
+    never granted (gcloud: not found), one undo fails for another reason, and the cluster, the
+    last and most expensive undo, is still deleted; the failure is named at the end."""
+    monkeypatch.setenv("FAKE_FAIL", "node-pools create rl-head")
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    with pytest.raises(gke.StepFailed):
+        run_plan(plan, out=lambda line: None)
+    monkeypatch.delenv("FAKE_FAIL")
+    respond(monkeypatch, "remove-iam-policy-binding", "ERROR: (gcloud.projects.remove-iam-"
+            "policy-binding) Policy binding with the specified principal, role, and condition "
+            "not found!", code=1)
+    respond(monkeypatch, "service-accounts delete rl-ray@", "ERROR: (gcloud.iam.service-"
+            "accounts.delete) NOT_FOUND: Unknown service account", code=1)
+    respond(monkeypatch, "node-pools delete rl-actors", "ERROR: (gcloud.container.node-pools."
+            "delete) ResponseError: code=400, message=Operation in progress", code=1)
+    before = len(stand_ins())
+    output = []
+    with pytest.raises(gke.TeardownIncomplete) as e:
+        gke.run_teardown(gke.teardown_plan(plan), out=output.append)
+    ran = stand_ins()[before:]
+    assert ran == expected_teardown(tmp_path / "m")  # every undo, in order
+    assert ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"] in ran
+    assert [f.title for f, _, _ in e.value.failures] == ["Undo: Create the Spot CPU node pool "
+                                                         "for actors"]
+    assert "Operation in progress" in str(e.value) and "run the teardown again" in str(e.value)
+    assert output.count("already gone: done") == 6  # five unbinds and one service account
+
+
+def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_path):
+    from distrl.plan import Step as PlanStep
+
+    counter = tmp_path / "n"
+    asks = ("sh", "-c", f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}; "
+            "echo $n")
+    passes_third_time = PlanStep("rolls out", asks, check=lambda out: [] if int(out) >= 2 else
+                                 [f"not yet: {out.strip()}"], retry_s=5.0)
+    lines = []
+    run_plan([passes_third_time], out=lines.append)
+    assert counter.read_text().strip() == "3" and lines[-1] == "check passed"
+    assert sum(line.startswith("not yet (not yet: ") for line in lines) == 2
+    never = PlanStep("never", ("echo", "0"), check=lambda out: ["still missing"], retry_s=0.1)
+    with pytest.raises(gke.StepFailed, match="still missing"):
+        run_plan([never], out=lambda line: None)
+
+
+def test_the_managed_collectors_log_check_names_refusals_and_their_fix():
+    s = settings()
+    step = gke.telemetry_check_step(s.kube_context)
+    assert list(step.argv[:2]) == ["kubectl", CONTEXT] and "--namespace=gke-managed-otel" in step.argv
+    assert step.check("2026-12-04T10:00:00Z info exporter sent 120 points") == []
+    denied = step.check('error exporterhelper: rpc error: code = PermissionDenied desc = '
+                        'Permission monitoring.timeSeries.create denied')
+    assert len(denied) == 1 and "roles/monitoring.metricWriter" in denied[0]
+    missing = step.check("error: Resource is missing required attribute \"gcp.project_id\"")
+    assert len(missing) == 1 and "gcp.project_id" in missing[0]
+
+
+def test_every_kubectl_command_names_the_clusters_context(tmp_path):
+    """In both modes, create, teardown, the RayJob and the collector's log check: no kubectl
+    command relies on the current context (after a switch, a teardown would delete elsewhere)."""
+    for mode, location in (("standard", "europe-west4-b"), ("autopilot", "europe-west4")):
+        s = settings(mode=mode)
+        plan = create_plan(s, tmp_path, tmp_path / "token")
+        steps = [*plan, *teardown_plan(plan), *gke.rayjob_plan(s, tmp_path),
+                 gke.telemetry_check_step(s.kube_context)]
+        argvs = [a for step in steps for a in (step.argv, step.exists, step.teardown) if a]
+        kubectl = [a for a in argvs if a[0] == "kubectl"]
+        assert kubectl and all(a[1] == f"--context=gke_{PROJECT}_{location}_rl-cluster"
+                               for a in kubectl), [a for a in kubectl if not a[1].startswith("--context")]
+
+
+def test_the_pods_resource_carries_the_project_id(tmp_path):
+    from distrl import manifests as m
+
+    m.write_manifests(settings(), tmp_path)
+    docs = [doc for _, doc in m.load_dir(tmp_path)]
+    env = [e for doc in docs for e in _containers_env(doc) if e["name"] == "OTEL_RESOURCE_ATTRIBUTES"]
+    assert env and all(f"gcp.project_id={PROJECT}" in e["value"].split(",") for e in env)
+
+
+def _containers_env(doc: dict) -> list[dict]:
+    """Every env entry of every container in a manifest document (any nesting of templates)."""
+    found = []
+    if isinstance(doc, dict):
+        for key, value in doc.items():
+            if key == "containers" and isinstance(value, list):
+                found += [e for c in value for e in c.get("env", [])]
+            else:
+                found += _containers_env(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            found += _containers_env(item)
+    return found

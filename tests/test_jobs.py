@@ -36,20 +36,21 @@ def test_copy_from_head_streams_a_tar_from_the_head_pod(stand_ins, tmp_path):
     (remote / "tb").mkdir(parents=True)
     (remote / "results.json").write_text('{"env_steps": 5}')
     (remote / "tb" / "events").write_bytes(b"\x00" * 1000)
-    local = jobs.copy_from_head(str(remote), tmp_path / "job", namespace="rl")
+    local = jobs.copy_from_head(str(remote), tmp_path / "job", context="gke_p_z_c",
+                                namespace="rl")
     assert json.loads((local / "results.json").read_text()) == {"env_steps": 5}
     assert (local / "tb" / "events").stat().st_size == 1000
     assert stand_ins() == [
-        ["kubectl", "get", "pods", "--namespace=rl", "--selector=ray.io/node-type=head",
-         "--output=jsonpath={.items[0].metadata.name}"],
-        ["kubectl", "exec", "--namespace=rl", "distrl-head-x7k2p", "--container=ray-head", "--",
-         "tar", "cf", "-", "-C", str(remote), "."]]
+        ["kubectl", "--context=gke_p_z_c", "get", "pods", "--namespace=rl",
+         "--selector=ray.io/node-type=head", "--output=jsonpath={.items[0].metadata.name}"],
+        ["kubectl", "--context=gke_p_z_c", "exec", "--namespace=rl", "distrl-head-x7k2p",
+         "--container=ray-head", "--", "tar", "cf", "-", "-C", str(remote), "."]]
 
 
 def test_copy_from_head_reports_a_failing_kubectl(stand_ins, tmp_path, monkeypatch):
-    monkeypatch.setenv("FAKE_FAIL", "kubectl exec")
-    with pytest.raises(RuntimeError, match="kubectl exec .* failed: ERROR"):
-        jobs.copy_from_head("/x", tmp_path / "job")
+    monkeypatch.setenv("FAKE_FAIL", "exec --namespace")
+    with pytest.raises(RuntimeError, match="kubectl --context=gke_p_z_c exec .* failed: ERROR"):
+        jobs.copy_from_head("/x", tmp_path / "job", context="gke_p_z_c")
 
 
 def _tar(*members) -> io.BytesIO:

@@ -118,6 +118,7 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
         {"CLUSTER": "gke", "DASHBOARD_URL": cluster.dashboard_url, "NAMESPACE": "distrl",
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
          "MAX_SECONDS": 20.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 60.0, "FIRST_JOB_RETURN": 30.0,
+         "KUBE_CONTEXT": "gke_p_z_distrl-cluster", "NODE_READY_S": 0.0,
          "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = stream_text(executed)
     assert "from the RayCluster: --num-actors 2 --actor-cpus 1 --learner-cpus 5 --num-gpus 0 " \
@@ -128,8 +129,12 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
     assert second["reached_target"] and second["resumed_from"]
     # The GKE commands it ran: the RayCluster read, the head pod found, its output copied.
     ran = [argv for argv in stand_ins() if argv[0] == "kubectl"]
-    assert ["kubectl", "get", "raycluster", "distrl", "--namespace=distrl", "--output=json"] \
-        in ran and any(argv[1] == "exec" and "tar" in argv for argv in ran)
+    assert ["kubectl", "--context=gke_p_z_distrl-cluster", "get", "raycluster", "distrl",
+            "--namespace=distrl", "--output=json"] in ran
+    assert any(argv[2] == "exec" and "tar" in argv for argv in ran)
+    assert all(argv[1] == "--context=gke_p_z_distrl-cluster" for argv in ran)
+    # The managed collector's log was read for refused exports after the first job.
+    assert any("deployment/opentelemetry-collector" in argv for argv in ran)
     runs = {p["attributes"] for p in collector.store().query(
         "SELECT DISTINCT attributes FROM points WHERE metric_type LIKE '%rl.sample.samples%'")}
     assert any(first["config"]["run_id"] in a for a in runs)  # 05 finds this run's metrics

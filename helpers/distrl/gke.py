@@ -6,7 +6,8 @@
     check_prerequisites(settings)      # tools, gcloud version, login, billing, APIs, quotas
     run_plan(plan)                     # runs them, streaming output, stops at the first failure
     run_plan(plan, start=13)           # resumes at the step that failed
-    run_plan(teardown_plan(plan))      # deletes what the plan created, newest first
+    run_teardown(teardown_plan(plan))  # deletes what the plan created, newest first; every
+                                       # undo runs, what is gone already counts as done
 
 Every command is an argv list, never a shell string, and passes --project explicitly (the
 user's gcloud configuration is not changed). Every create step first asks whether its resource
@@ -28,12 +29,13 @@ from pathlib import Path
 
 from distrl import __version__, preflight
 from distrl.cost import PRICES, estimate_cost, monthly_costs
-from distrl.plan import Step, StepFailed, dry_run, run_plan
+from distrl.plan import Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
 from distrl.preflight import PrerequisiteError, check_prerequisites
 
-__all__ = ["GkeSettings", "Step", "StepFailed", "PrerequisiteError", "create_plan",
-           "teardown_plan", "dry_run", "run_plan", "check_prerequisites", "estimate_cost",
-           "monthly_costs", "ensure_auth_token"]
+__all__ = ["GkeSettings", "Step", "StepFailed", "TeardownIncomplete", "PrerequisiteError",
+           "create_plan", "teardown_plan", "telemetry_check_step", "dry_run", "run_plan",
+           "run_teardown", "check_prerequisites", "estimate_cost", "monthly_costs",
+           "ensure_auth_token"]
 
 DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
 # The checkout that holds the Dockerfile (the package is installed editable from it).
@@ -66,7 +68,35 @@ BUILD_MINUTES = 30
 # the plan builds as its own account holding exactly these.
 BUILD_LOG_ROLE = "roles/logging.logWriter"
 BUILD_PUSH_ROLE = "roles/artifactregistry.writer"
-BUILD_BUCKET_ROLE = "roles/storage.objectAdmin"
+# A build that writes its logs to a user-created bucket needs Storage Admin on it for the build's
+# service account (cloud.google.com/build/docs/securing-builds/store-manage-build-logs).
+BUILD_BUCKET_ROLE = "roles/storage.admin"
+# "Some projects may be restricted to using Cloud Build only in specific regions" (Cloud Build
+# locations, cloud.google.com/build/docs/locations: these six); elsewhere such a project's build
+# fails with FAILED_PRECONDITION. The image is built in one of them and pushed to the
+# repository in the cluster's region (a push crosses regions).
+BUILD_REGIONS = ("us-central1", "us-west2", "europe-west1", "asia-east1", "australia-southeast1",
+                 "southamerica-east1")
+# Nodes run as their own service account: in organizations created since 2024-05-03
+# iam.automaticIamGrantsForDefaultServiceAccounts is enforced and the Compute Engine default
+# account holds no roles, so nodes running as it cannot pull the image
+# (cloud.google.com/artifact-registry/docs/integrate-gke). A node account needs
+# roles/container.defaultNodeServiceAccount on the project ("configure node service accounts",
+# cloud.google.com/kubernetes-engine/docs/how-to/service-accounts) and Artifact Registry Reader
+# on the repository to pull (image pulls use the node's account even with Workload Identity).
+NODE_ROLE = "roles/container.defaultNodeServiceAccount"
+NODE_PULL_ROLE = "roles/artifactregistry.reader"
+# `gcloud container clusters get-credentials` names its kubeconfig context
+# gke_PROJECT_LOCATION_CLUSTER; every kubectl command names it, so a teardown after switching
+# clusters never deletes on the other one.
+KUBE_CONTEXT = "gke_{project}_{location}_{cluster}"
+# Check steps that read what the cluster's add-ons install (the managed collector's Service,
+# KubeRay's CRD) ask again for this long: create returns before every add-on has rolled out.
+ADDON_ROLLOUT_S = 300.0
+# How long a new Ray pod may take to be ready: a node to start and an image of about 8 GB to be
+# pulled (with a GPU, the driver install too). The plan waits this long for the head; notebook 04
+# gives a job on GKE this much more than a local one, for its Spot actor nodes.
+NODE_READY_S = 900.0
 
 # GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
 # cloud.google.com/compute/docs/regions-zones, GKE cluster names).
@@ -196,6 +226,33 @@ class GkeSettings:
         return f"{self.build_service_account}@{self.project_id}.iam.gserviceaccount.com"
 
     @property
+    def node_service_account(self) -> str:
+        return f"{self.prefix}-nodes"
+
+    @property
+    def node_email(self) -> str:
+        return f"{self.node_service_account}@{self.project_id}.iam.gserviceaccount.com"
+
+    @property
+    def build_region(self) -> str:
+        """Where Cloud Build runs: the region itself if every project may build there."""
+        return self.region if self.region in BUILD_REGIONS else BUILD_REGIONS[0]
+
+    @property
+    def location(self) -> str:
+        """Standard clusters are zonal (one free-tier credit covers one), Autopilot regional."""
+        return self.zone if self.mode == "standard" else self.region
+
+    @property
+    def kube_context(self) -> str:
+        return KUBE_CONTEXT.format(project=self.project_id, location=self.location,
+                                   cluster=self.cluster)
+
+    def kubectl(self, *args: str) -> tuple[str, ...]:
+        """A kubectl argv that names this cluster's context."""
+        return ("kubectl", f"--context={self.kube_context}", *args)
+
+    @property
     def build_bucket(self) -> str:
         """Cloud Build's source and logs; bucket names are global, hence the project id."""
         return f"{self.project_id}-{self.prefix}-build"
@@ -224,7 +281,6 @@ class GkeSettings:
 
     @property
     def location_flag(self) -> str:
-        """Standard clusters are zonal (one free-tier credit covers one), Autopilot is regional."""
         return f"--zone={self.zone}" if self.mode == "standard" else f"--region={self.region}"
 
 
@@ -251,14 +307,20 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
     auth_token_file: the Ray auth token the cluster will require; by default your own
     (~/.ray/auth_token), so the Jobs client on your machine works through port-forward.
     source_dir: what Cloud Build builds (the directory with the Dockerfile).
-    """
-    from distrl.manifests import head_pod_request
 
+    The order keeps money for last: the quotas are checked first, the image (half an hour) is
+    built before any cluster exists, and the node pools (the GPU head) come after the cluster's
+    checks. Teardown (teardown_plan, run_teardown) undoes it newest first.
+    """
     s, project = settings, f"--project={settings.project_id}"
-    loc, labels = s.location_flag, _labels_flag(settings)
-    manifests = Path(manifests_dir)
-    ns = f"--namespace={s.namespace}"
-    steps = [
+    return [*_project_steps(s, project), *_image_steps(s, project, source_dir),
+            *_node_identity_steps(s, project), *_cluster_steps(s, project),
+            *_pod_identity_steps(s, project), *_apply_steps(s, Path(manifests_dir),
+                                                            auth_token_file)]
+
+
+def _project_steps(s: GkeSettings, project: str) -> list[Step]:
+    return [
         Step("Enable the APIs",
              ("gcloud", "services", "enable", *(f"{api}.googleapis.com" for api in APIS), project),
              "GKE, Compute Engine (quotas), IAM, Cloud Monitoring, Cloud Trace, the Telemetry "
@@ -266,116 +328,25 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              "Storage. Enabling twice is harmless; a new API can take minutes to answer."),
         Step("Check the regional quotas",
              ("gcloud", "compute", "regions", "describe", s.region, project, "--format=json"),
-             "vCPUs of every node at full scale, boot disks and the head's GPU against what the "
-             "region grants (new projects often have 0 GPUs): the node pools would fail half-way.",
+             "vCPUs of every node at full scale, boot disks, the head's GPU and IP addresses "
+             "against what the region grants (new projects often have 0 GPUs): the node pools "
+             "would fail half-way.",
              check=lambda out: preflight.quota_problems(s, out)),
+        Step("Check the project-wide quotas",
+             ("gcloud", "compute", "project-info", "describe", project, "--format=json"),
+             "CPUS_ALL_REGIONS and GPUS_ALL_REGIONS cap every region together, whatever one "
+             "region grants (new and trial projects often have 20-32 vCPUs and no GPU).",
+             check=functools.partial(preflight.project_quota_problems, s)),
     ]
-    if s.gpu_type != "none":
-        steps.append(Step(
-            "Check the GPU quota of all regions",
-            ("gcloud", "compute", "project-info", "describe", project, "--format=json"),
-            "GPUS_ALL_REGIONS caps GPUs project-wide, whatever the region grants.",
-            check=functools.partial(preflight.gpu_quota_problems, s)))
-    cluster_common = (f"--managed-otel-scope={MANAGED_OTEL_SCOPE}", labels, project)
-    describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
-    delete_cluster = ("gcloud", "container", "clusters", "delete", s.cluster, loc, project,
-                      "--quiet")
-    # Checked as soon as the cluster exists, before the node pools and the image build that
-    # cost money and half an hour: what it runs must be able to work.
-    cluster_checks = [
-        Step("Fetch cluster credentials for kubectl",
-             ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
-             "Writes a kubeconfig entry; kubectl then talks to the new cluster."),
-        Step("Check the GKE version for Managed OpenTelemetry",
-             (*describe, "--format=value(currentMasterVersion)"),
-             f"{preflight.MIN_GKE_OTEL} or later; {preflight.MIN_GKE_OTEL_GRPC} or later "
-             f"for gRPC export ({preflight.OTEL_DOCS}).",
-             check=functools.partial(preflight.gke_version_problems,
-                                     otlp_protocol=s.otlp_protocol)),
-        Step("Check the managed collector's port",
-             ("kubectl", "get", "service", "opentelemetry-collector", "--namespace=gke-managed-otel",
-              "--ignore-not-found", "--output=jsonpath={.spec.ports[*].port}"),
-             f"The pods export {s.otlp_protocol} to {s.otlp_endpoint}.",
-             check=functools.partial(preflight.otel_service_problems,
-                                     otlp_protocol=s.otlp_protocol)),
-        Step("Check the Ray operator supports token auth (KubeRay 1.6 or later)",
-             ("kubectl", "get", "crd", "rayclusters.ray.io",
-              "--output=jsonpath={.spec.versions[?(@.name==\"v1\")].schema.openAPIV3Schema"
-              ".properties.spec.properties.authOptions.properties.secretName.type}"),
-             "spec.authOptions.secretName makes KubeRay hand the Ray token to the autoscaler "
-             "sidecar, the RayJob submitter and its own dashboard client.",
-             check=preflight.kuberay_auth_problems),
-        Step("Check where the Ray operator runs",
-             ("kubectl", "get", "deployments", "--all-namespaces", "--output=json"),
-             "The operator polls the head's port 8265; the NetworkPolicy must admit it "
-             + (f"(it admits namespace {s.operator_namespace})." if s.operator_namespace else
-                "(it admits any source to 8265; Ray's token guards it)."),
-             check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
-    ]
-    if s.mode == "standard":
-        steps.append(Step(
-            "Create the Standard cluster",
-            ("gcloud", "container", "clusters", "create", s.cluster, loc,
-             "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
-             f"--machine-type={SYSTEM_MACHINE}", "--num-nodes=1", f"--disk-size={DISK_GB}",
-             f"--workload-pool={s.project_id}.svc.id.goog", *cluster_common),
-            "One small on-demand node for system pods; Workload Identity; the Ray Operator "
-            "add-on (KubeRay, GKE 1.30.0-gke.1747000 or later); Managed OpenTelemetry, whose "
-            f"collector forwards OTLP to Cloud Monitoring and Cloud Trace (GKE "
-            f"{preflight.MIN_GKE_OTEL} or later, hence the rapid channel; the flag is GA from "
-            "gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
-            delete_cluster, exists=(*describe, "--format=value(name)")))
-        steps += cluster_checks
-        head_accel = () if s.gpu_type == "none" else (
-            f"--accelerator=type={s.gpu_type},count=1,gpu-driver-version=latest",)
-        for pool, args, why in (
-                (s.head_pool, (f"--machine-type={s.head_machine_type}", *head_accel,
-                               "--num-nodes=1"),
-                 "The Ray head runs replay, learner and driver: not Spot, so a preemption never "
-                 "takes the replay memory. GKE installs the GPU driver (gpu-driver-version="
-                 "latest)."),
-                (s.actor_pool, (f"--machine-type={s.actor_machine_type}", "--spot",
-                                "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
-                                f"--max-nodes={s.max_actor_nodes}"),
-                 "Actors are stateless and restartable, so they run on Spot VMs (about 30 s "
-                 "notice before preemption). The pool scales from 0 to max_actor_nodes with the "
-                 "Ray autoscaler's requests.")):
-            head = pool == s.head_pool
-            pool_ref = (f"--cluster={s.cluster}", loc, project)
-            steps.append(Step(
-                ("Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU")
-                 + ")") if head else "Create the Spot CPU node pool for actors",
-                ("gcloud", "container", "node-pools", "create", pool, f"--cluster={s.cluster}",
-                 loc, *args, f"--disk-size={DISK_GB}", f"--node-labels=distrl/pool={pool}",
-                 labels, project), why,
-                ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
-                exists=("gcloud", "container", "node-pools", "describe", pool, *pool_ref,
-                        "--format=value(name)")))
-        cpu, memory = head_pod_request(s)
-        steps.append(Step(
-            "Check the head node has room for the head pod",
-            ("kubectl", "describe", "nodes", f"--selector=cloud.google.com/gke-nodepool={s.head_pool}"),
-            f"The head pod requests {cpu:g} CPU and {memory:g} GiB (Ray, TensorBoard, KubeRay's "
-            "autoscaler sidecar) beside GKE's own DaemonSets.",
-            check=functools.partial(preflight.head_room_problems, cpu_needed=cpu,
-                                    memory_gib_needed=memory, pool=s.head_pool)))
-    else:
-        steps.append(Step(
-            "Create the Autopilot cluster",
-            ("gcloud", "container", "clusters", "create-auto", s.cluster, loc,
-             "--release-channel=rapid", "--enable-ray-operator", *cluster_common),
-            "Autopilot makes nodes for the pods' requests: actors ask for Spot with the node "
-            "selector cloud.google.com/gke-spot, the head for a GPU with "
-            "cloud.google.com/gke-accelerator. Workload Identity is always on (create-auto "
-            "takes no --workload-pool).",
-            delete_cluster, exists=(*describe, "--format=value(name)")))
-        steps += cluster_checks
-    build_member = f"serviceAccount:{s.build_email}"
-    steps += [
+
+
+def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[Step]:
+    labels, build_member = _labels_flag(s), f"serviceAccount:{s.build_email}"
+    return [
         Step("Create the Artifact Registry repository",
              ("gcloud", "artifacts", "repositories", "create", s.repository,
               "--repository-format=docker", f"--location={s.region}", labels, project),
-             "Where Cloud Build pushes the training image.",
+             "Where Cloud Build pushes the training image, in the cluster's region.",
              ("gcloud", "artifacts", "repositories", "delete", s.repository,
               f"--location={s.region}", project, "--quiet"),
              exists=("gcloud", "artifacts", "repositories", "describe", s.repository,
@@ -391,15 +362,17 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
                      "--format=value(email)")),
         Step("Create the build bucket",
              ("gcloud", "storage", "buckets", "create", f"gs://{s.build_bucket}",
-              f"--location={s.region}", "--uniform-bucket-level-access", project),
+              f"--location={s.build_region}", "--uniform-bucket-level-access", project),
              "The build's source upload and its logs (a build with its own service account must "
-             "name where its logs go).",
+             "name where its logs go), in the region the build runs in.",
              ("gcloud", "storage", "rm", "--recursive", f"gs://{s.build_bucket}", project),
              exists=("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}",
                      project, "--format=value(name)")),
         _grant("Let the build account use its bucket", build_member, BUILD_BUCKET_ROLE,
                ("storage", "buckets"), f"gs://{s.build_bucket}", (project,),
-               "Read the source, write the logs: this bucket only.", undo=False),
+               "Storage Admin on this bucket only: what Cloud Build asks for a user-created logs "
+               "bucket (cloud.google.com/build/docs/securing-builds/store-manage-build-logs).",
+               undo=False),
         _grant("Let the build account push to the repository", build_member, BUILD_PUSH_ROLE,
                ("artifacts", "repositories"), s.repository, (f"--location={s.region}", project),
                "Push images: this repository only.", undo=False),
@@ -408,7 +381,7 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
                "Cloud Logging of the build steps."),
         Step("Build the image with Cloud Build",
              ("gcloud", "builds", "submit", str(source_dir), f"--tag={s.image}",
-              f"--region={s.region}",
+              f"--region={s.build_region}",
               f"--service-account=projects/{s.project_id}/serviceAccounts/{s.build_email}",
               f"--gcs-source-staging-dir=gs://{s.build_bucket}/source",
               f"--gcs-log-dir=gs://{s.build_bucket}/logs", f"--timeout={BUILD_TIMEOUT}",
@@ -416,24 +389,165 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
              "Builds the repository's Dockerfile in Google Cloud (no local Docker needed) from "
              f"the same lock file as `make install`, as the build account, with a "
              f"{BUILD_TIMEOUT} limit (gcloud's default of 10 minutes is too short for "
-             "TensorFlow's CUDA wheels). Skipped when the tag exists.",
+             f"TensorFlow's CUDA wheels), in {s.build_region}: some projects may build only in "
+             f"{', '.join(BUILD_REGIONS)} (Cloud Build locations). Before any cluster exists, "
+             "so no node is paid for while it builds. Skipped when the tag exists.",
              exists=("gcloud", "artifacts", "docker", "images", "describe", s.image, project,
                      "--format=value(image_summary.digest)")),
     ]
+
+
+def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
+    member = f"serviceAccount:{s.node_email}"
+    return [
+        Step("Create the node service account",
+             ("gcloud", "iam", "service-accounts", "create", s.node_service_account,
+              "--display-name=distrl GKE nodes", project),
+             "The nodes' own identity: where the organization policy "
+             "iam.automaticIamGrantsForDefaultServiceAccounts is enforced (organizations "
+             "created since 2024-05-03), the Compute Engine default account has no roles and "
+             "nodes running as it cannot pull the image.",
+             ("gcloud", "iam", "service-accounts", "delete", s.node_email, project, "--quiet"),
+             exists=("gcloud", "iam", "service-accounts", "describe", s.node_email, project,
+                     "--format=value(email)")),
+        _grant("Let the nodes act as GKE nodes", member, NODE_ROLE, ("projects",),
+               s.project_id, ("--condition=None", project),
+               "What a node needs to run (logs, metrics, the node's own API calls)."),
+        _grant("Let the nodes pull from the repository", member, NODE_PULL_ROLE,
+               ("artifacts", "repositories"), s.repository, (f"--location={s.region}", project),
+               "Image pulls use the node's account, also with Workload Identity.", undo=False),
+    ]
+
+
+def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
+    loc, labels = s.location_flag, _labels_flag(s)
+    nodes_as = f"--service-account={s.node_email}"
+    describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
+    delete_cluster = ("gcloud", "container", "clusters", "delete", s.cluster, loc, project,
+                      "--quiet")
+    otel = f"--managed-otel-scope={MANAGED_OTEL_SCOPE}"
+    if s.mode == "standard":
+        create = Step(
+            "Create the Standard cluster",
+            ("gcloud", "container", "clusters", "create", s.cluster, loc,
+             "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
+             f"--machine-type={SYSTEM_MACHINE}", "--num-nodes=1", f"--disk-size={DISK_GB}",
+             f"--workload-pool={s.project_id}.svc.id.goog", nodes_as, otel, labels, project),
+            "One small on-demand node for system pods, running as the node service account; "
+            "Workload Identity; the Ray Operator add-on (KubeRay, GKE 1.30.0-gke.1747000 or "
+            "later); Managed OpenTelemetry, whose collector forwards OTLP to Cloud Monitoring "
+            f"and Cloud Trace (GKE {preflight.MIN_GKE_OTEL} or later, hence the rapid channel; "
+            "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
+            delete_cluster, exists=(*describe, "--format=value(name)"))
+    else:
+        # gcloud 576.0.0 promoted --managed-otel-scope to GA for clusters create, create-auto
+        # and update alike (its release notes); create-auto takes no --workload-pool
+        # (Autopilot always has Workload Identity).
+        create = Step(
+            "Create the Autopilot cluster",
+            ("gcloud", "container", "clusters", "create-auto", s.cluster, loc,
+             "--release-channel=rapid", "--enable-ray-operator", nodes_as, otel, labels,
+             project),
+            "Autopilot makes nodes for the pods' requests, running as the node service account: "
+            "actors ask for Spot with the node selector cloud.google.com/gke-spot, the head for "
+            "a GPU with cloud.google.com/gke-accelerator. Workload Identity is always on.",
+            delete_cluster, exists=(*describe, "--format=value(name)"))
+    steps = [
+        create,
+        Step("Fetch cluster credentials for kubectl",
+             ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
+             f"Writes the kubeconfig context {s.kube_context}, which every kubectl command "
+             "below names (--context): a later switch of the current context changes nothing "
+             "here."),
+        Step("Check the GKE version for Managed OpenTelemetry",
+             (*describe, "--format=value(currentMasterVersion)"),
+             f"{preflight.MIN_GKE_OTEL} or later; {preflight.MIN_GKE_OTEL_GRPC} or later "
+             f"for gRPC export ({preflight.OTEL_DOCS}).",
+             check=functools.partial(preflight.gke_version_problems,
+                                     otlp_protocol=s.otlp_protocol)),
+        Step("Check the managed collector's ports",
+             s.kubectl("get", "service", "opentelemetry-collector",
+                       f"--namespace={MANAGED_OTEL_NAMESPACE}", "--ignore-not-found",
+                       "--output=jsonpath={.spec.ports[*].port}|{.spec.ports[*].targetPort}"),
+             f"The pods export {s.otlp_protocol} to {s.otlp_endpoint}; under Dataplane V2 the "
+             "egress NetworkPolicy sees the collector pods' target port, so both are checked. "
+             f"Asked again for up to {ADDON_ROLLOUT_S:.0f} s while the add-on rolls out.",
+             check=functools.partial(preflight.otel_service_problems,
+                                     otlp_protocol=s.otlp_protocol), retry_s=ADDON_ROLLOUT_S),
+        Step("Check the Ray operator supports token auth (KubeRay 1.6 or later)",
+             s.kubectl("get", "crd", "rayclusters.ray.io",
+                       "--output=jsonpath={.spec.versions[?(@.name==\"v1\")].schema."
+                       "openAPIV3Schema.properties.spec.properties.authOptions.properties."
+                       "secretName.type}"),
+             "spec.authOptions.secretName makes KubeRay hand the Ray token to the autoscaler "
+             "sidecar, the RayJob submitter and its own dashboard client. Asked again for up to "
+             f"{ADDON_ROLLOUT_S:.0f} s while the add-on rolls out.",
+             check=preflight.kuberay_auth_problems, retry_s=ADDON_ROLLOUT_S),
+        Step("Check where the Ray operator runs",
+             s.kubectl("get", "deployments", "--all-namespaces", "--output=json"),
+             "The operator polls the head's port 8265; the NetworkPolicy must admit it "
+             + (f"(it admits namespace {s.operator_namespace})." if s.operator_namespace else
+                "(it admits any source to 8265; Ray's token guards it)."),
+             check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
+    ]
+    if s.mode == "standard":
+        steps += _node_pool_steps(s, project)
+    return steps
+
+
+def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
+    from distrl.manifests import head_pod_request
+
+    loc, labels = s.location_flag, _labels_flag(s)
+    head_accel = () if s.gpu_type == "none" else (
+        f"--accelerator=type={s.gpu_type},count=1,gpu-driver-version=latest",)
+    steps = []
+    for pool, args, why in (
+            (s.head_pool, (f"--machine-type={s.head_machine_type}", *head_accel,
+                           "--num-nodes=1"),
+             "The Ray head runs replay, learner and driver: not Spot, so a preemption never "
+             "takes the replay memory. GKE installs the GPU driver (gpu-driver-version=latest)."),
+            (s.actor_pool, (f"--machine-type={s.actor_machine_type}", "--spot",
+                            "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
+                            f"--max-nodes={s.max_actor_nodes}"),
+             "Actors are stateless and restartable, so they run on Spot VMs (about 30 s "
+             "notice before preemption). The pool scales from 0 to max_actor_nodes with the "
+             "Ray autoscaler's requests.")):
+        head = pool == s.head_pool
+        pool_ref = (f"--cluster={s.cluster}", loc, project)
+        steps.append(Step(
+            ("Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU")
+             + ")") if head else "Create the Spot CPU node pool for actors",
+            ("gcloud", "container", "node-pools", "create", pool, f"--cluster={s.cluster}",
+             loc, *args, f"--disk-size={DISK_GB}", f"--node-labels=distrl/pool={pool}",
+             f"--service-account={s.node_email}", labels, project), why,
+            ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
+            exists=("gcloud", "container", "node-pools", "describe", pool, *pool_ref,
+                    "--format=value(name)")))
+    cpu, memory = head_pod_request(s)
     steps.append(Step(
-        "Create the Google service account for telemetry",
-        ("gcloud", "iam", "service-accounts", "create", s.service_account,
-         "--display-name=distrl Ray pods (metrics and traces)", project),
-        "The identity the Ray pods act as in Google Cloud.",
-        ("gcloud", "iam", "service-accounts", "delete", s.gsa_email, project, "--quiet"),
-        exists=("gcloud", "iam", "service-accounts", "describe", s.gsa_email, project,
-                "--format=value(email)")))
-    steps += [_grant(f"Grant {role}", f"serviceAccount:{s.gsa_email}", role, ("projects",),
-                     s.project_id, ("--condition=None", project),
-                     "Least privilege: write metrics and traces, nothing else.")
-              for role in TELEMETRY_ROLES]
-    secret = f"{s.prefix}-ray-token"
-    steps += [
+        "Check the head node has room for the head pod",
+        s.kubectl("describe", "nodes", f"--selector=cloud.google.com/gke-nodepool={s.head_pool}"),
+        f"The head pod requests {cpu:g} CPU and {memory:g} GiB (Ray, TensorBoard, KubeRay's "
+        "autoscaler sidecar) beside GKE's own DaemonSets.",
+        check=functools.partial(preflight.head_room_problems, cpu_needed=cpu,
+                                memory_gib_needed=memory, pool=s.head_pool)))
+    return steps
+
+
+def _pod_identity_steps(s: GkeSettings, project: str) -> list[Step]:
+    return [
+        Step("Create the Google service account for telemetry",
+             ("gcloud", "iam", "service-accounts", "create", s.service_account,
+              "--display-name=distrl Ray pods (metrics and traces)", project),
+             "The identity the Ray pods act as in Google Cloud.",
+             ("gcloud", "iam", "service-accounts", "delete", s.gsa_email, project, "--quiet"),
+             exists=("gcloud", "iam", "service-accounts", "describe", s.gsa_email, project,
+                     "--format=value(email)")),
+        *(_grant(f"Grant {role}", f"serviceAccount:{s.gsa_email}", role, ("projects",),
+                 s.project_id, ("--condition=None", project),
+                 "Least privilege: write metrics and traces, nothing else.")
+          for role in TELEMETRY_ROLES),
         Step("Let the Kubernetes service account act as it (Workload Identity)",
              ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", s.gsa_email,
               "--role=roles/iam.workloadIdentityUser",
@@ -441,35 +555,42 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
               f"[{s.namespace}/{s.service_account}]", project),
              "The manifests annotate the Kubernetes service account with the Google one; no "
              "key file exists anywhere."),
+    ]
+
+
+def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -> list[Step]:
+    ns = f"--namespace={s.namespace}"
+    secret = f"{s.prefix}-ray-token"
+    steps = [
         Step("Create the namespace and its service account",
-             ("kubectl", "apply", f"--filename={manifests / 'cluster' / '00-namespace.yaml'}"),
+             s.kubectl("apply", f"--filename={manifests / 'cluster' / '00-namespace.yaml'}"),
              "The service account carries the Workload Identity annotation.",
-             ("kubectl", "delete", "namespace", settings.namespace, "--ignore-not-found",
-              "--wait=true")),
+             s.kubectl("delete", "namespace", s.namespace, "--ignore-not-found", "--wait=true")),
         Step("Store the Ray auth token as a Secret",
-             ("kubectl", "create", "secret", "generic", secret, ns,
-              f"--from-file=auth_token={auth_token_file}"),
+             s.kubectl("create", "secret", "generic", secret, ns,
+                       f"--from-file=auth_token={auth_token_file}"),
              "KubeRay reads the token from this Secret's key auth_token (spec.authOptions."
              "secretName) and gives it to every Ray container, the autoscaler and itself. It is "
              "read from a file so it never appears in a command line or a manifest.",
-             exists=("kubectl", "get", "secret", secret, ns, "--output=name")),
+             exists=s.kubectl("get", "secret", secret, ns, "--output=name")),
         Step("Apply the manifests",
-             ("kubectl", "apply", f"--filename={manifests / 'cluster'}", "--recursive"),
+             s.kubectl("apply", f"--filename={manifests / 'cluster'}", "--recursive"),
              "NetworkPolicy, run volume, the RayCluster (head + Spot actors group, TensorBoard "
              "beside the head) and the TensorBoard Service.",
-             ("kubectl", "delete", f"--filename={manifests / 'cluster'}", "--recursive",
-              "--ignore-not-found", "--wait=true")),
+             s.kubectl("delete", f"--filename={manifests / 'cluster'}", "--recursive",
+                       "--ignore-not-found", "--wait=true")),
         Step("Wait for the Ray head",
-             ("kubectl", "wait", f"raycluster/{s.prefix}", ns, "--for=condition=HeadPodReady",
-              "--timeout=900s"),
+             s.kubectl("wait", f"raycluster/{s.prefix}", ns, "--for=condition=HeadPodReady",
+                       f"--timeout={NODE_READY_S:.0f}s"),
              "Waits on the RayCluster, which exists once applied (a pod selector would match "
              "nothing until the operator makes the pod, and kubectl wait then exits at once: "
              "kubernetes/kubectl#665). The first start pulls the image and, with a GPU, waits "
              "for the driver install."),
         Step("Check the autoscaler has the Ray token",
-             ("kubectl", "get", "pods", ns, f"--selector=ray.io/node-type=head,ray.io/cluster={s.prefix}",
-              "--output=jsonpath={.items[0].spec.containers[?(@.name==\"autoscaler\")]"
-              ".env[?(@.name==\"RAY_AUTH_MODE\")].value}"),
+             s.kubectl("get", "pods", ns,
+                       f"--selector=ray.io/node-type=head,ray.io/cluster={s.prefix}",
+                       "--output=jsonpath={.items[0].spec.containers[?(@.name==\"autoscaler\")]"
+                       ".env[?(@.name==\"RAY_AUTH_MODE\")].value}"),
              "Proof that the running operator honoured spec.authOptions (the CRD alone does "
              "not prove it): without the token the actors group never grows.",
              check=preflight.autoscaler_token_problems),
@@ -477,20 +598,36 @@ def create_plan(settings: GkeSettings, manifests_dir: str | Path,
     if s.gpu_type != "none":
         steps.append(Step(
             "Check TensorFlow sees the GPU in the head pod",
-            ("kubectl", "exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head", "--",
-             "python", "-c",
-             "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"),
+            s.kubectl("exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head", "--",
+                      "python", "-c",
+                      "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"),
             "The learner trains on it; a missing driver or CUDA wheel shows here, not hours "
             "later as a slow run.",
             check=functools.partial(preflight.gpu_problems, gpu_type=s.gpu_type)))
     steps += [
-        Step("Verify: list the pods", ("kubectl", "get", "pods", ns, "--output=wide")),
+        Step("Verify: list the pods", s.kubectl("get", "pods", ns, "--output=wide")),
         Step("Verify: `ray status` in the head",
-             ("kubectl", "exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head",
-              "--", "ray", "status"),
+             s.kubectl("exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head",
+                       "--", "ray", "status"),
              "Nodes, CPUs and GPUs as Ray sees them. Actor nodes appear when work asks for them."),
     ]
     return steps
+
+
+def telemetry_check_step(kube_context: str) -> Step:
+    """After the first training run: the managed collector's log must not say that Google
+    Cloud refused what it forwarded (the identity it writes as lacks a role, or the resource
+    lacks gcp.project_id). Which identity that collector writes with is not stated in the pages
+    we could read, hence a check on what actually happened. The Deployment's name,
+    opentelemetry-collector like its Service, is what community write-ups show, not a
+    documented name: a `not found` here says to list the namespace's pods."""
+    return Step(
+        "Check the managed collector's log for refused exports",
+        ("kubectl", f"--context={kube_context}", "logs", f"--namespace={MANAGED_OTEL_NAMESPACE}",
+         "deployment/opentelemetry-collector", "--since=30m", "--tail=2000"),
+        "Stops on PermissionDenied or a missing resource attribute in what the collector "
+        "forwarded to Cloud Monitoring and Cloud Trace.",
+        check=preflight.collector_log_problems)
 
 
 def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
@@ -502,23 +639,26 @@ def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
 
     def cluster_gone(out: str) -> list[str]:
         return [f"RayCluster {s.prefix} still runs on the head pool and its volume: "
-                f"`kubectl delete raycluster {s.prefix} {ns} --wait=true` first"] if out.strip() else []
+                f"`kubectl --context={s.kube_context} delete raycluster {s.prefix} {ns} "
+                "--wait=true` first"] if out.strip() else []
 
     return [
         Step("Check the RayCluster is gone",
-             ("kubectl", "get", "raycluster", s.prefix, ns, "--ignore-not-found", "--output=name"),
+             s.kubectl("get", "raycluster", s.prefix, ns, "--ignore-not-found", "--output=name"),
              "The RayJob's cluster needs the head node and the run volume the RayCluster holds.",
              check=cluster_gone),
         Step("Submit the RayJob",
-             ("kubectl", "apply", f"--filename={Path(manifests_dir) / 'job' / 'rayjob.yaml'}"),
+             s.kubectl("apply", f"--filename={Path(manifests_dir) / 'job' / 'rayjob.yaml'}"),
              "KubeRay creates a cluster, runs the training command and deletes the cluster "
              "after the job (shutdownAfterJobFinishes, ttlSecondsAfterFinished 600).",
-             ("kubectl", "delete", "rayjob", f"{s.prefix}-train", ns, "--ignore-not-found")),
+             s.kubectl("delete", "rayjob", f"{s.prefix}-train", ns, "--ignore-not-found")),
     ]
 
 
 def teardown_plan(plan: list[Step]) -> list[Step]:
-    """The teardown twins of a plan's steps, newest first: deletes exactly what it created."""
+    """The teardown twins of a plan's steps, newest first: deletes exactly what it created,
+    the namespace (and the run volume's disk with it) first, the cluster last of what costs
+    by the hour. Run it with run_teardown, which runs every step whatever the ones before did."""
     return [Step(f"Undo: {step.title}", step.teardown) for step in reversed(plan)
             if step.teardown is not None]
 
@@ -577,8 +717,8 @@ def main(argv: list[str] | None = None) -> int:
             ensure_auth_token(args.auth_token_file)
             run_plan(plan, start=args.resume_from)
         else:
-            run_plan(teardown_plan(plan))
-    except (PrerequisiteError, StepFailed, ValueError) as e:
+            run_teardown(teardown_plan(plan))
+    except (PrerequisiteError, StepFailed, TeardownIncomplete, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0

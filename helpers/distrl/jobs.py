@@ -106,18 +106,20 @@ MAX_COPY_BYTES = 4 * 2**30   # what copy_from_head unpacks at most (a run's resu
 MAX_COPY_FILES = 100_000     # checkpoints); more is refused, not written
 
 
-def copy_from_head(remote_dir: str, local_dir: str | Path, namespace: str = "distrl",
-                   container: str = "ray-head", timeout_s: float = 1800.0) -> Path:
+def copy_from_head(remote_dir: str, local_dir: str | Path, context: str,
+                   namespace: str = "distrl", container: str = "ray-head",
+                   timeout_s: float = 1800.0) -> Path:
     """GKE: copy a job's output directory from the Ray head pod, e.g. the results.json and
     TensorBoard logs a job wrote under the head's run volume.
 
     The pod runs code of anyone with Jobs API access, so what it sends is untrusted: the tar
     it streams (`kubectl exec ... tar cf -`) is unpacked here with Python's "data" filter
     (absolute paths made relative, no `..`, no links out of local_dir, no devices, no set-uid bits) and
-    within MAX_COPY_BYTES and MAX_COPY_FILES, rather than by `kubectl cp`."""
+    within MAX_COPY_BYTES and MAX_COPY_FILES, rather than by `kubectl cp`. `context`: the
+    cluster's kubeconfig context (GkeSettings.kube_context), named in every command."""
     def kubectl(*args: str) -> str:
-        proc = subprocess.run(["kubectl", *args], capture_output=True, text=True,
-                              timeout=120)
+        proc = subprocess.run(["kubectl", f"--context={context}", *args], capture_output=True,
+                              text=True, timeout=120)
         if proc.returncode != 0:
             raise RuntimeError(f"kubectl {shlex.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout.strip()
@@ -128,8 +130,8 @@ def copy_from_head(remote_dir: str, local_dir: str | Path, namespace: str = "dis
         raise RuntimeError(f"no Ray head pod in namespace {namespace!r}")
     local = Path(local_dir)
     local.mkdir(parents=True, exist_ok=True)
-    args = ["exec", f"--namespace={namespace}", pod, f"--container={container}", "--",
-            "tar", "cf", "-", "-C", remote_dir, "."]
+    args = [f"--context={context}", "exec", f"--namespace={namespace}", pod,
+            f"--container={container}", "--", "tar", "cf", "-", "-C", remote_dir, "."]
     with subprocess.Popen(["kubectl", *args], stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE) as proc:
         timer = threading.Timer(timeout_s, proc.kill)  # nothing waits forever

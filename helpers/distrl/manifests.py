@@ -116,9 +116,13 @@ def _env(s: GkeSettings) -> list[dict]:
         {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": s.otlp_endpoint},
         {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": s.otlp_protocol},
         {"name": "OTEL_SERVICE_NAME", "value": "rl-training-service"},
+        # gcp.project_id: the Telemetry API refuses OTLP whose resource lacks it (reported by
+        # several users; Google's own OTLP examples add it with a resource processor,
+        # cloud.google.com/stackdriver/docs/otlp-logs/migrate-to-otlp). Harmless if the
+        # managed collector adds it too.
         {"name": "OTEL_RESOURCE_ATTRIBUTES",
          "value": f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
-                  "k8s.pod.name=$(POD_NAME)"},
+                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id}"},
         # Cloud Monitoring bills by samples; 30 s keeps the golden signals fresh enough.
         {"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "30000"},
         {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
@@ -321,7 +325,14 @@ def egress_policy(s: GkeSettings) -> dict:
     selector matches), GKE's managed collector, the GKE metadata server (Workload Identity's
     tokens: 169.254.169.254:80, or 169.254.169.252:988 on clusters without Dataplane V2), and
     HTTPS to settings.https_egress_cidrs (Google APIs, the API server for the autoscaler).
-    Code sent through the Jobs API can then reach nothing else."""
+    Code sent through the Jobs API can then reach nothing else.
+
+    Under Dataplane V2 the metadata server's traffic is rewritten to the node's own address on
+    port 988 before the policy sees it (gke-labs/kube-agents#676; Google's docs name only the
+    two addresses above), and node addresses are not known when this is rendered: a pod that
+    fetches a Workload Identity token (gcsfs for gs:// checkpoints, say) may be refused. Nothing
+    the series runs in the pods needs one: telemetry goes to the in-cluster collector and
+    checkpoints to the run volume."""
     tcp = lambda *ports: [{"port": p, "protocol": "TCP"} for p in ports]  # noqa: E731
     dns = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
             "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}},

@@ -14,13 +14,16 @@ stops the plan before anything that depends on it is created.
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 STEP_TIMEOUT_S = 3 * 3600  # the longest step (a cluster or an image build) takes ~30 min
+RETRY_EVERY_S = 15.0  # a check step with retry_s asks again this often
 
 
 @dataclass(frozen=True)
@@ -32,6 +35,8 @@ class Step:
     the step is then skipped (describe before create).
     check: for read-only steps, a function from the command's output to a list of problems,
     each naming its fix; any problem stops the plan.
+    retry_s: for a check of something that appears by itself (an add-on still rolling out
+    after the cluster's create returned), how long to keep asking before judging.
     """
 
     title: str
@@ -40,6 +45,7 @@ class Step:
     teardown: tuple[str, ...] | None = None
     exists: tuple[str, ...] | None = None
     check: Callable[[str], list[str]] | None = None
+    retry_s: float = 0.0  # a check step: asked again every RETRY_EVERY_S for this long
 
     def __str__(self) -> str:
         return shlex.join(self.argv)
@@ -89,14 +95,63 @@ def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: in
             out(f"already there ({shlex.join(step.exists)} succeeded): skipped")
             continue
         out(f"$ {step}")
-        returncode, stdout, stderr = _stream(step.argv, out, timeout_s)
+        deadline = time.monotonic() + step.retry_s
+        while True:
+            returncode, stdout, stderr = _stream(step.argv, out, timeout_s)
+            problems = [] if returncode != 0 or step.check is None else step.check(stdout)
+            if (returncode == 0 and not problems) or time.monotonic() >= deadline:
+                break
+            out(f"not yet ({problems[0] if problems else f'exit code {returncode}'}); asking "
+                f"again in {RETRY_EVERY_S:g} s, for up to {deadline - time.monotonic():.0f} s")
+            time.sleep(min(RETRY_EVERY_S, max(0.0, deadline - time.monotonic())))
         if returncode != 0:
             raise StepFailed(step, i, returncode, stderr)
+        if problems:
+            raise StepFailed(step, i, 0, stderr, problems)
         if step.check is not None:
-            problems = step.check(stdout)
-            if problems:
-                raise StepFailed(step, i, 0, stderr, problems)
             out("check passed")
+
+
+class TeardownIncomplete(RuntimeError):
+    """Some undo steps failed (not because what they delete was already gone); every other
+    step ran. failures: (step, exit code, stderr) of each."""
+
+    def __init__(self, failures: Sequence[tuple[Step, int, str]]):
+        self.failures = list(failures)
+        lines = [f"  - {step.title}: exit code {code}: {(err.strip().splitlines() or ['?'])[-1]}"
+                 f"\n    command: {step}" for step, code, err in self.failures]
+        super().__init__(f"{len(self.failures)} undo step(s) failed; everything else was "
+                         "deleted or already gone. Fix the cause and run the teardown again "
+                         "(what is gone counts as done):\n" + "\n".join(lines))
+
+
+# What gcloud and kubectl say when what a delete names is not there: the undo is done already.
+# gcloud: "NOT_FOUND" (API status), "was not found", "not found" (e.g. remove-iam-policy-binding:
+# "Policy binding with the specified principal, role, and condition not found!"); kubectl:
+# "(NotFound)".
+ALREADY_GONE = re.compile(r"NOT_FOUND|NotFound|not found", re.IGNORECASE)
+
+
+def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
+                 timeout_s: float = STEP_TIMEOUT_S) -> None:
+    """Run every step of a teardown plan (teardown_plan()), whatever the ones before did: a
+    step whose target is already gone counts as done, any other failure is reported at the
+    end (TeardownIncomplete), after the later steps have run. A partial create leaves the
+    most expensive things (the cluster, the GPU pool) for the last steps, which must run."""
+    failures = []
+    for i, step in enumerate(plan, 1):
+        out(f"# {i}/{len(plan)}. {step.title}")
+        out(f"$ {step}")
+        returncode, stdout, stderr = _stream(step.argv, out, timeout_s)
+        if returncode == 0:
+            continue
+        if ALREADY_GONE.search(stderr) or ALREADY_GONE.search(stdout):
+            out("already gone: done")
+            continue
+        out(f"failed (exit code {returncode}); going on with the rest")
+        failures.append((step, returncode, stderr.strip() or stdout))
+    if failures:
+        raise TeardownIncomplete(failures)
 
 
 def capture(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:

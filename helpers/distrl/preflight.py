@@ -90,9 +90,18 @@ def gke_version_problems(version: str, otlp_protocol: str) -> list[str]:
 
 def otel_service_problems(ports: str, otlp_protocol: str) -> list[str]:
     """`kubectl get service opentelemetry-collector --namespace=gke-managed-otel
-    --output=jsonpath={.spec.ports[*].port}`: the managed collector serves the chosen port."""
+    --output=jsonpath={.spec.ports[*].port}|{.spec.ports[*].targetPort}`: the managed collector
+    serves the chosen port, and its pods listen where the egress NetworkPolicy lets pods go
+    (under Dataplane V2 the policy sees the pod's target port, not the Service's)."""
     want = 4317 if otlp_protocol == "grpc" else 4318
-    found = {int(p) for p in ports.split() if p.isdigit()}
+    service_ports, _, target_ports = ports.partition("|")
+    found = {int(p) for p in service_ports.split() if p.isdigit()}
+    targets = {p for p in target_ports.split() if p}
+    unexpected = sorted(t for t in targets if not (t.isdigit() and int(t) in (4317, 4318)))
+    if unexpected:
+        return [f"the managed collector's pods listen on {unexpected} (its Service's target "
+                "ports), which the egress NetworkPolicy does not allow (4317, 4318): add them "
+                "to the policy's collector rule (manifests.egress_policy) and apply it again"]
     if not found:
         return ["no Service opentelemetry-collector in namespace gke-managed-otel: Managed "
                 "OpenTelemetry is not on in this cluster (`gcloud container clusters update "
@@ -116,7 +125,36 @@ def kuberay_auth_problems(secret_name_type: str) -> list[str]:
             "autoscaler sidecar nor to its own dashboard client, so the actors group never "
             "grows and RayJob status stays unknown. GKE chooses the add-on's KubeRay version "
             "by GKE version and does not publish the mapping: upgrade the cluster on the "
-            "rapid channel, or disable the add-on and install KubeRay >= 1.6 with Helm"]
+            "rapid channel, or disable the add-on and install KubeRay 1.6 with Helm "
+            f"(docs.ray.io, KubeRay Operator Installation): {HELM_KUBERAY}, then resume "
+            "the plan at this step"]
+
+
+# KubeRay without the add-on (both would reconcile the same ray.io resources: never both).
+HELM_KUBERAY = ("gcloud container clusters update CLUSTER --zone=ZONE "
+                "--update-addons=RayOperator=DISABLED; "
+                "helm repo add kuberay https://ray-project.github.io/kuberay-helm/; "
+                "helm install kuberay-operator kuberay/kuberay-operator --version 1.6.0 "
+                "--namespace=ray-system --create-namespace")
+
+
+def collector_log_problems(log: str) -> list[str]:
+    """The managed collector's recent log (`kubectl logs deployment/opentelemetry-collector`):
+    exports Google Cloud refused, each with its fix."""
+    problems = []
+    if re.search(r"PermissionDenied|PERMISSION_DENIED|permission denied", log):
+        line = next(ln for ln in log.splitlines()
+                    if re.search(r"PermissionDenied|PERMISSION_DENIED|permission denied", ln))
+        problems.append(f"the managed collector was refused: {line.strip()[:300]} -- the "
+                        "identity it writes as lacks roles/monitoring.metricWriter, "
+                        "roles/cloudtrace.agent or roles/telemetry.metricsWriter: grant them to "
+                        "the account the message names")
+    missing = re.search(r"[Mm]issing (?:required )?(?:resource )?attribute[^\n]*", log)
+    if missing:
+        problems.append(f"the managed collector's exports were refused: {missing.group(0)[:300]}"
+                        " -- the pods' OTEL_RESOURCE_ATTRIBUTES must carry it (the manifests "
+                        "set gcp.project_id)")
+    return problems
 
 
 def operator_problems(deployments_json: str, admitted_namespace: str) -> tuple[list[str], str]:
@@ -244,6 +282,9 @@ def quota_needs(settings, quotas: dict[str, dict]) -> list[QuotaNeed]:
                 vcpus if spot else 0)
         disks = 2 + s.max_actor_nodes
         add(DISK_QUOTA, disks * DISK_GB, f"{disks} boot disks x {DISK_GB} GB", DISK_GB)
+        # Nodes of a public cluster get an external IP each (IN_USE_ADDRESSES is regional;
+        # new projects often have 4-8).
+        add("IN_USE_ADDRESSES", disks, f"{disks} nodes' external IPs", 1)
     else:  # Autopilot sizes nodes to the pods: their requests are the least it will use
         sizes = pod_sizes(s)
         add("CPUS", sizes["head"].cpu + 1, "head pod")
@@ -285,8 +326,14 @@ def quota_problems(settings, region_json: str, project_json: str | None = None) 
                             f"with {quota.get('usage', 0):g} in use leaves {free:g}; the plan "
                             f"needs {need.amount:g} at full scale ({need.what}): {fix}")
     if project_json is not None:
-        problems += gpu_quota_problems(settings, project_json)
+        problems += project_quota_problems(settings, project_json)
     return problems
+
+
+# Free Trial billing accounts cannot add GPUs to VMs nor ask for more quota
+# (cloud.google.com/free/docs/free-cloud-features, "Free Trial restrictions").
+FREE_TRIAL_GPUS = ("a Free Trial billing account gets no GPUs and no quota increase: upgrade it "
+                   "to a paid account (the remaining credit stays), or gpu_type='none'")
 
 
 def gpu_quota_problems(settings, project_json: str) -> list[str]:
@@ -303,7 +350,32 @@ def gpu_quota_problems(settings, project_json: str) -> list[str]:
         return []
     page = QUOTAS_PAGE.format(project=settings.project_id)
     return [f"GPUS_ALL_REGIONS quota {limit:g} with {usage:g} in use leaves no GPU for the head "
-            f"(new projects start at 0): request 1 at {page}, or gpu_type='none'"]
+            f"(new projects start at 0): request 1 at {page}, or gpu_type='none'; "
+            f"{FREE_TRIAL_GPUS}"]
+
+
+def project_quota_problems(settings, project_json: str) -> list[str]:
+    """`gcloud compute project-info describe --format=json`: the project-wide quotas, which cap
+    every region together whatever one region grants: CPUS_ALL_REGIONS against every node's
+    vCPUs at full scale (new and trial projects often have 20-32), and GPUS_ALL_REGIONS."""
+    try:
+        quota = _quota_list(project_json).get("CPUS_ALL_REGIONS")
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return ["cannot read the project's quotas (gcloud compute project-info describe)"]
+    problems = []
+    cpus = [n for n in quota_needs(settings, {}) if n.metric.endswith("CPUS")]
+    need = sum(n.amount for n in cpus)
+    per_node = sum(n.per_actor_node for n in cpus)
+    if quota is not None and quota["limit"] - quota.get("usage", 0) < need:
+        free = quota["limit"] - quota.get("usage", 0)
+        fits = int((free - need) // per_node) + settings.max_actor_nodes if per_node else 0
+        fix = f"request more at {QUOTAS_PAGE.format(project=settings.project_id)}"
+        if fits >= 1:
+            fix += f", or max_actor_nodes={fits}"
+        problems.append(f"CPUS_ALL_REGIONS quota {quota['limit']:g} with "
+                        f"{quota.get('usage', 0):g} in use leaves {free:g}; the plan needs "
+                        f"{need:g} vCPUs at full scale in all regions together: {fix}")
+    return problems + gpu_quota_problems(settings, project_json)
 
 
 # --- before anything runs ------------------------------------------------------------------
