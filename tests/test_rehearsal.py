@@ -61,7 +61,8 @@ def test_pods_run_kuberays_command_with_their_env_and_only_the_documented_rewrit
     assert head.env["RAY_AUTH_MODE"] == actor.env["RAY_AUTH_MODE"] == "token"
     assert head.env["RAY_AUTH_TOKEN"] == actor.env["RAY_AUTH_TOKEN"] == token
     assert head.env["OTEL_RESOURCE_ATTRIBUTES"] == (
-        "service.namespace=distrl,k8s.namespace.name=distrl,k8s.pod.name=distrl-train-head")
+        "service.namespace=distrl,k8s.namespace.name=distrl,k8s.pod.name=distrl-train-head,"
+        f"gcp.project_id={SETTINGS.project_id}")
     assert head.env["OTEL_EXPORTER_OTLP_PROTOCOL"] == "http/protobuf"
     assert actor.env["OTEL_EXPORTER_OTLP_ENDPOINT"] == collector.http_endpoint
     kinds = {line.split(":")[0] for line in cluster.rewrites}
