@@ -397,8 +397,12 @@ def test_non_finite_values_and_out_of_range_counts_are_refused_per_point(collect
         "'e' point 0 (time_unix_nano=10): exponential histogram scale -2000 is outside [-10, 20]",
         "'t' point 0 (time_unix_nano=9223372036854775808): time_unix_nano=9223372036854775808 "
         "is above 2^63-1"]
-    # A client's megabyte of name and bounds comes back as a few hundred characters.
-    long = metrics_pb2.Metric(name="n" * 1_000_000, histogram={
+    # A client's megabyte of name, or of bounds, comes back as a few hundred characters.
+    name = metrics_pb2.Metric(name="n" * 1_000_000, gauge={"data_points": [number(10, 1.0)]})
+    message = stub.Export(request(name)).partial_success.error_message
+    assert message.startswith("metric name 'nnnn") and "1,000,000 characters" in message
+    assert len(message) <= 300
+    long = metrics_pb2.Metric(name="n" * 255, histogram={
         "aggregation_temporality": 2, "data_points": [metrics_pb2.HistogramDataPoint(
             time_unix_nano=10, count=0, explicit_bounds=[float(-i) for i in range(10_000)],
             bucket_counts=[0] * 10_001)]})
@@ -525,7 +529,8 @@ def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
 # Every limit away from its default, so a limit that does not reach the collector shows.
 ODD_LIMITS = Limits(max_message_bytes=3 * MiB + 1, max_exports=3, max_queries=1,
                     cache_bytes=5 * MiB, page_cache_bytes=1, max_rows_scanned=10,
-                    max_series_periods=20, max_query_s=7.5)
+                    max_series=30, max_metric_types=40, max_series_periods=20,
+                    max_query_s=7.5)
 
 
 def test_every_limit_is_an_option_of_the_collector_command():
@@ -540,8 +545,15 @@ def test_every_limit_is_an_option_of_the_collector_command():
     add_limit_options(parser)
     assert limits_from(parser.parse_args(limit_argv(ODD_LIMITS))) == ODD_LIMITS
     assert limits_from(parser.parse_args([])) == Limits()
-    with pytest.raises(ValueError, match="page_cache_bytes=-1048576 is invalid"):
+    with pytest.raises(ValueError, match=r"page_cache_bytes=-1048576 \(-1 MiB\) is invalid"):
         limits_from(parser.parse_args(["--page-cache-mib", "-1"]))
+    # gRPC takes a message size as a 32-bit integer: this was an OverflowError traceback.
+    with pytest.raises(ValueError, match=r"max_message_bytes=104857600000 \(100000 MiB\) is "
+                                         r"invalid: expected 1 byte to 2048 MiB"):
+        limits_from(parser.parse_args(["--max-message-mib", "100000"]))
+    with pytest.raises(ValueError, match="max_exports=100000 is invalid: expected an integer "
+                                         "from 1 to 256"):
+        limits_from(parser.parse_args(["--max-exports", "100000"]))
 
 
 def test_a_local_collector_runs_with_every_limit_it_was_given(tmp_path):
@@ -692,3 +704,281 @@ def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
         assert len(latencies) >= 20 * 20  # every exporter kept exporting, about 1 a second
         assert refused == 0, f"{refused} of {len(latencies)} exports were refused 20 times"
         assert p99 < SOAK_P99_BOUND_S
+
+
+# --- a collector no client can wedge (issue 41) ----------------------------------------------
+
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+
+
+def _code(stub, req, timeout: float = 10.0) -> str:
+    try:
+        stub.Export(req, timeout=timeout)
+        return "OK"
+    except grpc.RpcError as err:
+        return err.code().name
+
+
+def _count(db: Path, metric: str) -> int:
+    store = CollectorStore(db)
+    try:
+        return store.query("SELECT COUNT(*) AS n FROM points WHERE metric_type = ?",
+                           (PREFIX + metric,))[0]["n"]
+    finally:
+        store.close()
+
+
+def test_a_full_disk_is_answered_unavailable_and_the_collector_recovers(tmp_path):
+    """A commit that failed (writes past a full disk) answered one waiting export and left
+    the others to hang: they held every slot, and SIGTERM no longer stopped the collector.
+    Here the collector's writes fail for real past its file size limit (as on a full disk):
+    every export of a failed commit gets UNAVAILABLE, which exporters retry, the first commit
+    after space returns succeeds, and nothing acknowledged is lost."""
+    db = tmp_path / "otel.db"
+    collector = LocalCollector(db, port=0).start()
+    try:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+        process = psutil.Process(collector.process.pid)
+        _, hard = process.rlimit(psutil.RLIMIT_FSIZE)
+        biggest = max(p.stat().st_size for p in tmp_path.glob("otel.db*"))
+        process.rlimit(psutil.RLIMIT_FSIZE, (biggest + 256 * 1024, hard))
+        acked, codes = 0, []
+        for t in range(1, 100):
+            codes.append(_code(stub, _gauges("full", 500, t=t)))
+            if codes[-1] != "OK":
+                break
+            acked += 500
+        assert acked and codes[-1] == "UNAVAILABLE", codes
+        with futures.ThreadPoolExecutor(8) as pool:  # one failed commit of many exports
+            assert set(pool.map(lambda t: _code(stub, _gauges("full", 500, t=1000 + t)),
+                                range(8))) == {"UNAVAILABLE"}
+        process.rlimit(psutil.RLIMIT_FSIZE, (hard, hard))  # space is back
+        for t in range(2000, 2010):
+            assert _code(stub, _gauges("full", 500, t=t)) == "OK"
+            acked += 500
+        collector.process.send_signal(15)
+        assert collector.process.wait(timeout=10) == 0  # within its grace
+    finally:
+        collector.stop()
+    assert _count(db, "full/gauge") == acked
+
+
+def _never(stop: threading.Event):
+    stop.wait()
+    yield from ()
+
+
+def _stall(channel, stop: threading.Event, n: int) -> list:
+    """n calls that send their headers and then nothing, until stop is set."""
+    export = channel.stream_unary(METRICS_EXPORT, request_serializer=bytes,
+                                  response_deserializer=bytes)
+    return [export.future(_never(stop), timeout=60) for _ in range(n)]
+
+
+def test_stalled_calls_hold_no_slot_for_long(collector, stub):
+    """Twelve calls that sent headers and never a message held every slot for minutes: every
+    export and read got RESOURCE_EXHAUSTED. A call now takes a turn only once its message has
+    arrived, and one whose message does not come within MESSAGE_WAIT_S is cancelled."""
+    from distrl.collector import MESSAGE_WAIT_S
+
+    stop = threading.Event()
+    channel = grpc.insecure_channel(collector.endpoint.removeprefix("http://"))
+    try:
+        stalled = _stall(channel, stop, 12)
+        threading.Event().wait(0.5)  # they are in
+        assert _code(stub, _gauges("beside", 10)) == "OK"
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        assert len(mon.time_series(PREFIX + "beside/gauge",
+                                   end=dt.datetime(1970, 1, 1, 0, 1, tzinfo=dt.UTC))) == 10
+        for call in stalled:  # ended by the collector, not by their 60-s deadline
+            assert call.exception(timeout=MESSAGE_WAIT_S + 10).code() in (
+                grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.CANCELLED)
+        # More stalled calls than the collector has threads: others wait seconds, not minutes.
+        flood = _stall(channel, stop, 40)
+        threading.Event().wait(0.5)
+        started = dt.datetime.now()
+        assert _export_with_retries(collector.endpoint.removeprefix("http://"),
+                                    _gauges("after", 10), attempts=30) == "OK"
+        assert (dt.datetime.now() - started).total_seconds() < MESSAGE_WAIT_S + 10
+    finally:
+        stop.set()
+        channel.close()
+    assert all(call.done() for call in stalled + flood)
+
+
+def test_without_the_token_a_stalled_call_is_refused_at_its_headers(tmp_path):
+    token = "t0ken-" + "y" * 26
+    (tmp_path / "token").write_text(token)
+    (tmp_path / "token").chmod(0o600)
+    server = CollectorServer(tmp_path / "otel.db", port=0,
+                             token_file=tmp_path / "token").start()
+    stop = threading.Event()
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.port}")
+    try:
+        stalled = _stall(channel, stop, 20)
+        for call in stalled:
+            assert call.exception(timeout=2).code() == grpc.StatusCode.UNAUTHENTICATED
+    finally:
+        stop.set()
+        channel.close()
+        server.stop()
+
+
+def test_http_bodies_sent_a_trickle_at_a_time_hold_no_turn_for_long(tmp_path):
+    """Eight bodies sent a byte at a time held every OTLP/HTTP turn: other exports got 503
+    for as long as the trickle lasted. A body now has MESSAGE_WAIT_S to arrive in full."""
+    from distrl.collector import MESSAGE_WAIT_S
+
+    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+        stop, answers = threading.Event(), []
+
+        def trickle():
+            with socket.create_connection(("127.0.0.1", c.http_port), timeout=30) as sock:
+                sock.sendall(b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                             b"application/x-protobuf\r\nContent-Length: 100000\r\n\r\n")
+                try:
+                    while not stop.wait(0.2):
+                        sock.sendall(b"\x00")
+                except OSError:  # the collector closed the connection
+                    pass
+                answers.append(sock.recv(100))
+
+        threads = [threading.Thread(target=trickle) for _ in range(8)]
+        for t in threads:
+            t.start()
+        threading.Event().wait(0.5)
+        body = _gauges("http", 10).SerializeToString()
+        started = dt.datetime.now()
+        status = 503
+        while status == 503 and (dt.datetime.now() - started).total_seconds() < 30:
+            status, _ = _post(f"{c.http_endpoint}/v1/metrics", body)
+        waited = (dt.datetime.now() - started).total_seconds()
+        stop.set()
+        for t in threads:
+            t.join(timeout=30)
+        assert status == 200 and waited < MESSAGE_WAIT_S + 5, (status, waited)
+        assert all(a.startswith(b"HTTP/1.0 408") for a in answers), answers
+        assert len(c.store().points(PREFIX + "http/gauge")) == 10
+
+
+def test_the_sdk_exports_gzip_over_http(tmp_path):
+    """The OTLP spec has servers accept gzip; the SDK's gzip batches got 400 and were lost."""
+    from opentelemetry.exporter.otlp.proto.http import Compression
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+        exporter = OTLPMetricExporter(endpoint=f"{c.http_endpoint}/v1/metrics",
+                                      compression=Compression.Gzip)
+        provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
+            exporter, export_interval_millis=60_000)])
+        provider.get_meter("t").create_counter("gzip.count").add(5)
+        provider.shutdown()
+        assert [p["value"] for p in c.store().points(PREFIX + "gzip.count/counter")] == [5.0]
+        import gzip
+        bomb = gzip.compress(b"\x00" * (8 * MiB))  # inflates past the 4 MiB limit
+        conn = __import__("http.client").client.HTTPConnection("127.0.0.1", c.http_port,
+                                                               timeout=10)
+        conn.request("POST", "/v1/metrics", bomb, {"Content-Type": "application/x-protobuf",
+                                                   "Content-Encoding": "gzip"})
+        assert conn.getresponse().status == 413
+        conn.close()
+
+
+def _histogram(t, bounds, counts, start=1):
+    return metrics_pb2.HistogramDataPoint(start_time_unix_nano=start, time_unix_nano=t,
+                                          count=sum(counts), explicit_bounds=bounds,
+                                          bucket_counts=counts)
+
+
+def _reads(mon, metric_type: str, aligner: str) -> list[int]:
+    """How many series a raw read and an aligned read of the metric give."""
+    interval = {"start_time": {"seconds": 0}, "end_time": {"seconds": 120}}
+    raw = mon.client.list_time_series(request={
+        "name": mon.project_name, "filter": f'metric.type = "{metric_type}"',
+        "interval": interval}, timeout=30)
+    aligned = mon.client.list_time_series(request={
+        "name": mon.project_name, "filter": f'metric.type = "{metric_type}"',
+        "interval": interval, "aggregation": {"alignment_period": {"seconds": 60},
+                                              "per_series_aligner": aligner}}, timeout=30)
+    return [len(list(raw)), len(list(aligned))]
+
+
+def test_poison_points_are_refused_and_every_read_of_their_metric_works(collector, stub):
+    """Each of these was acknowledged and then broke every read of its metric (UNKNOWN), or
+    failed its whole request; each is now refused alone, named, and the rest is stored."""
+    t = 30 * 10**9
+    exp = metrics_pb2.Metric(name="exp", exponential_histogram={
+        "aggregation_temporality": 2, "data_points": [
+            metrics_pb2.ExponentialHistogramDataPoint(
+                time_unix_nano=t, count=1, scale=-9, positive={"offset": 2, "bucket_counts": [1]}),
+            metrics_pb2.ExponentialHistogramDataPoint(
+                time_unix_nano=t + 1, count=1, scale=0,
+                positive={"offset": 2000, "bucket_counts": [1]}),
+            metrics_pb2.ExponentialHistogramDataPoint(
+                time_unix_nano=t + 2, count=1, scale=0, positive={"offset": 3,
+                                                                  "bucket_counts": [1]})]})
+    summary = metrics_pb2.Metric(name="summ", summary={"data_points": [
+        metrics_pb2.SummaryDataPoint(time_unix_nano=t, count=2**64 - 1, sum=1.0)]})
+    gauge = metrics_pb2.Metric(name="beside", gauge={"data_points": [number(t, 1.0)]})
+    changed = metrics_pb2.Metric(name="hist", histogram={"aggregation_temporality": 2,
+                                                         "data_points": [
+        _histogram(t, [1.0], [1, 0]), _histogram(t + 10**9, [1.0, 2.0], [1, 1, 0]),
+        _histogram(t + 2 * 10**9, [1.0], [2, 1]),
+        _histogram(t + 3 * 10**9, [5.0], [4, 0], start=t + 2 * 10**9 + 1)]})  # a new life
+    no_counts = metrics_pb2.Metric(name="hist", histogram={"aggregation_temporality": 2,
+                                                           "data_points": [
+        metrics_pb2.HistogramDataPoint(start_time_unix_nano=5, time_unix_nano=t, count=0,
+                                       explicit_bounds=[1.0, 2.0])]})
+    response = stub.Export(request(exp, summary, gauge, changed, no_counts), timeout=10)
+    assert response.partial_success.rejected_data_points == 5  # 2 + 1 + 1 + 1
+    assert "exponential buckets from 2^1024 to 2^1536" in response.partial_success.error_message
+    errors = [stub.Export(request(m), timeout=10).partial_success.error_message for m in (
+        summary, metrics_pb2.Metric(name="hist", histogram={"aggregation_temporality": 2,
+                                                            "data_points": [
+            _histogram(t + 10**9, [1.0, 2.0], [1, 1, 0])]}), no_counts)]
+    assert errors[0] == "'summ': summary points are not stored; the local collector stores " \
+                        "gauges, sums and histograms"
+    assert "differ from [1.0], which this cumulative series has had since its start" in errors[1]
+    assert "2 bounds and no bucket counts" in errors[2]
+    mon = explore.Monitoring(endpoint=collector.endpoint)
+    assert _reads(mon, PREFIX + "exp/histogram", "ALIGN_DELTA") == [1, 1]
+    assert _reads(mon, PREFIX + "hist/histogram", "ALIGN_DELTA") == [1, 1]
+    assert _reads(mon, PREFIX + "beside/gauge", "ALIGN_MEAN") == [1, 1]
+    assert len(collector.store().points(PREFIX + "hist/histogram")) == 3
+
+
+def test_a_point_is_one_value_at_one_time_and_keeps_its_metrics_value_type(collector, stub):
+    """A second value at a stored time was dropped silently yet acknowledged; an int gauge
+    followed by a double 0.75 read back as 0. Both are refused, named; a retry is still
+    stored once and acknowledged."""
+    first = request(metrics_pb2.Metric(name="once", gauge={"data_points": [number(10, 1.0)]}))
+    assert not stub.Export(first, timeout=10).HasField("partial_success")
+    assert not stub.Export(first, timeout=10).HasField("partial_success")  # a retry
+    other = stub.Export(request(metrics_pb2.Metric(name="once", gauge={"data_points": [
+        number(10, 2.0), number(11, 3.0)]})), timeout=10).partial_success
+    assert other.rejected_data_points == 1
+    assert other.error_message == "'once/gauge' point at time_unix_nano=10: its series has " \
+                                  "another value stored at that time"
+    assert [p["value"] for p in collector.store().points(PREFIX + "once/gauge")] == [1.0, 3.0]
+    stub.Export(request(metrics_pb2.Metric(name="ints", gauge={"data_points": [number(10, 7)]})))
+    mixed = stub.Export(request(metrics_pb2.Metric(name="ints", gauge={"data_points": [
+        number(11, 0.75), number(12, 8)]})), timeout=10).partial_success
+    assert mixed.rejected_data_points == 1
+    assert "a double value (0.75) on a metric whose points are integers" in mixed.error_message
+    assert [p["int_value"] for p in collector.store().points(PREFIX + "ints/gauge")] == [7, 8]
+
+
+def test_metric_types_past_the_limit_are_refused_not_kept(tmp_path):
+    with LocalCollector(tmp_path / "otel.db", port=0,
+                        limits=Limits(max_metric_types=3)) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        response = stub.Export(request(*[metrics_pb2.Metric(name=f"m{i}", gauge={
+            "data_points": [number(10, 1.0)]}) for i in range(5)]), timeout=10)
+        assert response.partial_success.rejected_data_points == 2
+        assert "holds 3 metric types, its limit (max_metric_types)" in \
+            response.partial_success.error_message
+        assert [d["name"] for d in c.store().metric_types()] == ["m0", "m1", "m2"]

@@ -23,10 +23,13 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import dataclasses
 import functools
+import heapq
 import hmac
 import ipaddress
+import itertools
 import json
 import math
 import os
@@ -37,6 +40,8 @@ import sqlite3
 import subprocess
 import sys
 import threading
+import time
+import zlib
 from concurrent import futures
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -45,14 +50,18 @@ from pathlib import Path
 
 import grpc
 from google.protobuf.message import DecodeError
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from distrl import monitoring
 from distrl.config import field_help
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MiB = 2**20
+
+
+# gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
+LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 
 
 @dataclass(frozen=True)
@@ -76,7 +85,11 @@ class Limits:
     page_cache_bytes: int = 64 * MiB
     """results kept for their next pages"""
     max_rows_scanned: int = 2_000_000
-    """points one ListTimeSeries may read"""
+    """points (or metric descriptors) one read may scan"""
+    max_series: int = 100_000
+    """series one ListTimeSeries may hold"""
+    max_metric_types: int = 10_000
+    """metric types the store takes; points of a new one past it are refused"""
     max_series_periods: int = 5_000_000
     """series x alignment periods of one ListTimeSeries"""
     max_query_s: float = 30.0
@@ -84,10 +97,15 @@ class Limits:
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
-                     "page_cache_bytes", "max_rows_scanned", "max_series_periods"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name}={value!r} is invalid: expected a positive integer")
+                     "page_cache_bytes", "max_rows_scanned", "max_series", "max_metric_types",
+                     "max_series_periods"):
+            value, most = getattr(self, name), LIMIT_MAXIMA.get(name, 2**62)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                if name.endswith("_bytes") and isinstance(value, (int, float)):
+                    raise ValueError(f"{name}={value!r} ({value / MiB:g} MiB) is invalid: "
+                                     f"expected 1 byte to {most / MiB:g} MiB")
+                raise ValueError(f"{name}={value!r} is invalid: expected an integer from 1 to "
+                                 f"{most:,}")
         if not isinstance(self.max_query_s, (int, float)) or not 0 < self.max_query_s < 3600:
             raise ValueError(f"max_query_s={self.max_query_s!r} is invalid: expected seconds "
                              "in (0, 3600)")
@@ -260,6 +278,18 @@ class InvalidPoint(ValueError):
     pass
 
 
+class StorageUnavailable(Exception):
+    """The store could not commit (a full disk, an I/O error, a stopped writer): the Export
+    is answered UNAVAILABLE (HTTP 503), which exporters retry."""
+
+
+# How long an Export waits for the commit holding its rows before it is answered UNAVAILABLE.
+COMMIT_WAIT_S = 20.0
+# OpenTelemetry's instrument names: "a maximum length of 255 characters"
+# (opentelemetry.io/docs/specs/otel/metrics/api/#instrument-name-syntax).
+MAX_NAME_CHARS = 255
+
+
 MAX_ERROR_CHARS = 300  # a client's names and values are cut, so a refusal stays short
 
 
@@ -295,6 +325,9 @@ def _histogram_fields(p) -> tuple:
     _check_point(p, ("count", p.count), *(("bucket count", c) for c in counts),
                  *(("bound", b) for b in bounds), *((f, getattr(p, f)) for f in
                                                     ("sum", "min", "max") if p.HasField(f)))
+    if bounds and not counts:
+        raise InvalidPoint(f"histogram point has {len(bounds)} bounds and no bucket counts; "
+                           "expected none of either, or one count more than bounds")
     if counts and len(counts) != len(bounds) + 1:
         raise InvalidPoint(f"histogram point has {len(counts)} bucket counts for {len(bounds)} "
                            f"bounds; expected {len(bounds) + 1}")
@@ -320,6 +353,14 @@ def _exponential_fields(p) -> tuple:
                                                  *p.negative.bucket_counts)),
                  ("zero_threshold", p.zero_threshold),
                  *((f, getattr(p, f)) for f in ("sum", "min", "max") if p.HasField(f)))
+    # Read as explicit bounds 2^(index / 2^scale) (monitoring._dist_of): each must be a
+    # normal double.
+    low = p.positive.offset * 2.0 ** -p.scale
+    high = (p.positive.offset + len(p.positive.bucket_counts)) * 2.0 ** -p.scale
+    if low < -1022 or high > 1023:
+        raise InvalidPoint(f"exponential buckets from 2^{low:g} to 2^{high:g} (scale {p.scale}, "
+                           f"offset {p.positive.offset}) reach beyond a double's 2^-1022 to "
+                           "2^1023")
     total = (p.zero_count + sum(p.positive.bucket_counts) + sum(p.negative.bucket_counts))
     if total != p.count:
         raise InvalidPoint(f"exponential histogram count {p.count} != zero + bucket counts {total}")
@@ -344,7 +385,9 @@ class CollectorStore:
         if create and not self.path.exists():
             # Readable by its owner only; SQLite gives the -wal and -shm files the same mode.
             os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30)
+        # isolation_level=None: the writer begins and commits its transactions itself.
+        self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30,
+                                    isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         if create:
             self.conn.execute("PRAGMA journal_mode=WAL")
@@ -361,9 +404,10 @@ class CollectorStore:
         self._readers = threading.local()  # one read-only connection per reading thread
         self._reader_conns: list[sqlite3.Connection] = []
         _ATTRIBUTE_CACHE.max_bytes = self.limits.cache_bytes // 2
-        self._resource_ids = BoundedCache(self.limits.cache_bytes // 4)
-        self._labelled = BoundedCache(self.limits.cache_bytes // 4)  # (type, attributes) seen
-        self._descriptors: set[str] = set()
+        self._resource_ids = BoundedCache(self.limits.cache_bytes // 8)
+        self._labelled = BoundedCache(self.limits.cache_bytes // 8)  # (type, attributes) seen
+        self._descriptors = BoundedCache(self.limits.cache_bytes // 8)  # type -> value type
+        self._life_bounds = BoundedCache(self.limits.cache_bytes // 8)  # cumulative bounds
         self._jobs: queue.Queue = queue.Queue()
         self._writer = None
         if create:
@@ -374,7 +418,9 @@ class CollectorStore:
     def close(self) -> None:
         if self._writer is not None:
             self._jobs.put(None)  # the writer commits what is queued, then stops
-            self._writer.join()
+            self._writer.join(COMMIT_WAIT_S)
+            if self._writer.is_alive():  # stuck in SQLite: its connection stays open
+                return
             self._writer = None
         for conn in self._reader_conns:
             conn.close()
@@ -396,12 +442,25 @@ class CollectorStore:
             self._resource_ids.put(attributes, rid)
         return rid
 
-    def _descriptor(self, metric_type, name, kind, metric_kind, value_type, unit, description):
-        if metric_type not in self._descriptors:
-            self.conn.execute("INSERT OR IGNORE INTO metric_descriptors VALUES (?,?,?,?,?,?,?)",
-                              (metric_type, name, kind, metric_kind, value_type, unit,
-                               description))
-            self._descriptors.add(metric_type)
+    def _descriptor(self, metric_type, name, kind, metric_kind, value_type, unit,
+                    description) -> str:
+        """The metric type's value type: the stored descriptor's, or this one's, stored now.
+        Raises InvalidPoint for a new metric type past max_metric_types."""
+        known = self._descriptors.get(metric_type)
+        if known is None:
+            row = self.conn.execute("SELECT value_type FROM metric_descriptors WHERE "
+                                    "metric_type = ?", (metric_type,)).fetchone()
+            if row is None:
+                count = self.conn.execute("SELECT COUNT(*) FROM metric_descriptors").fetchone()[0]
+                if count >= self.limits.max_metric_types:
+                    raise InvalidPoint(f"the store holds {count:,} metric types, its limit "
+                                       "(max_metric_types); a new one is refused")
+                self.conn.execute("INSERT INTO metric_descriptors VALUES (?,?,?,?,?,?,?)",
+                                  (metric_type, name, kind, metric_kind, value_type, unit,
+                                   description))
+            known = row[0] if row else value_type
+            self._descriptors.put(metric_type, known)
+        return known
 
     def write_metrics(self, request) -> tuple[int, int, str]:
         """Store a request's points; returns (stored, rejected, error) once committed."""
@@ -412,13 +471,21 @@ class CollectorStore:
         return self._submit(self._insert_spans, request)
 
     # Group commit: one writer thread drains every request waiting at that moment and commits
-    # them together, so concurrent exporters share a commit instead of queueing for one each.
-    # Each request's reply still waits for the commit that holds its rows.
+    # them in one transaction, so concurrent exporters share a commit instead of queueing for
+    # one each. Each request's reply waits for the commit that holds its rows, and every
+    # request of a commit gets an answer, also when the commit fails.
 
     def _submit(self, insert, request):
+        if self._writer is None:
+            raise StorageUnavailable("the store is closed")
         future: futures.Future = futures.Future()
         self._jobs.put((insert, request, future))
-        return future.result()
+        try:
+            return future.result(timeout=COMMIT_WAIT_S)
+        except futures.TimeoutError:
+            # The rows may still be committed later; a retry of them is then stored once.
+            raise StorageUnavailable(f"the store did not commit within {COMMIT_WAIT_S:g} s"
+                                     ) from None
 
     def _write_loop(self) -> None:
         while True:
@@ -430,39 +497,48 @@ class CollectorStore:
                     break
             stop = any(job is None for job in jobs)
             jobs = [job for job in jobs if job is not None]
-            done = []
-            # The writer is this thread alone; reads use their own connections.
-            try:
-                for insert, request, future in jobs:
-                    # One savepoint per request: a request that fails half-way leaves
-                    # nothing stored, and the others in this commit are unaffected.
-                    self.conn.execute("SAVEPOINT request")
-                    try:
-                        value = insert(request)
-                    except Exception as err:  # a request we cannot store: only it fails
-                        self.conn.execute("ROLLBACK TO request")
-                        self.conn.execute("RELEASE request")
-                        self._forget()  # rows inserted in the rolled-back part
-                        future.set_exception(err)
-                        continue
-                    self.conn.execute("RELEASE request")
-                    done.append((future, value))
-                self.conn.commit()
-            except BaseException as err:
-                self.conn.rollback()
-                self._forget()  # rows inserted in the rolled-back transaction
-                for future, _ in done:
-                    future.set_exception(err)
-                done = []
-            for future, value in done:
-                future.set_result(value)
+            if jobs:
+                self._commit(jobs)
             if stop:
                 return
+
+    def _commit(self, jobs: list) -> None:
+        """One transaction for the jobs, a savepoint each: a request that fails half-way
+        leaves nothing stored and fails alone; a failure of the storage itself (a full disk,
+        an I/O error) fails every request of the commit with StorageUnavailable."""
+        outcomes = []
+        try:
+            self.conn.execute("BEGIN")
+            for insert, request, future in jobs:
+                self.conn.execute("SAVEPOINT request")
+                try:
+                    outcomes.append((future, insert(request)))
+                except sqlite3.OperationalError:
+                    raise  # the storage failed, not this request
+                except Exception as err:  # a request we cannot store: only it fails
+                    self.conn.execute("ROLLBACK TO request")
+                    self._forget()  # rows inserted in the rolled-back part
+                    outcomes.append((future, err))
+                self.conn.execute("RELEASE request")
+            self.conn.execute("COMMIT")
+        except Exception as err:
+            if self.conn.in_transaction:
+                with contextlib.suppress(sqlite3.Error):  # else SQLite rolled back itself
+                    self.conn.execute("ROLLBACK")
+            self._forget()  # rows inserted in the rolled-back transaction
+            failed = StorageUnavailable(f"storage failed: {err}")
+            outcomes = [(future, failed) for *_, future in jobs]
+        for future, outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                future.set_exception(outcome)
+            else:
+                future.set_result(outcome)
 
     def _forget(self) -> None:
         self._resource_ids.clear()
         self._labelled.clear()
         self._descriptors.clear()
+        self._life_bounds.clear()
 
     def _labels(self, metric_type: str, attributes: str) -> None:
         """Record the label keys of a point's attributes (once per attribute set)."""
@@ -484,71 +560,115 @@ class CollectorStore:
                     error = error or msg
         for row in rows:
             self._labels(row[0], row[2])
+        before = self.conn.total_changes
         self.conn.executemany(
             "INSERT OR IGNORE INTO points (metric_type, resource_id, attributes, "
             "temporality, start_ns, time_ns, value, int_value, count, sum, min, max, "
             "bounds, bucket_counts, exponential, scope) "
             "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)", rows)
-        return len(rows), rejected, error
+        clashes = 0
+        if self.conn.total_changes - before < len(rows):  # some were stored already
+            clashes, msg = self._clashes(rows)
+            rejected += clashes
+            error = error or msg
+        return len(rows) - clashes, rejected, error
+
+    def _clashes(self, rows: list) -> tuple[int, str]:
+        """Rows of a series and time stored before with other values: refused (a series has
+        one value at a time). A row stored before with the same values is a retry: stored."""
+        clashes, error = 0, ""
+        for row in rows:
+            stored = self.conn.execute(
+                "SELECT value, int_value, count, sum, min, max, bounds, bucket_counts, "
+                "exponential FROM points WHERE metric_type = ? AND resource_id = ? AND "
+                "scope = ? AND attributes = ? AND start_ns = ? AND time_ns = ?",
+                (row[0], row[1], row[15], row[2], row[4], row[5])).fetchone()
+            if stored is not None and tuple(stored) != row[6:15]:
+                clashes += 1
+                name = row[0].removeprefix(METRIC_TYPE_PREFIX)
+                error = error or (f"{name[:80]!r} point at time_unix_nano={row[5]}: its series "
+                                  "has another value stored at that time")[:MAX_ERROR_CHARS]
+        return clashes, error
 
     def _metric_rows(self, metric, rid, scope, rows) -> tuple[int, str]:
+        """Append the metric's storable points to rows; returns (refused, first refusal)."""
         data = metric.WhichOneof("data")
         name, unit, description = metric.name, metric.unit, metric.description
-        rejected, error = 0, ""
-        if data in ("gauge", "sum"):
-            points = getattr(metric, data).data_points
-            temporality = metric.sum.aggregation_temporality if data == "sum" else 0
-            if data == "sum" and metric.sum.is_monotonic:
-                kind, metric_kind = "counter", _metric_kind(temporality)
-            else:
-                kind, metric_kind = "gauge", "GAUGE"
-            is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
-            metric_type = metric_type_of(name, kind)
-            self._descriptor(metric_type, name, kind, metric_kind,
-                             "INT64" if is_int and kind == "gauge" else "DOUBLE", unit,
-                             description)
-            for i, p in enumerate(points):
-                which = p.WhichOneof("value")
-                int_value = p.as_int if which == "as_int" else None
-                value = float(p.as_int) if which == "as_int" else p.as_double
-                try:
-                    _check_point(p, ("value", None if which == "as_int" else value))
-                except InvalidPoint as err:
-                    rejected += 1
-                    error = error or _refusal(name, i, p, err)
-                    continue
-                rows.append((metric_type, rid, attributes_json(p.attributes), temporality,
-                             p.start_time_unix_nano, p.time_unix_nano, value, int_value,
-                             None, None, None, None, None, None, None, scope))
-            return rejected, error
-        if data in ("histogram", "exponential_histogram"):
-            container = getattr(metric, data)
-            metric_type = metric_type_of(name, "histogram")
-            self._descriptor(metric_type, name, "histogram",
-                             _metric_kind(container.aggregation_temporality), "DISTRIBUTION",
-                             unit, description)
-            fields = _histogram_fields if data == "histogram" else _exponential_fields
-            for i, p in enumerate(container.data_points):
-                try:
-                    extra = fields(p)
-                except InvalidPoint as err:
-                    rejected += 1
-                    error = error or _refusal(name, i, p, err)
-                    continue
-                rows.append((metric_type, rid, attributes_json(p.attributes),
-                             container.aggregation_temporality, p.start_time_unix_nano,
-                             p.time_unix_nano, None, None, *extra, scope))
-            return rejected, error
+        if data is None:
+            return 1, f"{name[:80]!r}: metric without data"
+        container = getattr(metric, data)
+        points = container.data_points
+        if not 0 < len(name) <= MAX_NAME_CHARS:
+            return len(points), (f"metric name {name[:80]!r}{'...' if len(name) > 80 else ''} "
+                                 f"has {len(name):,} characters; expected 1 to "
+                                 f"{MAX_NAME_CHARS} (OpenTelemetry's instrument name limit)")
         if data == "summary":
-            metric_type = metric_type_of(name, "summary")
-            self._descriptor(metric_type, name, "summary", "GAUGE", "DOUBLE", unit, description)
-            for p in metric.summary.data_points:
-                quantiles = {str(q.quantile): q.value for q in p.quantile_values}
-                rows.append((metric_type, rid, attributes_json(p.attributes), 0,
-                             p.start_time_unix_nano, p.time_unix_nano, None, None, p.count,
-                             p.sum, None, None, None, None, json.dumps(quantiles), scope))
-            return 0, ""
-        return 1, f"{name[:80]!r}: metric without data"
+            return len(points), (f"{name[:80]!r}: summary points are not stored; the local "
+                                 "collector stores gauges, sums and histograms")
+        temporality = getattr(container, "aggregation_temporality", 0)
+        if data == "gauge" or (data == "sum" and not metric.sum.is_monotonic):
+            kind, metric_kind = "gauge", "GAUGE"
+        elif data == "sum":
+            kind, metric_kind = "counter", _metric_kind(temporality)
+        else:
+            kind, metric_kind = "histogram", _metric_kind(temporality)
+        if kind == "histogram":
+            value_type = "DISTRIBUTION"
+        else:
+            is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
+            value_type = "INT64" if is_int and kind == "gauge" else "DOUBLE"
+        metric_type = metric_type_of(name, kind)
+        try:
+            value_type = self._descriptor(metric_type, name, kind, metric_kind, value_type, unit,
+                                          description)
+        except InvalidPoint as err:
+            return len(points), f"{name[:80]!r}: {err}"[:MAX_ERROR_CHARS]
+        rejected, error = 0, ""
+        for i, p in enumerate(points):
+            try:
+                if kind == "histogram":
+                    extra = (_histogram_fields(p) if data == "histogram"
+                             else _exponential_fields(p))
+                    attributes = attributes_json(p.attributes)
+                    if data == "histogram" and temporality == 2:
+                        self._check_life_bounds(metric_type, rid, scope, attributes, p,
+                                                extra[4])
+                    row = (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
+                           p.time_unix_nano, None, None, *extra, scope)
+                else:
+                    which = p.WhichOneof("value")
+                    if which != "as_int" and value_type == "INT64":
+                        raise InvalidPoint(f"a double value ({p.as_double!r}) on a metric whose "
+                                           "points are integers (INT64, from its first point)")
+                    _check_point(p, ("value", None if which == "as_int" else p.as_double))
+                    row = (metric_type, rid, attributes_json(p.attributes), temporality,
+                           p.start_time_unix_nano, p.time_unix_nano,
+                           float(p.as_int) if which == "as_int" else p.as_double,
+                           p.as_int if which == "as_int" else None,
+                           None, None, None, None, None, None, None, scope)
+            except (InvalidPoint, ValueError, OverflowError, TypeError) as err:
+                rejected += 1
+                error = error or _refusal(name, i, p, err)
+                continue
+            rows.append(row)
+        return rejected, error
+
+    def _check_life_bounds(self, metric_type, rid, scope, attributes, p, bounds: str) -> None:
+        """A cumulative series keeps its bucket bounds while its start time stays: its
+        points are differenced, and counts of other buckets cannot be."""
+        key = f"{metric_type}\n{rid}\n{scope}\n{attributes}\n{p.start_time_unix_nano}"
+        known = self._life_bounds.get(key)
+        if known is None:
+            row = self.conn.execute(
+                "SELECT bounds FROM points WHERE metric_type = ? AND resource_id = ? AND "
+                "scope = ? AND attributes = ? AND start_ns = ? LIMIT 1",
+                (metric_type, rid, scope, attributes, p.start_time_unix_nano)).fetchone()
+            known = row[0] if row else bounds
+            self._life_bounds.put(key, known)
+        if known != bounds:
+            raise InvalidPoint(f"bucket bounds {bounds[:60]} differ from {known[:60]}, which "
+                               "this cumulative series has had since its start time; new "
+                               "bounds need a new start_time_unix_nano")
 
     def _insert_spans(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
@@ -665,27 +785,125 @@ class CollectorStore:
 
 
 def _stored(context, write, request):
-    """write(request), or an UNAVAILABLE status (the exporter retries) if SQLite failed."""
+    """write(request); UNAVAILABLE (the exporter retries) when the storage failed, INTERNAL
+    naming the error when this request could not be stored."""
     try:
         return write(request)
-    except sqlite3.Error as err:
-        context.abort(grpc.StatusCode.UNAVAILABLE, f"storage failed: {err}")
+    except (StorageUnavailable, sqlite3.OperationalError) as err:
+        context.abort(grpc.StatusCode.UNAVAILABLE, str(err)[:MAX_ERROR_CHARS])
+    except Exception as err:  # noqa: BLE001 (the client gets the reason, not UNKNOWN)
+        context.abort(grpc.StatusCode.INTERNAL,
+                      f"the request could not be stored: {err!r}"[:MAX_ERROR_CHARS])
 
 
-class _MetricsService(metrics_service_pb2_grpc.MetricsServiceServicer):
+# A call's one message must arrive within this time of its start, or the call is cancelled:
+# a client that sends headers and then nothing (or a trickle) holds a thread no longer.
+MESSAGE_WAIT_S = 5.0
+# Threads for calls still receiving their message, beside the admitted exports and reads.
+RECEIVING_CALLS = 8
+
+
+class _Watchdog:
+    """Cancels each armed call whose time is up; one thread for every call of the server."""
+
+    def __init__(self):
+        self._lock = threading.Condition()
+        self._due: list = []  # heap of [due, sequence, context or None]
+        self._sequence = itertools.count()
+        self._stopped = False
+        threading.Thread(target=self._run, daemon=True, name="collector-watchdog").start()
+
+    def arm(self, context, seconds: float) -> list:
+        entry = [time.monotonic() + seconds, next(self._sequence), context]
+        with self._lock:
+            heapq.heappush(self._due, entry)
+            self._lock.notify()
+        return entry
+
+    def disarm(self, entry: list) -> None:
+        with self._lock:
+            entry[2] = None
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
+            self._lock.notify()
+
+    def _run(self) -> None:
+        with self._lock:
+            while not self._stopped:
+                now = time.monotonic()
+                while self._due and (self._due[0][2] is None or self._due[0][0] <= now):
+                    context = heapq.heappop(self._due)[2]
+                    if context is not None:
+                        context.cancel()
+                self._lock.wait(self._due[0][0] - now if self._due else None)
+
+
+class _Calls:
+    """Every gRPC method of the collector, admitted in two steps. A call first receives its
+    one message within MESSAGE_WAIT_S; only then does it ask for a turn, exports and reads
+    each from their own slots, so that a stalled client holds no slot and neither kind of
+    call can take the other's turns. Without a turn a call is answered RESOURCE_EXHAUSTED
+    (exporters retry it)."""
+
     def __init__(self, store: CollectorStore):
-        self.store = store
+        limits = store.limits
+        self.watchdog = _Watchdog()
+        self.exports = threading.BoundedSemaphore(limits.max_exports)
+        self.reads = threading.BoundedSemaphore(limits.max_queries)
+        self.limits = limits
+        self.service = monitoring.MetricService(store)
+        self.threads = limits.max_exports + limits.max_queries + RECEIVING_CALLS
+        otlp = {
+            "opentelemetry.proto.collector.metrics.v1.MetricsService": (
+                metrics_service_pb2.ExportMetricsServiceRequest, "metrics", store.write_metrics),
+            "opentelemetry.proto.collector.trace.v1.TraceService": (
+                trace_service_pb2.ExportTraceServiceRequest, "traces", store.write_spans)}
+        self.handlers = [grpc.method_handlers_generic_handler(service, {"Export": self._handler(
+            request_type, functools.partial(self._export, kind, write), self.exports)})
+            for service, (request_type, kind, write) in otlp.items()]
+        self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
+            method: self._handler(monitoring.request_type(method),
+                                  functools.partial(monitoring.answer, self.service, method),
+                                  self.reads)
+            for method in monitoring.METHODS}))
 
-    def Export(self, request, context):  # noqa: N802 (gRPC method name)
-        return _response("metrics", _stored(context, self.store.write_metrics, request))
+    def _handler(self, request_type, function, turns):
+        what = "exports" if turns is self.exports else "queries"
+        slots = self.limits.max_exports if turns is self.exports else self.limits.max_queries
 
+        def handle(requests, context):
+            entry = self.watchdog.arm(context, MESSAGE_WAIT_S)
+            try:
+                request = next(requests)
+            except StopIteration:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no message")
+            except grpc.RpcError:  # cancelled: by the client, or by the watchdog
+                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                              f"no request message within {MESSAGE_WAIT_S:g} s")
+            finally:
+                self.watchdog.disarm(entry)
+            # An export does not wait for a turn (its message is held meanwhile); a read
+            # waits up to a second.
+            if not turns.acquire(timeout=0 if turns is self.exports else 1.0):
+                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                              f"{slots} {what} are running; retry shortly")
+            try:
+                return function(request, context)
+            finally:
+                turns.release()
 
-class _TraceService(trace_service_pb2_grpc.TraceServiceServicer):
-    def __init__(self, store: CollectorStore):
-        self.store = store
+        return grpc.stream_unary_rpc_method_handler(
+            handle, request_deserializer=request_type.FromString if request_type else None,
+            response_serializer=lambda message: message.SerializeToString())
 
-    def Export(self, request, context):  # noqa: N802
-        return _response("traces", _stored(context, self.store.write_spans, request))
+    @staticmethod
+    def _export(kind, write, request, context):
+        return _response(kind, _stored(context, write, request))
+
+    def stop(self) -> None:
+        self.watchdog.stop()
 
 
 def _response(kind: str, stored: tuple[int, int, str]):
@@ -705,10 +923,11 @@ def _response(kind: str, stored: tuple[int, int, str]):
 
 
 def _http_handler(store: CollectorStore, token: str | None):
-    """OTLP/HTTP, binary protobuf (opentelemetry.io/docs/specs/otlp/#otlphttp): the same
-    writes as the gRPC services; 400 for a body that does not parse, 401 without the bearer
-    token (when one is set), 503 with Retry-After (the exporter retries) when storage failed
-    or max_exports requests are already being read."""
+    """OTLP/HTTP, binary protobuf, plain or gzip (opentelemetry.io/docs/specs/otlp/#otlphttp):
+    the same writes as the gRPC services; 400 for a body that does not parse, 401 without the
+    bearer token (when one is set), 408 for a body not received within MESSAGE_WAIT_S, 503
+    with Retry-After (the exporter retries) when storage failed or max_exports requests are
+    already being read."""
     routes = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
               "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
     limits = store.limits
@@ -716,54 +935,104 @@ def _http_handler(store: CollectorStore, token: str | None):
     expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
-        timeout = 30  # a client that stops sending mid-request does not hold a thread forever
+        timeout = 30  # a client that sends no request line does not hold a thread forever
 
         def do_POST(self):  # noqa: N802 (http.server's method name)
             if expected and not hmac.compare_digest(
                     self.headers.get("Authorization", "").encode(), expected):
                 return self._reply(HTTPStatus.UNAUTHORIZED, b"missing or wrong bearer token")
-            if not turns.acquire(timeout=5):
-                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
-                                   f"{limits.max_exports} exports are being read; retry".encode())
-            try:
-                self._export()
-            finally:
-                turns.release()
-
-        def _export(self):
             route = routes.get(self.path.split("?")[0])
             if route is None:
                 return self._reply(HTTPStatus.NOT_FOUND, b"POST /v1/metrics or /v1/traces")
             if self.headers.get("Content-Type", "").split(";")[0] != "application/x-protobuf":
                 return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
                                    b"Content-Type must be application/x-protobuf")
+            encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
+            if encoding not in ("identity", "gzip"):
+                return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                                   f"Content-Encoding {encoding[:40]!r} is not accepted; "
+                                   "send gzip or none".encode())
             length = self.headers.get("Content-Length", "")
             if not length.isdigit() or int(length) > limits.max_message_bytes:
                 return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length.isdigit()
                                    else HTTPStatus.LENGTH_REQUIRED,
                                    f"Content-Length up to {limits.max_message_bytes} bytes"
                                    .encode())
+            if not turns.acquire(timeout=5):
+                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"{limits.max_exports} exports are being read; retry".encode())
+            try:
+                self._export(route, int(length), encoding == "gzip")
+            finally:
+                turns.release()
+
+        def _export(self, route, length: int, gzipped: bool):
+            body = self._body(length)
+            if body is None:
+                self.close_connection = True
+                return self._reply(HTTPStatus.REQUEST_TIMEOUT,
+                                   f"the body did not arrive within {MESSAGE_WAIT_S:g} s"
+                                   .encode())
+            if gzipped:
+                inflate = zlib.decompressobj(wbits=31)  # gzip framing
+                try:
+                    body = inflate.decompress(body, limits.max_message_bytes + 1)
+                except zlib.error as err:
+                    return self._reply(HTTPStatus.BAD_REQUEST, f"not gzip: {err}".encode())
+                if len(body) > limits.max_message_bytes:
+                    return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                                       f"the body inflates past {limits.max_message_bytes} "
+                                       "bytes".encode())
+                if not inflate.eof:
+                    return self._reply(HTTPStatus.BAD_REQUEST, b"the gzip body is truncated")
             message_type, kind = route
             request = message_type()
             try:
-                request.ParseFromString(self.rfile.read(int(length)))
+                request.ParseFromString(body)
             except DecodeError as err:
                 return self._reply(HTTPStatus.BAD_REQUEST, f"not an OTLP message: {err}".encode())
             try:
                 write = store.write_metrics if kind == "metrics" else store.write_spans
                 response = _response(kind, write(request))
-            except sqlite3.Error as err:
-                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, f"storage failed: {err}".encode())
+            except (StorageUnavailable, sqlite3.OperationalError) as err:
+                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, str(err).encode())
+            except Exception as err:  # noqa: BLE001 (the client gets the reason)
+                return self._reply(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                   f"the request could not be stored: {err!r}"[:300].encode())
             self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")
 
+        def _body(self, length: int) -> bytes | None:
+            """The body, or None when it takes longer than MESSAGE_WAIT_S in all (a client
+            sending a byte now and then holds a turn no longer)."""
+            deadline, chunks = time.monotonic() + MESSAGE_WAIT_S, []
+            try:
+                while length:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        return None
+                    self.connection.settimeout(remaining)
+                    chunk = self.rfile.read1(min(length, MiB))
+                    if not chunk:
+                        return None
+                    chunks.append(chunk)
+                    length -= len(chunk)
+            except OSError:  # the socket's timeout, or the client went away
+                return None
+            finally:
+                self.connection.settimeout(self.timeout)
+            return b"".join(chunks)
+
         def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
-            self.send_response(status)
-            if status == HTTPStatus.SERVICE_UNAVAILABLE:
-                self.send_header("Retry-After", "1")
-            self.send_header("Content-Type", content_type)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
+            try:
+                self.send_response(status)
+                if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                    self.send_header("Retry-After", "1")
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+            except OSError:  # the client went away: nothing to tell it
+                self.close_connection = True
 
         def log_message(self, *args):  # no line per request on stderr
             pass
@@ -777,9 +1046,11 @@ class _BearerToken(grpc.ServerInterceptor):
 
     def __init__(self, token: str):
         self.expected = f"Bearer {token}".encode()
-        self.deny = grpc.unary_unary_rpc_method_handler(
-            lambda request, context: context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                                   "missing or wrong bearer token"))
+        # Refused at the headers: a handler that takes a request stream need not wait for
+        # the message, so a caller without the token holds no thread.
+        self.deny = grpc.stream_unary_rpc_method_handler(
+            lambda requests, context: context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                                                    "missing or wrong bearer token"))
 
     def intercept_service(self, continuation, details):
         got = dict(details.invocation_metadata).get("authorization", "")
@@ -839,6 +1110,7 @@ class CollectorServer:
         self.token = read_token(token_file) if token_file is not None else None
         self.limits = limits or Limits()
         self.store: CollectorStore | None = None
+        self.calls: _Calls | None = None
         self.server = None
         self.http_server: ThreadingHTTPServer | None = None
 
@@ -858,18 +1130,15 @@ class CollectorServer:
                              "WITHOUT a token: anyone who reaches it can write and read"),
                   file=sys.stderr, flush=True)
         self.store = CollectorStore(self.db_path, create=True, limits=self.limits)
-        calls = self.limits.max_exports + self.limits.max_queries + 2
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=calls),
+        self.calls = _Calls(self.store)
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.calls.threads),
                              interceptors=[_BearerToken(self.token)] if self.token else [],
-                             maximum_concurrent_rpcs=calls,  # past it: RESOURCE_EXHAUSTED
+                             # past it a call is refused at its headers (RESOURCE_EXHAUSTED)
+                             maximum_concurrent_rpcs=self.calls.threads,
                              options=[("grpc.max_receive_message_length",
                                        self.limits.max_message_bytes),
                                       ("grpc.so_reuseport", 0)])
-        metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(
-            _MetricsService(self.store), server)
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(_TraceService(self.store),
-                                                                  server)
-        server.add_generic_rpc_handlers((monitoring.grpc_handler(self.store),))
+        server.add_generic_rpc_handlers(self.calls.handlers)
         try:
             bound = server.add_insecure_port(f"{self.host}:{self.port}")
         except RuntimeError:
@@ -902,6 +1171,9 @@ class CollectorServer:
         if self.server is not None:
             self.server.stop(grace_s).wait()
             self.server = None
+        if self.calls is not None:
+            self.calls.stop()
+            self.calls = None
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -287,6 +287,17 @@ def parse_filter(text: str) -> list[Term]:
 
 # ---- series read from the store ----
 
+def _common(a: Dist, b: Dist) -> tuple[Dist, Dist]:
+    """Two distributions over the bounds they share. Bounds differ across the lives of a
+    series (a restart with new buckets) and when an exponential histogram changes its scale;
+    the bounds of a scale are a subset of those of every finer scale, so a scale change keeps
+    the coarser scale's resolution and every count."""
+    if a.bounds == b.bounds:
+        return a, b
+    shared = tuple(sorted(set(a.bounds) & set(b.bounds)))
+    return a.on(shared), b.on(shared)
+
+
 @dataclass
 class Dist:
     """An explicit-bucket distribution (Cloud Monitoring's Distribution value)."""
@@ -297,16 +308,23 @@ class Dist:
     counts: np.ndarray
 
     def __sub__(self, other: Dist) -> Dist:
-        return Dist(self.count - other.count, self.sum - other.sum, self.bounds,
-                    self.counts - other.counts)
+        a, b = _common(self, other)
+        return Dist(a.count - b.count, a.sum - b.sum, a.bounds, a.counts - b.counts)
 
     def __add__(self, other: Dist) -> Dist:
-        if self.bounds != other.bounds:
-            raise Refused(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"cannot merge distributions with different bucket bounds "
-                          f"{list(self.bounds)} and {list(other.bounds)}")
-        return Dist(self.count + other.count, self.sum + other.sum, self.bounds,
-                    self.counts + other.counts)
+        a, b = _common(self, other)
+        return Dist(a.count + b.count, a.sum + b.sum, a.bounds, a.counts + b.counts)
+
+    def on(self, bounds: tuple) -> Dist:
+        """The same distribution over bounds that are a subset of its own: adjacent buckets
+        merged, so every count stays exact."""
+        if bounds == self.bounds:
+            return self
+        index = {bound: i for i, bound in enumerate(self.bounds)}
+        cuts = [0, *(index[bound] + 1 for bound in bounds), len(self.counts)]
+        counts = np.array([self.counts[lo:hi].sum() for lo, hi in zip(cuts, cuts[1:])],
+                          dtype=np.int64)
+        return Dist(self.count, self.sum, bounds, counts)
 
     def percentile(self, q: float) -> float:
         from distrl.explore import bucket_percentile
@@ -346,9 +364,10 @@ def resource_labels(resource: dict, project: str) -> dict:
 def _dist_of(row: dict) -> Dist:
     if row["exponential"] is not None:  # base-2 exponential buckets as explicit bounds
         e = row["exponential"]
-        base = 2.0 ** (2.0 ** -e["scale"])
+        width = 2.0 ** -e["scale"]  # bucket i is (2^(i*width), 2^((i+1)*width)]
         positive = e["positive"]["counts"]
-        bounds = tuple(base ** (e["positive"]["offset"] + i) for i in range(len(positive) + 1))
+        bounds = tuple(2.0 ** ((e["positive"]["offset"] + i) * width)
+                       for i in range(len(positive) + 1))
         below = e["zero_count"] + sum(e["negative"]["counts"])
         counts = np.array([below, *positive, 0], dtype=np.int64)
         return Dist(row["count"], row["sum"] or 0.0, bounds, counts)
@@ -379,6 +398,7 @@ class Budget:
         self.deadline = time.monotonic() + self.seconds
         self.context, self.max_rows, self.rows = context, limits.max_rows_scanned, 0
         self.max_series_periods = limits.max_series_periods
+        self.max_series, self.series = limits.max_series, 0
         self.cancelled = False
 
     def stopped(self) -> bool:
@@ -407,6 +427,14 @@ class Budget:
                           "interval or the filter")
         if self.rows % 4096 == 0:
             self.check()
+
+    def one_series(self) -> None:
+        """A series read (kept by the filter or not: each costs memory while the read runs)."""
+        self.series += 1
+        if self.series > self.max_series:
+            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"the metric has more than {self.max_series:,} series in the "
+                          "interval; narrow the interval")
 
     def cells(self, series: int, periods: int) -> None:
         if series * periods > self.max_series_periods:
@@ -446,7 +474,7 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
         for row in rows:
             if budget:
                 budget.row()
-            _add_row(series, resources, row, project, terms, kind, value_type)
+            _add_row(series, resources, row, project, terms, kind, value_type, budget)
     except sqlite3.OperationalError as err:
         if budget and budget.stopped():
             raise budget.refusal() from None
@@ -460,9 +488,11 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
 
 
 def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
-             kind: int, value_type: int) -> None:
+             kind: int, value_type: int, budget: Budget | None = None) -> None:
     key = (row["resource_id"], row["scope"], row["attributes"])
     if key not in series:  # a new series: decide once whether the filter keeps it
+        if budget:
+            budget.one_series()
         labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
         if row["scope"]:
             labels.setdefault("otel_scope_name", row["scope"])
@@ -950,8 +980,22 @@ class MetricService:
         self.limits = store.limits
         self.pages = PageCache(self.limits.page_cache_bytes)
 
-    def _descriptors(self) -> list[dict]:
-        return self.store.query("SELECT * FROM metric_descriptors ORDER BY metric_type")
+    def _descriptors(self, budget: Budget | None = None):
+        """Every descriptor, in metric type order, streamed (a store may hold many)."""
+        rows = self.store.rows("SELECT * FROM metric_descriptors ORDER BY metric_type", (),
+                               budget.stopped if budget else None)
+        try:
+            for row in rows:
+                if budget:
+                    budget.row()
+                yield row
+        except sqlite3.OperationalError as err:
+            if budget and budget.stopped():
+                raise budget.refusal() from None
+            raise Refused(grpc.StatusCode.UNAVAILABLE,
+                          f"the store could not be read: {err}") from None
+        finally:
+            rows.close()
 
     def _descriptor(self, metric_type: str) -> dict | None:
         rows = self.store.query("SELECT * FROM metric_descriptors WHERE metric_type = ?",
@@ -969,23 +1013,35 @@ class MetricService:
                           for k in self.store.label_keys(d["metric_type"]))
         return out
 
-    def list_metric_descriptors(self, request):
+    def list_metric_descriptors(self, request, context=None):
+        budget = Budget(self.limits, context)
         project = _project(request.name, "name")
         terms = parse_filter(request.filter) if request.filter else []
         for t in terms:
             if t.scope not in ("metric.type", "resource.type"):
                 raise _unimplemented(f"ListMetricDescriptors filter on {t.scope} is not "
                                      "supported; filter on metric.type or resource.type")
-        descriptors = [d for d in self._descriptors()
-                       if all(t.matches(d["metric_type"] if t.scope == "metric.type"
-                                        else RESOURCE_TYPE) for t in terms)]
         size = _page_size(request.page_size, MAX_DESCRIPTOR_PAGE_SIZE)
         offset = _page_offset(request)
         response = _pb["ListMetricDescriptorsResponse"]()
-        response.metric_descriptors.extend(
-            self._descriptor_pb(d, project) for d in descriptors[offset:offset + size])
-        if offset + size < len(descriptors):
-            response.next_page_token = _page_token(request, offset + size)
+        matched, taken, used = 0, 0, 0
+        for d in self._descriptors(budget):
+            if not all(t.matches(d["metric_type"] if t.scope == "metric.type"
+                                 else RESOURCE_TYPE) for t in terms):
+                continue
+            matched += 1
+            if matched <= offset:
+                continue
+            if taken == size:  # one more matches: there is a next page
+                response.next_page_token = _page_token(request, offset + taken)
+                break
+            descriptor = self._descriptor_pb(d, project)
+            used += descriptor.ByteSize() + 8
+            if taken and used > MAX_RESPONSE_BYTES:  # the rest on the next page
+                response.next_page_token = _page_token(request, offset + taken)
+                break
+            response.metric_descriptors.append(descriptor)
+            taken += 1
         return response
 
     def get_metric_descriptor(self, request):
@@ -1067,6 +1123,8 @@ class MetricService:
             wanted = _underscored(metric_type.rsplit("/", 2)[-2] if metric_type.count("/") >= 2
                                   else metric_type)
             for d in self._descriptors():
+                if len(hints) == 3:
+                    break
                 if _underscored(d["name"]) == wanted:
                     hints.append(f"no metric type {_excerpt(metric_type, 100)}: OTLP metrics "
                                  "keep their dots in Cloud Monitoring; did you mean "
@@ -1096,53 +1154,34 @@ class MetricService:
         return [s for s in series if s.points]
 
 
-_METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
+METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
             "ListMetricDescriptors", "GetMetricDescriptor", "CreateMetricDescriptor",
             "DeleteMetricDescriptor", "ListTimeSeries", "CreateTimeSeries",
             "CreateServiceTimeSeries")
+SERVICE = "google.monitoring.v3.MetricService"
+ANSWERED = {"ListMetricDescriptors": "ListMetricDescriptorsRequest",
+            "GetMetricDescriptor": "GetMetricDescriptorRequest",
+            "ListTimeSeries": "ListTimeSeriesRequest"}
 
 
-def grpc_handler(store) -> grpc.GenericRpcHandler:
-    """google.monitoring.v3.MetricService for a gRPC server, answered from the store: at most
-    store.limits.max_queries at once (a query waits up to 1 s for a turn, then gets
-    RESOURCE_EXHAUSTED), so reads never take every thread from the exports."""
-    service = MetricService(store)
-    turns = threading.BoundedSemaphore(store.limits.max_queries)
-    answered = {
-        "ListMetricDescriptors": (service.list_metric_descriptors,
-                                  _pb["ListMetricDescriptorsRequest"]),
-        "GetMetricDescriptor": (service.get_metric_descriptor,
-                                _pb["GetMetricDescriptorRequest"]),
-        "ListTimeSeries": (service.list_time_series, _pb["ListTimeSeriesRequest"]),
-    }
+def request_type(method: str):
+    """The request message of an answered method; None for the others."""
+    return _pb[ANSWERED[method]] if method in ANSWERED else None
 
-    def wrap(method, function):
-        def handle(request, context):
-            if function is None:
-                context.abort(grpc.StatusCode.UNIMPLEMENTED,
-                              f"MetricService.{method} is not answered by the local collector "
-                              f"(it answers {', '.join(answered)}; metrics arrive over OTLP)")
-            if not turns.acquire(timeout=1.0):
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{store.limits.max_queries} queries are running; retry shortly")
-            try:
-                if function is service.list_time_series:
-                    return function(request, context)
-                return function(request)
-            except Refused as err:
-                message = str(err)
-                context.abort(err.code, message if len(message) <= 400 else
-                              message[:400] + "...")
-            finally:
-                turns.release()
-        return handle
 
-    handlers = {}
-    for method in _METHODS:
-        function, request_type = answered.get(method, (None, None))
-        handlers[method] = grpc.unary_unary_rpc_method_handler(
-            wrap(method, function),
-            request_deserializer=(request_type.FromString if request_type
-                                  else lambda data: data),
-            response_serializer=lambda message: message.SerializeToString())
-    return grpc.method_handlers_generic_handler("google.monitoring.v3.MetricService", handlers)
+def answer(service: MetricService, method: str, request, context):
+    """One MetricService call, answered from the store; what is refused becomes the call's
+    status (a message cut to 400 characters)."""
+    if method not in ANSWERED:
+        context.abort(grpc.StatusCode.UNIMPLEMENTED,
+                      f"MetricService.{method} is not answered by the local collector "
+                      f"(it answers {', '.join(ANSWERED)}; metrics arrive over OTLP)")
+    try:
+        if method == "ListTimeSeries":
+            return service.list_time_series(request, context)
+        if method == "ListMetricDescriptors":
+            return service.list_metric_descriptors(request, context)
+        return service.get_metric_descriptor(request)
+    except Refused as err:
+        message = str(err)
+        context.abort(err.code, message if len(message) <= 400 else message[:400] + "...")
