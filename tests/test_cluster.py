@@ -320,16 +320,27 @@ init_local_ray(num_cpus=1, include_dashboard=False)
 started = {kind: [i.process.pid for i in infos]
            for kind, infos in worker._global_node.all_processes.items()}
 up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
+import psutil
+def listening(process):
+    try:
+        return [c.laddr.ip for c in process.net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN]
+    except psutil.Error:  # ended while looked at
+        return []
+addresses = sorted({ip for p in [psutil.Process(), *psutil.Process().children(recursive=True)]
+                    for ip in listening(p)})
 restored = (node.Node.start_api_server is start_api_server
             and node.Node.start_ray_processes is start_ray_processes)
 shutdown_ray()
 left = running([pid for pids in started.values() for pid in pids])  # before Ray's atexit
-print(json.dumps({"started": started, "up": up, "restored": restored, "left": left}))
+print(json.dumps({"started": started, "up": up, "restored": restored, "left": left,
+                  "addresses": addresses}))
 """
 
 
 def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_started():
-    """init_local_ray(include_dashboard=False) starts no dashboard process, which ray.init
+    """init_local_ray(include_dashboard=False) listens on loopback only and starts no
+    dashboard process, which ray.init
     starts anyway (and waits for before the raylet), and leaves Ray's code as it was. Then
     shutdown_ray kills the autoscaler monitor before ray.shutdown() (which would wait 1 s on
     it): every process that ray.init started is gone afterwards, and the monitor reported no
@@ -344,6 +355,8 @@ def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_
     assert out["up"] == "task ran" and out["restored"], out
     assert out["left"] == [], out
     assert "autoscaler failed" not in run.stdout + run.stderr, run.stderr[-3000:]
+    # Every Ray process listens on loopback only (Ray's default is every interface).
+    assert out["addresses"] and set(out["addresses"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}, out
 
 
 # Stands in for valgrind where Ray launches a raylet under it (RAY_RAYLET_VALGRIND_PROFILER=1,

@@ -577,9 +577,15 @@ def test_remote_listening_needs_an_explicit_option_and_honours_a_bearer_token(
         CollectorServer(tmp_path / "a.db", host="0.0.0.0", port=0)
     with pytest.raises(ValueError, match="token_file=.* must hold one token"):
         (tmp_path / "short").write_text("abc\n")
+        (tmp_path / "short").chmod(0o600)
         CollectorServer(tmp_path / "a.db", port=0, token_file=tmp_path / "short")
     token = "t0ken-" + "x" * 26
     (tmp_path / "token").write_text(token + "\n")
+    (tmp_path / "token").chmod(0o644)  # a secret anyone on the machine can read: refused
+    with pytest.raises(ValueError, match=r"is readable by others \(mode 644\); a secret must "
+                                         r"be private: chmod 600"):
+        CollectorServer(tmp_path / "a.db", port=0, token_file=tmp_path / "token")
+    (tmp_path / "token").chmod(0o600)
     server = CollectorServer(tmp_path / "otel.db", host="0.0.0.0", port=0, http_port=0,
                              allow_remote=True, token_file=tmp_path / "token").start()
     try:
@@ -982,3 +988,29 @@ def test_metric_types_past_the_limit_are_refused_not_kept(tmp_path):
         assert "holds 3 metric types, its limit (max_metric_types)" in \
             response.partial_success.error_message
         assert [d["name"] for d in c.store().metric_types()] == ["m0", "m1", "m2"]
+
+
+def test_a_db_that_is_not_a_collectors_is_refused_in_one_line(tmp_path):
+    """A directory, a text file or another program's SQLite file gave a sqlite3 traceback,
+    and the last one got three tables added and WAL switched on."""
+    import sqlite3
+
+    (tmp_path / "notes.txt").write_text("not a database\n")
+    other = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(other)
+    conn.execute("CREATE TABLE users (name TEXT)")
+    conn.commit()
+    conn.close()
+    before = other.read_bytes()
+    for db, why in [(tmp_path, "is a directory"), (tmp_path / "notes.txt", "is not a SQLite "
+                    "database"), (other, "is another program's SQLite database \\(tables users\\)")]:
+        with pytest.raises(ValueError, match=f"db='{db}' {why}"):
+            CollectorServer(db, port=0).start()
+        result = subprocess.run([sys.executable, "-m", "distrl.collector", "--db", str(db),
+                                 "--port", "0"], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.startswith(f"error: db='{db}'") and result.stderr.count("\n") == 1
+    assert other.read_bytes() == before  # untouched
+    result = subprocess.run([sys.executable, "-m", "distrl.collector", "--max-message-mib",
+                             "100000"], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and result.stderr.startswith("error: max_message_bytes=")

@@ -818,3 +818,14 @@ def _containers_env(doc: dict) -> list[dict]:
         for item in doc:
             found += _containers_env(item)
     return found
+
+
+def test_an_auth_token_ray_wrote_readable_by_all_is_made_private(tmp_path):
+    """Ray writes ~/.ray/auth_token 0644 when it makes it; the GKE Secret is built from it."""
+    token = tmp_path / "auth_token"
+    token.write_text("x" * 64)
+    token.chmod(0o644)
+    assert gke.ensure_auth_token(token) == token
+    assert token.stat().st_mode & 0o777 == 0o600 and token.read_text() == "x" * 64
+    made = gke.ensure_auth_token(tmp_path / "new" / "auth_token")
+    assert made.stat().st_mode & 0o777 == 0o600 and len(made.read_text()) == 64

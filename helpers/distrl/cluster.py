@@ -476,20 +476,26 @@ def ray_gave_up(message: str) -> bool:
 
 
 def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
-                   **ray_init_kwargs):
+                   loopback_only: bool = True, **ray_init_kwargs):
     """ray.init(address="local", **ray_init_kwargs): a new Ray on this machine, never a cluster
     that an old `ray start` recorded. A node whose GCS or raylet does not come up within Ray's
     fixed 30 s is started again (up to `attempts` starts in all); each failed start names its
     logs, and what it had started is stopped first. `stop`: once it returns True (a SIGTERM
     was caught), the start is abandoned at its next wait, what it started is stopped, and
-    StartInterrupted is raised."""
+    StartInterrupted is raised. loopback_only: every Ray process listens on 127.0.0.1 only
+    (False: on every interface, as Ray does by default)."""
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
         raise ValueError(f"attempts={attempts!r}: expected an integer >= 1")
     if "address" in ray_init_kwargs:
         raise ValueError(f"address={ray_init_kwargs['address']!r}: init_local_ray always starts "
                          "a new local Ray; call ray.init(address=...) to join a cluster")
+    if not isinstance(loopback_only, bool):
+        raise ValueError(f"loopback_only={loopback_only!r}: expected True or False")
     import ray
 
+    from distrl.gke import DEFAULT_TOKEN_FILE, ensure_auth_token
+
+    ensure_auth_token(DEFAULT_TOKEN_FILE)  # before Ray, which would write it readable by all
     stop = stop or (lambda: False)
     temp_dir = Path(ray_init_kwargs.get("_temp_dir") or ray_temp_dir())
     for attempt in range(1, attempts + 1):
@@ -498,7 +504,7 @@ def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
         began = time.time()
         try:
             with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")), \
-                    _raylet_registration_polled(stop):
+                    _raylet_registration_polled(stop), _on_loopback(loopback_only):
                 return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
             seen_ending = isinstance(e, RayletNotRegistered)
@@ -517,6 +523,33 @@ def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
                                    f"{logs}") from e
             print(f"Ray's node did not start ({why}); {logs}; starting Ray again "
                   f"({attempt + 1} of {attempts})", file=sys.stderr, flush=True)
+
+
+@contextlib.contextmanager
+def _on_loopback(loopback_only: bool):
+    """While ray.init starts a node: the node's address is 127.0.0.1, so that its GCS, raylet
+    and agents listen there only. Ray 2.60's servers bind 127.0.0.1 only when the node's
+    address is exactly that (src/ray/rpc/grpc_server.cc, listen_to_localhost_only), and Ray
+    turns a 127.0.0.1 given as _node_ip_address into the machine's routable address unless
+    ray_constants.ENABLE_RAY_CLUSTER is off (ray/_private/services.py,
+    get_node_ip_address); its processes read it from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER."""
+    if not loopback_only:
+        yield
+        return
+    from ray._private import ray_constants
+
+    before = (ray_constants.ENABLE_RAY_CLUSTER,
+              os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
+    ray_constants.ENABLE_RAY_CLUSTER = False
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    try:
+        yield
+    finally:
+        ray_constants.ENABLE_RAY_CLUSTER = before[0]
+        if before[1] is None:
+            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
+        else:
+            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = before[1]
 
 
 class RayletNotRegistered(RuntimeError):

@@ -372,6 +372,43 @@ def _exponential_fields(p) -> tuple:
             p.max if p.HasField("max") else None, None, None, json.dumps(exponential))
 
 
+SQLITE_HEADER = b"SQLite format 3\x00"  # sqlite.org/fileformat.html, "The Database Header"
+OUR_TABLES = {"resources", "metric_descriptors", "points", "metric_labels", "spans"}
+
+
+def _check_db_file(path: Path) -> None:
+    """A collector writes only a new file or its own database: never a directory, another
+    kind of file, or another program's SQLite database (it would add tables and switch it to
+    WAL)."""
+    if path.is_dir():
+        raise ValueError(f"db={str(path)!r} is a directory; expected a database file (made "
+                         "if missing)")
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    try:
+        with open(path, "rb") as f:
+            header = f.read(len(SQLITE_HEADER))
+    except OSError as err:
+        raise ValueError(f"db={str(path)!r} cannot be read: {err.strerror}") from None
+    if header != SQLITE_HEADER:
+        raise ValueError(f"db={str(path)!r} is not a SQLite database; expected a collector's "
+                         "database or a new file")
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {r[0] for r in conn.execute(
+                "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        finally:
+            conn.close()
+    except sqlite3.Error as err:
+        raise ValueError(f"db={str(path)!r} cannot be read as SQLite: {err}") from None
+    others = tables - OUR_TABLES
+    if others or (tables and not {"points", "metric_descriptors"} <= tables):
+        raise ValueError(f"db={str(path)!r} is another program's SQLite database (tables "
+                         f"{', '.join(sorted(tables))[:120]}); expected a collector's database "
+                         "or a new file")
+
+
 class CollectorStore:
     """The SQLite file: written by the collector, read by anyone (WAL allows both at once)."""
 
@@ -381,26 +418,22 @@ class CollectorStore:
         if not create and not self.path.exists():
             raise FileNotFoundError(f"no collector database at {self.path}; start one with "
                                     f"`distrl collector --db {self.path}`")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        if create and not self.path.exists():
-            # Readable by its owner only; SQLite gives the -wal and -shm files the same mode.
-            os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
-        # isolation_level=None: the writer begins and commits its transactions itself.
-        self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30,
-                                    isolation_level=None)
-        self.conn.row_factory = sqlite3.Row
         if create:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: commits need no fsync
-            # Checkpoints (which do fsync) every ~80 MB of WAL instead of every 4 MB.
-            self.conn.execute("PRAGMA wal_autocheckpoint=20000")
-            had_labels = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = "
-                                           "'metric_labels'").fetchone()
-            self.conn.executescript(SCHEMA)
-            if not had_labels:  # a file written before the table existed
-                self.conn.execute("INSERT OR IGNORE INTO metric_labels SELECT DISTINCT "
-                                  "p.metric_type, j.key FROM points p, json_each(p.attributes) j")
-            self.conn.commit()
+            _check_db_file(self.path)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            if create and not self.path.exists():
+                # Readable by its owner only; SQLite gives the -wal and -shm files the same mode.
+                os.close(os.open(self.path, os.O_CREAT | os.O_WRONLY, 0o600))
+            # isolation_level=None: the writer begins and commits its transactions itself.
+            self.conn = sqlite3.connect(self.path, check_same_thread=False, timeout=30,
+                                        isolation_level=None)
+            self.conn.row_factory = sqlite3.Row
+            if create:
+                self._create()
+        except (OSError, sqlite3.Error) as err:
+            raise ValueError(f"db={str(self.path)!r} cannot be used: "
+                             f"{getattr(err, 'strerror', None) or err}") from None
         self._readers = threading.local()  # one read-only connection per reading thread
         self._reader_conns: list[sqlite3.Connection] = []
         _ATTRIBUTE_CACHE.max_bytes = self.limits.cache_bytes // 2
@@ -414,6 +447,19 @@ class CollectorStore:
             self._writer = threading.Thread(target=self._write_loop, daemon=True,
                                             name="collector-writer")
             self._writer.start()
+
+    def _create(self) -> None:
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: commits need no fsync
+        # Checkpoints (which do fsync) every ~80 MB of WAL instead of every 4 MB.
+        self.conn.execute("PRAGMA wal_autocheckpoint=20000")
+        had_labels = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = "
+                                       "'metric_labels'").fetchone()
+        self.conn.executescript(SCHEMA)
+        if not had_labels:  # a file written before the table existed
+            self.conn.execute("INSERT OR IGNORE INTO metric_labels SELECT DISTINCT "
+                              "p.metric_type, j.key FROM points p, json_each(p.attributes) j")
+        self.conn.commit()
 
     def close(self) -> None:
         if self._writer is not None:
@@ -1072,9 +1118,13 @@ def read_token(token_file: str | Path) -> str:
     """A bearer token from a file (a file, not an argument: arguments show in `ps`)."""
     path = Path(token_file)
     try:
+        mode = path.stat().st_mode & 0o777
         token = path.read_text().strip()
     except OSError as err:
         raise ValueError(f"token_file={str(path)!r} cannot be read: {err.strerror}") from None
+    if mode & 0o077:
+        raise ValueError(f"token_file={str(path)!r} is readable by others (mode {mode:o}); a "
+                         f"secret must be private: chmod 600 {path}")
     if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
         raise ValueError(f"token_file={str(path)!r} must hold one token of at least 16 "
                          "printable characters without spaces")

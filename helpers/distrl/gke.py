@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import ipaddress
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -674,6 +675,12 @@ def ensure_auth_token(path: str | Path = DEFAULT_TOKEN_FILE) -> Path:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.touch(mode=0o600)
         path.write_text(secrets.token_hex(32))
+    mode = path.stat().st_mode & 0o777
+    if mode & 0o077:  # Ray itself writes the file 0644 when it makes it
+        if path.stat().st_uid != os.getuid():
+            raise PermissionError(f"auth token file {path} is readable by others (mode "
+                                  f"{mode:o}) and not yours to tighten; make it 600")
+        path.chmod(0o600)
     return path
 
 
