@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -331,6 +332,77 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
     assert "no checkpoint at" in capsys.readouterr().err
     assert main(["--resume", "auto"]) == 2
     assert "needs --output-dir or --checkpoint-dir" in capsys.readouterr().err
+
+
+def _saved_checkpoint(directory, updates: int, config: ApexConfig) -> str:
+    """A checkpoint as a learner writes it (its optimizer left out: no learner reads it here)."""
+    from distrl.learner import write_checkpoint
+    from distrl.workers import initial_weights
+
+    weights = initial_weights(config)
+    arrays = {f"{net}_{i}": w for net in ("online", "target") for i, w in enumerate(weights)}
+    return write_checkpoint(directory, ({"updates": updates, "config": config.to_dict()}, arrays),
+                            keep=10)
+
+
+def test_resume_skips_a_checkpoint_cut_short_and_refuses_bad_ones_in_one_line(tmp_path, capsys):
+    """A truncated checkpoint gave a BadZipFile traceback with no fallback to the older ones
+    beside it; a truncated .json an error without the file's name; a checkpoint of another
+    network failed only once Ray had started; an output directory that is a file, a
+    traceback. Now: the newest readable checkpoint, each refusal one line naming the file,
+    and all of it before any process starts."""
+    import ray
+
+    from distrl.train import main, resumed_config
+
+    config = ApexConfig(env_id="CartPole-v1", hidden_sizes=(32, 32))
+    older = _saved_checkpoint(tmp_path / "checkpoints", 100, config)
+    newer = _saved_checkpoint(tmp_path / "checkpoints", 200, config)
+    Path(newer).write_bytes(Path(newer).read_bytes()[:1000])  # cut short by a lost node
+    assert resumed_config({"resume": "auto", "output_dir": str(tmp_path)}).resume == older
+    assert f"warning: checkpoint {newer} cannot be read (BadZipFile" in capsys.readouterr().err
+
+    def refusal(*argv: str) -> str:
+        assert main(list(argv)) == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and err.count("\n") == 1 and "Traceback" not in err
+        return err
+
+    assert refusal("--resume", newer).startswith(f"error: checkpoint {newer} cannot be read")
+    other = _saved_checkpoint(tmp_path / "other", 300, config.replace(hidden_sizes=(64,)))
+    assert "holds a network of weight shapes [(4, 64), (64,)," in refusal(
+        "--resume", other, "--hidden-sizes", "32", "32", "--output-dir", str(tmp_path / "o"))
+    Path(older[:-4] + ".json").write_text('{"updates": 1')  # cut short
+    assert refusal("--resume", older).startswith(
+        f"error: checkpoint metadata {older[:-4]}.json cannot be read (JSONDecodeError")
+    assert "none of the 2 checkpoints" in refusal("--resume", "auto", "--output-dir",
+                                                  str(tmp_path))
+    (tmp_path / "file").write_text("not a directory")
+    assert "output_dir='" + str(tmp_path / "file") + "' is a file" in refusal(
+        "--output-dir", str(tmp_path / "file"))
+    assert not ray.is_initialized()  # all of it refused before Ray
+
+
+def test_results_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
+    """A save that fails half-way (a full disk) left half a results.json; now the previous
+    file stays whole, and no partial file is left beside it."""
+    from dataclasses import MISSING, fields
+
+    values = {f.name: None for f in fields(TrainingResult) if f.name != "stop_reason"
+              and f.default is MISSING and f.default_factory is MISSING}
+    first = TrainingResult(**values, stop_reason="first").save(tmp_path / "results.json")
+    written = Path.write_text
+
+    def half_then_full_disk(self, text, *args, **kwargs):
+        written(self, text[:len(text) // 2], *args, **kwargs)
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        TrainingResult(**values, stop_reason="second").save(tmp_path / "results.json")
+    monkeypatch.undo()
+    assert TrainingResult.load(first).stop_reason == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
 def _train_command(out, *args: str) -> list[str]:

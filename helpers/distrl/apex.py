@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import re
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -114,9 +115,15 @@ class TrainingResult:
         return out
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Written whole or not at all (a rename): a reader never sees half a file."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=2))
+        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            partial.write_text(json.dumps(self.to_dict(), indent=2))
+            partial.replace(path)
+        finally:
+            partial.unlink(missing_ok=True)
         return path
 
     @classmethod
@@ -219,6 +226,16 @@ class ApeX:
         self.spec = network_spec(config)  # the same the actors' initial_weights build
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
+        _check_output_dir(self.output_dir)
+        # The checkpoint to resume from, read and checked against this network before any
+        # process starts.
+        self.resume = None
+        if config.resume is not None:
+            from distrl.learner import check_checkpoint_network, find_resume
+
+            self.resume = find_resume(config.resume, config.checkpoint_dir
+                                      or str(self.output_dir / "checkpoints"))
+            check_checkpoint_network(self.resume.arrays, self.spec, self.resume.path)
         if config.run_id is None:  # every process labels its telemetry with the same id
             self.config = config = config.replace(
                 run_id=f"{config.env_id}-{stamp}-{uuid.uuid4().hex[:6]}")
@@ -346,13 +363,12 @@ class ApeX:
         checkpoint_dir = c.checkpoint_dir or str(self.output_dir / "checkpoints")
         weights = initial_weights(c)  # what first-life actors compute for themselves
         resume_path, resumed = None, None
-        if c.resume is not None:
-            from distrl.learner import read_checkpoint, resolve_resume
-
-            resume_path = resolve_resume(c.resume, checkpoint_dir)
-            resumed, arrays = read_checkpoint(resume_path)
-            weights = [arrays[f"online_{i}"] for i in range(len(weights))]
+        if self.resume is not None:
+            resume_path, resumed = self.resume.path, self.resume.meta
+            weights = [self.resume.arrays[f"online_{i}"] for i in range(len(weights))]
         run = _Run(self, ray, t_start, resumed, resume_path)
+        for skipped in self.resume.skipped if self.resume else []:
+            run.events.append({"time_s": 0.0, "kind": "checkpoint skipped", "detail": skipped})
         if self.sigterm.is_set() or plan is None:  # nothing created yet: nothing to stop
             return run.stopped_before_start("sigterm", "SIGTERM during start-up")
         topology = create_topology(ray, c, plan, self.spec, self.obs_shape, weights,
@@ -405,6 +421,19 @@ class _DashboardStartFailure(logging.Filter):
 
 _DASHBOARD_FAILURES = _DashboardStartFailure()
 logging.getLogger("ray._private.services").addFilter(_DASHBOARD_FAILURES)
+
+
+def _check_output_dir(path: Path) -> None:
+    """A run's output directory exists (made here) and takes files, before anything starts."""
+    if path.exists() and not path.is_dir():
+        raise ValueError(f"output_dir={str(path)!r} is a file; expected a directory (made if "
+                         "missing)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):
+            pass
+    except OSError as err:
+        raise ValueError(f"output_dir={str(path)!r} cannot be written: {err.strerror}") from None
 
 
 class _Run:

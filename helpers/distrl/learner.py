@@ -22,6 +22,8 @@ import platform
 import re
 import sys
 import tempfile
+import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -402,27 +404,83 @@ def latest_checkpoint(directory: str | os.PathLike) -> str | None:
     return _uri(fs, found[-1]) if found else None
 
 
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read, or that no Learner of this config can take."""
+
+
 def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray]]:
-    """(metadata, arrays) of one checkpoint .npz (path or URI)."""
+    """(metadata, arrays) of one checkpoint .npz (path or URI). A checkpoint cut short, or
+    not a checkpoint, raises CheckpointError naming the file."""
     fs, name = _filesystem(path)
     if not CHECKPOINT_RE.search(name) or not fs.exists(name):
         raise FileNotFoundError(f"no checkpoint at {path!s} (expected .../checkpoint-NNNNNNNNN.npz)")
-    with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
-        arrays = {k: data[k] for k in data.files}
-    meta = json.loads(fs.cat_file(name[:-4] + ".json"))
+    try:
+        with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
+            arrays = {k: data[k] for k in data.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"checkpoint {path!s} cannot be read ({type(err).__name__}: "
+                              f"{err})") from None
+    json_name = name[:-4] + ".json"
+    try:
+        meta = json.loads(fs.cat_file(json_name))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"checkpoint metadata {_uri(fs, json_name)} cannot be read "
+                              f"({type(err).__name__}: {err})") from None
+    if not isinstance(meta, dict) or not {"updates", "config"} <= meta.keys():
+        raise CheckpointError(f"checkpoint metadata {_uri(fs, json_name)} has no updates and "
+                              "config: not a distrl checkpoint")
     return meta, arrays
 
 
-def resolve_resume(resume: str, checkpoint_dir: str) -> str:
-    """'auto' -> the newest checkpoint in checkpoint_dir; a directory -> its newest; a file as is."""
+@dataclass
+class Resume:
+    """The checkpoint a run resumes from, and the newer ones that could not be read."""
+
+    path: str
+    meta: dict
+    arrays: dict
+    skipped: list[str]
+
+
+def find_resume(resume: str, checkpoint_dir: str) -> Resume:
+    """'auto' -> the newest readable checkpoint in checkpoint_dir; a directory -> its newest
+    readable one (a checkpoint cut short by a lost node is skipped, and named); a file: that
+    checkpoint, or a CheckpointError."""
     target = checkpoint_dir if resume == "auto" else resume
     if CHECKPOINT_RE.search(str(target)):
-        read_checkpoint(target)  # raises a clear error if it is missing
-        return str(target)
-    found = latest_checkpoint(target)
-    if found is None:
+        return Resume(str(target), *read_checkpoint(target), [])
+    fs, root = _filesystem(target)
+    found = [_uri(fs, p) for p in _checkpoint_paths(fs, root)] if fs.exists(root) else []
+    if not found:
         raise FileNotFoundError(f"resume={resume!r}: no checkpoint-*.npz in {target}")
-    return found
+    skipped = []
+    for path in reversed(found):
+        try:
+            return Resume(path, *read_checkpoint(path), skipped)
+        except CheckpointError as err:
+            skipped.append(str(err))
+    raise CheckpointError(f"resume={resume!r}: none of the {len(found)} checkpoints in {target} "
+                          f"can be read; the newest: {skipped[0]}")
+
+
+def resolve_resume(resume: str, checkpoint_dir: str) -> str:
+    """The path find_resume picks."""
+    return find_resume(resume, checkpoint_dir).path
+
+
+def check_checkpoint_network(arrays: dict, spec, path: str) -> None:
+    """The checkpoint's online network has the layers spec builds, or a CheckpointError that
+    names both (before any process starts)."""
+    want = [shape for _, n_in, n_out in spec.layer_shapes() for shape in ((n_in, n_out),
+                                                                         (n_out,))]
+    got = [tuple(arrays[f"online_{i}"].shape) for i in range(len(arrays))
+           if f"online_{i}" in arrays]
+    if got != want:
+        raise CheckpointError(
+            f"checkpoint {path} holds a network of weight shapes {got}, and this config builds "
+            f"{want} (obs size {spec.obs_size}, hidden_sizes {list(spec.hidden_sizes)}, "
+            f"{spec.num_actions} actions, dueling={spec.dueling}): resume it with the "
+            "settings it was written with (its .json has them), or start a new run")
 
 
 def double_dqn_reference(online_q_next, target_q_next, q, action, reward, discount):

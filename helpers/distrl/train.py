@@ -64,16 +64,18 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
 def resumed_config(explicit: dict) -> ApexConfig:
     """--resume: the checkpoint's config, with the options given on this command line on top."""
-    from distrl.learner import read_checkpoint, resolve_resume
+    from distrl.learner import find_resume
 
     output_dir = explicit.get("output_dir")
     checkpoint_dir = explicit.get("checkpoint_dir") or (f"{output_dir}/checkpoints"
                                                         if output_dir else None)
     if explicit["resume"] == "auto" and checkpoint_dir is None:
         raise ValueError("resume='auto' needs --output-dir or --checkpoint-dir to look in")
-    path = resolve_resume(explicit["resume"], checkpoint_dir or "")
-    meta, _ = read_checkpoint(path)
-    return ApexConfig.from_dict(meta["config"]).replace(**(explicit | {"resume": path}))
+    resume = find_resume(explicit["resume"], checkpoint_dir or "")
+    for skipped in resume.skipped:
+        print(f"warning: {skipped}; resuming from an older checkpoint", file=sys.stderr)
+    return ApexConfig.from_dict(resume.meta["config"]).replace(
+        **(explicit | {"resume": resume.path}))
 
 
 def main(argv: list[str] | None = None) -> int:
