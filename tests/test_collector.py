@@ -220,21 +220,28 @@ def test_twenty_processes_at_once_nothing_lost_nothing_twice(collector):
 
 
 def test_later_exports_land_after_a_collector_restart(tmp_path):
-    db = tmp_path / "otel.db"
+    """An exporter keeps exporting through a collector's restart on the same port: what it
+    set before the stop and after the restart is stored, up to its last value. The exporter
+    runs until the restarted collector has its points (gRPC's reconnect backoff after the
+    stop lasts seconds, longer on a busy machine), so the test never races it."""
+    db, stop = tmp_path / "otel.db", tmp_path / "stop"
     script = textwrap.dedent("""
-        import sys, time
+        import os, sys, time
         from distrl.telemetry import setup_telemetry
         tel = setup_telemetry(endpoint=sys.argv[1], export_interval_ms=200, export_timeout_s=2)
         gauge = tel.meter.create_gauge("phase")
-        for phase in range(int(sys.argv[2])):
+        phase = 0
+        while not os.path.exists(sys.argv[2]):
             gauge.set(phase)
             print(phase, flush=True)
             time.sleep(0.25)  # a phase spans export intervals
+            phase += 1
         tel.shutdown()
+        print("last", phase - 1, flush=True)
     """)
     first = LocalCollector(db, port=0).start()
     port = first.port
-    proc = subprocess.Popen([sys.executable, "-c", script, first.endpoint, "24"],
+    proc = subprocess.Popen([sys.executable, "-c", script, first.endpoint, str(stop)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
     def reach(phase: int) -> None:
@@ -243,17 +250,29 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
             pass
         assert line, f"the exporter ended before phase {phase}: {proc.stderr.read()[-2000:]}"
 
-    reach(4)
-    first.stop()          # the collector goes away mid-run (after exports of phases 0-4) ...
-    reach(8)              # ... for several export intervals (0.2 s) that fail ...
-    second = LocalCollector(db, port=port).start()   # ... and comes back on the same port
+    second = None
     try:
-        proc.stdout.read()  # the rest of its phases
-        assert proc.wait(timeout=60) == 0
-        values = [p["value"] for p in second.store().points(PREFIX + "phase/gauge")]
+        reach(4)
+        first.stop()          # the collector goes away mid-run (after exports of phases 0-4) ...
+        reach(8)              # ... for several export intervals (0.2 s) that fail ...
+        second = LocalCollector(db, port=port).start()  # ... and comes back on the same port
+        store = second.store()
+        deadline = dt.datetime.now() + dt.timedelta(seconds=120)
+        while not store.query("SELECT 1 FROM points WHERE value > 8 LIMIT 1"):
+            assert dt.datetime.now() < deadline, "no export landed after the restart in 120 s"
+            threading.Event().wait(0.2)
+        stop.touch()
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0, err[-2000:]
+        last = int(out.splitlines()[-1].split()[1])
+        values = [p["value"] for p in store.points(PREFIX + "phase/gauge")]
     finally:
-        second.stop()
-    assert min(values) <= 2 and max(values) == 23  # before the restart and up to the end
+        stop.touch()
+        if proc.poll() is None:
+            proc.kill()
+        if second is not None:
+            second.stop()
+    assert min(values) <= 2 and max(values) == last  # before the restart and up to the end
 
 
 def test_collector_cli_serves_until_terminated(tmp_path):
@@ -526,10 +545,78 @@ def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
         assert store.points(PREFIX + "big/gauge") == []
 
 
+def _wide(name: str, series: range, t: int = 10):
+    return request(metrics_pb2.Metric(name=name, gauge={"data_points": [
+        number(t, 1.0, attrs=[kv("series", string_value=f"series-{i:06d}")]) for i in series]}))
+
+
+@pytest.mark.slow
+def test_reads_hold_no_more_memory_than_the_limits_print(tmp_path):
+    """One ListTimeSeries over 1 M series held 1.47 GB, two ListMetricDescriptors over 1 M
+    names 1.37 GB, against a printed bound of 592 MiB. Each read now holds at most
+    max_read_bytes (refused with RESOURCE_EXHAUSTED past it) and descriptors are streamed a
+    page at a time: two reads near the limit, two past it and two descriptor listings at once
+    grow the collector by less than max_queries x max_read_bytes."""
+    limits = Limits(max_queries=2, max_read_bytes=32 * MiB, page_cache_bytes=MiB)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+        for lo in range(0, 40_000, 5_000):
+            stub.Export(_wide("wide", range(lo, lo + 5_000)), timeout=60)
+        for lo in range(0, 10_000, 5_000):
+            stub.Export(_wide("near", range(lo, lo + 5_000)), timeout=60)
+        for lo in range(0, 4_000, 1_000):
+            stub.Export(request(*[metrics_pb2.Metric(name=f"named.{i:05d}", gauge={
+                "data_points": [number(10, 1.0)]}) for i in range(lo, lo + 1_000)]), timeout=60)
+        process = psutil.Process(collector.process.pid)
+        threading.Event().wait(1.0)
+        before, peak, done = process.memory_info().rss, [0], threading.Event()
+
+        def sample():
+            while not done.wait(0.01):
+                peak[0] = max(peak[0], process.memory_info().rss)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+
+        def read(metric: str):
+            for _ in range(120):  # a turn is retried, as a client retries it
+                try:
+                    if metric == "descriptors":
+                        return len(list(client.list_metric_descriptors(
+                            request={"name": "projects/local"}, timeout=120)))
+                    return len(list(client.list_time_series(request={
+                        "name": "projects/local",
+                        "filter": f'metric.type = "{PREFIX}{metric}/gauge"',
+                        "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 100}}},
+                        timeout=120)))
+                except ResourceExhausted as err:
+                    if "queries are running" not in str(err):
+                        return str(err)
+                    done.wait(0.25)
+            return "no turn in 120 tries"
+
+        try:
+            with futures.ThreadPoolExecutor(6) as pool:
+                answers = list(pool.map(read, ["near", "wide", "near", "wide", "descriptors",
+                                               "descriptors"]))
+        finally:
+            done.set()
+            sampler.join()
+        grown = peak[0] - before
+        assert answers[0] == answers[2] == 10_000, answers
+        assert all("would hold more than 32 MiB" in a for a in (answers[1], answers[3])), answers
+        assert answers[4] == answers[5] == 4_002, answers  # named.*, wide and near
+        held = limits.max_queries * limits.max_read_bytes
+        print(f"reads grew the collector by {grown / MiB:.0f} MiB; the limit {held / MiB:.0f} MiB")
+        assert grown < held, f"reads grew the collector by {grown / MiB:.0f} MiB"
+
+
 # Every limit away from its default, so a limit that does not reach the collector shows.
 ODD_LIMITS = Limits(max_message_bytes=3 * MiB + 1, max_exports=3, max_queries=1,
                     cache_bytes=5 * MiB, page_cache_bytes=1, max_rows_scanned=10,
-                    max_series=30, max_metric_types=40, max_series_periods=20,
+                    max_read_bytes=30 * MiB, max_metric_types=40, max_series_periods=20,
                     max_query_s=7.5)
 
 
@@ -682,6 +769,15 @@ def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
                     busy.append(1)
                     stop.wait(0.1)
 
+        process = psutil.Process(collector.process.pid)
+        before, peak = process.memory_info().rss, [0]
+
+        def sample():
+            while not stop.wait(0.05):
+                peak[0] = max(peak[0], process.memory_info().rss)
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
         reader = threading.Thread(target=read_loop)
         reader.start()
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent),
@@ -694,7 +790,10 @@ def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
         finally:
             stop.set()
             reader.join(timeout=120)
+            sampler.join(timeout=10)
         assert reads and set(reads) == {20_000}  # every heavy read was whole
+        grown, bound = peak[0] - before, Limits().memory_bound_bytes()
+        assert grown < bound, f"the collector grew {grown / MiB:.0f} MiB; it prints {bound / MiB:.0f}"
         store = collector.store()
         for result in results:
             for index, acked in result["acked"].items():
@@ -706,7 +805,8 @@ def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
         p99 = float(np.percentile(latencies, 99))
         print(f"soak: {len(latencies):,} exports, {refused} refused 20 times, p50 "
               f"{np.percentile(latencies, 50) * 1e3:.0f} ms, p99 {p99 * 1e3:.0f} ms, "
-              f"{len(reads)} whole reads of 20,000 series, {len(busy)} reads told to retry")
+              f"{len(reads)} whole reads of 20,000 series, {len(busy)} reads told to retry, "
+              f"memory +{grown / MiB:.0f} MiB of the {bound / MiB:.0f} MiB it prints")
         assert len(latencies) >= 20 * 20  # every exporter kept exporting, about 1 a second
         assert refused == 0, f"{refused} of {len(latencies)} exports were refused 20 times"
         assert p99 < SOAK_P99_BOUND_S

@@ -10,7 +10,14 @@ Every point and span of a request is committed to SQLite (one file, WAL) before 
 call is acknowledged. Metrics are stored under the metric types Cloud Monitoring gives them
 through GKE Managed OpenTelemetry: the OTel name keeps its dots and gets its kind appended
 (`/histogram`, `/counter` for monotonic sums, `/gauge` for gauges and non-monotonic sums).
-A point that is exported twice (an exporter retry) is stored once.
+A point that is exported twice (an exporter retry) is stored once; a second, different value
+of a series at a stored time is refused, as is a point that no read could use (a summary, a
+non-finite value, buckets beyond a double): each in the reply's partial_success, naming it.
+
+No client holds the collector for long: a call has MESSAGE_WAIT_S to send its message before
+it takes a turn (exports and reads each have their own), a caller without the token (when one
+is set) is refused at its headers, and a failed commit (a full disk) is answered UNAVAILABLE,
+which exporters retry.
 
 With http_port, the same store also takes OTLP/HTTP with protobuf bodies (POST /v1/metrics,
 /v1/traces: what GKE's managed collector documents on its port 4318).
@@ -60,6 +67,8 @@ METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MiB = 2**20
 
 
+# gRPC threads for calls still receiving their message, beside the admitted exports and reads.
+RECEIVING_CALLS = 8
 # gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
 LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 
@@ -67,9 +76,10 @@ LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries
 @dataclass(frozen=True)
 class Limits:
     """What bounds a long-running collector's memory and the cost of each read; printed at
-    start. Memory peaks near memory_bound_bytes(): for each Export in flight on either receiver
-    about 8 times its size (wire bytes, the parsed message, the rows; measured with
-    benchmarks/collector_under_load.py), plus the caches."""
+    start. Memory stays under memory_bound_bytes(): for each Export in flight on either
+    receiver about 8 times its size (wire bytes, the parsed message, the rows; measured with
+    benchmarks/collector_under_load.py), max_read_bytes for each read, and the caches
+    (tests/test_collector.py measures both)."""
 
     # Each docstring is also the help of the field's `distrl collector` option.
     # 4 MiB: gRPC's and the OpenTelemetry Collector's default; an SDK export is kilobytes.
@@ -86,8 +96,8 @@ class Limits:
     """results kept for their next pages"""
     max_rows_scanned: int = 2_000_000
     """points (or metric descriptors) one read may scan"""
-    max_series: int = 100_000
-    """series one ListTimeSeries may hold"""
+    max_read_bytes: int = 64 * MiB
+    """memory one read may hold (the series and points it has read, estimated as it reads)"""
     max_metric_types: int = 10_000
     """metric types the store takes; points of a new one past it are refused"""
     max_series_periods: int = 5_000_000
@@ -97,7 +107,7 @@ class Limits:
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
-                     "page_cache_bytes", "max_rows_scanned", "max_series", "max_metric_types",
+                     "page_cache_bytes", "max_rows_scanned", "max_read_bytes", "max_metric_types",
                      "max_series_periods"):
             value, most = getattr(self, name), LIMIT_MAXIMA.get(name, 2**62)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
@@ -111,7 +121,12 @@ class Limits:
                              "in (0, 3600)")
 
     def memory_bound_bytes(self) -> int:
-        return (2 * self.max_exports * self.max_message_bytes * 8 + self.cache_bytes
+        # Exports: about 8 times the message for each one stored at once, on either receiver
+        # (measured with benchmarks/collector_under_load.py); a gRPC thread still receiving or
+        # refusing one holds one message. Reads: what each may hold. Then the caches.
+        receiving = self.max_queries + RECEIVING_CALLS
+        return ((2 * self.max_exports * 8 + receiving) * self.max_message_bytes
+                + self.max_queries * self.max_read_bytes + self.cache_bytes
                 + self.page_cache_bytes)
 
     def describe(self) -> str:
@@ -119,7 +134,8 @@ class Limits:
                 f"the baseline; messages up to {self.max_message_bytes / MiB:g} MiB, "
                 f"{self.max_exports} concurrent exports per receiver, {self.max_queries} "
                 f"concurrent queries of at most {self.max_rows_scanned:,} points, "
-                f"{self.max_series_periods:,} series x periods and {self.max_query_s:g} s, "
+                f"{self.max_read_bytes / MiB:g} MiB, {self.max_series_periods:,} series x "
+                f"periods and {self.max_query_s:g} s, {self.max_metric_types:,} metric types, "
                 f"caches {self.cache_bytes / MiB:g} MiB + pages {self.page_cache_bytes / MiB:g} "
                 "MiB")
 
@@ -845,8 +861,6 @@ def _stored(context, write, request):
 # A call's one message must arrive within this time of its start, or the call is cancelled:
 # a client that sends headers and then nothing (or a trickle) holds a thread no longer.
 MESSAGE_WAIT_S = 5.0
-# Threads for calls still receiving their message, beside the admitted exports and reads.
-RECEIVING_CALLS = 8
 
 
 class _Watchdog:
