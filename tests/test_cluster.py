@@ -562,6 +562,13 @@ def test_command_line_up_status_down(capsys, tmp_path, own_tmpdir, monkeypatch):
         assert state["dashboard_url"] in capsys.readouterr().out
         groups = [p.pid for g in state["groups"] for p in [psutil.Process(g)]]
         tree = groups + [c.pid for g in groups for c in psutil.Process(g).children(recursive=True)]
+        # Every process of both nodes listens on loopback only (Ray's default: every interface).
+        addresses = set()
+        for pid in tree:
+            with contextlib.suppress(psutil.Error):
+                addresses |= {c.laddr.ip for c in psutil.Process(pid).net_connections("inet")
+                              if c.status == psutil.CONN_LISTEN}
+        assert addresses and addresses <= {"127.0.0.1", "::ffff:127.0.0.1"}, addresses
     finally:
         assert main(["down"]) == 0
     assert f"Ray cluster down; its logs stay in {tmp_path / 'logs'}" in capsys.readouterr().out

@@ -53,6 +53,7 @@ from distrl.faults import (
     ray_keeps_our_sigterm_handler,
     restore_sigterm,
 )
+from distrl.loopback import join_ray
 from distrl.network import NetworkSpec
 from distrl.process_telemetry import IterationTraces, ProcessTelemetry
 from distrl.workers import (
@@ -345,7 +346,7 @@ class ApeX:
         try:
             with ray_keeps_our_sigterm_handler():
                 if os.environ.get("RAY_ADDRESS"):
-                    ray.init(address=os.environ["RAY_ADDRESS"], **options)
+                    join_ray(os.environ["RAY_ADDRESS"], **options)
                 else:
                     init_local_ray(stop=self.sigterm.is_set, **options)
         except StartInterrupted:

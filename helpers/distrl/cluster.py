@@ -37,6 +37,8 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+from distrl.loopback import LOOPBACK_ENV, on_loopback
+
 
 def state_file() -> Path:
     """`distrl cluster up`'s record, in this user's own state directory ($XDG_STATE_HOME, else
@@ -142,6 +144,8 @@ class LocalCluster:
     """a distrl.autoscale.NodeGroup: worker nodes added and removed with Ray's demand"""
     on_event: Callable[[str], None] | None = None
     """called with one line per autoscaler event (e.g. print)"""
+    loopback_only: bool = True
+    """every node listens on 127.0.0.1 only (False: on every interface, Ray's default)"""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self):
@@ -160,6 +164,8 @@ class LocalCluster:
                 raise ValueError(f"{name}={value!r}: expected a port from 0 (any free) to 65535")
         if not self.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s={self.start_timeout_s!r}: expected > 0")
+        if not isinstance(self.loopback_only, bool):
+            raise ValueError(f"loopback_only={self.loopback_only!r}: expected True or False")
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             raise ValueError(f"log_dir={str(self.log_dir)!r}: exists and is not a directory")
@@ -211,7 +217,7 @@ class LocalCluster:
                 f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                 *_node_ports(0, head_ports=(self.port, self.dashboard_port)),
-                "--disable-usage-stats"], self.head_cpus, {}))
+                *self._node_address(), "--disable-usage-stats"], self.head_cpus, {}))
             # One node at a time: nodes on one machine share the session directory, and Ray's
             # choice of socket names there (raylet.1, raylet.2, ...) races when they start at once.
             for i in range(self.num_workers):
@@ -235,15 +241,22 @@ class LocalCluster:
         env = {"RAY_HEAD_ADDRESS": self.address, "RAY_NUM_CPUS": f"{cpus:g}",
                "WAIT_FOR_HEAD_TIMEOUT_S": f"{self.start_timeout_s:g}",
                "WAIT_FOR_HEAD_INTERVAL_S": "0.5"}
+        if self.loopback_only:  # `ray start` that keeps 127.0.0.1 (distrl.loopback)
+            env["RAY_START"] = "python -m distrl.loopback start"
         return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
-                                       *_node_ports(len(self.nodes)), "--disable-usage-stats"],
-                                cpus, env, group)
+                                       *_node_ports(len(self.nodes)), *self._node_address(),
+                                       "--disable-usage-stats"], cpus, env, group)
+
+    def _node_address(self) -> list[str]:
+        return ["--node-ip-address=127.0.0.1"] if self.loopback_only else []
 
     def _start_node(self, name: str, argv: list[str], cpus: float, env: dict,
                     group: str | None = None) -> Node:
         log = Path(self.log_dir) / f"{name}.log"
         with open(log, "w") as out:
             # Its own session: stop() ends the node and everything it spawned as one group.
+            if self.loopback_only:
+                env = {**LOOPBACK_ENV, **env}
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                        env=node_env(env), start_new_session=True,
                                        preexec_fn=_start_with_priority)
@@ -504,7 +517,7 @@ def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
         began = time.time()
         try:
             with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")), \
-                    _raylet_registration_polled(stop), _on_loopback(loopback_only):
+                    _raylet_registration_polled(stop), on_loopback(loopback_only):
                 return ray.init(address="local", **ray_init_kwargs)
         except Exception as e:
             seen_ending = isinstance(e, RayletNotRegistered)
@@ -523,33 +536,6 @@ def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
                                    f"{logs}") from e
             print(f"Ray's node did not start ({why}); {logs}; starting Ray again "
                   f"({attempt + 1} of {attempts})", file=sys.stderr, flush=True)
-
-
-@contextlib.contextmanager
-def _on_loopback(loopback_only: bool):
-    """While ray.init starts a node: the node's address is 127.0.0.1, so that its GCS, raylet
-    and agents listen there only. Ray 2.60's servers bind 127.0.0.1 only when the node's
-    address is exactly that (src/ray/rpc/grpc_server.cc, listen_to_localhost_only), and Ray
-    turns a 127.0.0.1 given as _node_ip_address into the machine's routable address unless
-    ray_constants.ENABLE_RAY_CLUSTER is off (ray/_private/services.py,
-    get_node_ip_address); its processes read it from RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER."""
-    if not loopback_only:
-        yield
-        return
-    from ray._private import ray_constants
-
-    before = (ray_constants.ENABLE_RAY_CLUSTER,
-              os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"))
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = before[0]
-        if before[1] is None:
-            os.environ.pop("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", None)
-        else:
-            os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = before[1]
 
 
 class RayletNotRegistered(RuntimeError):
@@ -1033,9 +1019,10 @@ def _node_processes(leader: int) -> _NodeProcesses:
 
 
 def _is_ray_start(cmdline: list[str]) -> bool:
-    """`ray start ...` (Ray's CLI script, run by its python or on its own)."""
-    return any(Path(a).name == "ray" and cmdline[i + 1:i + 2] == ["start"]
-               for i, a in enumerate(cmdline))
+    """`ray start ...` (Ray's CLI script, run by its python or on its own), or the same
+    through `python -m distrl.loopback start ...`."""
+    return any((Path(a).name == "ray" or a == "distrl.loopback")
+               and cmdline[i + 1:i + 2] == ["start"] for i, a in enumerate(cmdline))
 
 
 def _terminate_leaders(leaders: list[int], deadline: float) -> set[Path]:
@@ -1105,6 +1092,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--log-dir", default=None,
                         help="where the nodes' logs go (default: a new distrl-cluster-* folder "
                              "in the temp dir); they stay after `down`")
+    parser.add_argument("--all-interfaces", action="store_true",
+                        help="nodes listen on every interface (default: 127.0.0.1 only); "
+                             "anyone who reaches them then needs only the auth token")
     args = parser.parse_args(argv)
     state_path = state_file()
     try:
@@ -1119,7 +1109,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         try:
             cluster = LocalCluster(args.workers, args.cpus_per_worker, args.head_cpus,
-                                   log_dir=args.log_dir).start()
+                                   log_dir=args.log_dir,
+                                   loopback_only=not args.all_interfaces).start()
             cluster.detach()
         except (ValueError, ClusterError) as e:
             print(f"error: {e}", file=sys.stderr)

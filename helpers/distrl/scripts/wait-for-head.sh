@@ -9,6 +9,8 @@
 #   WAIT_FOR_HEAD_TIMEOUT_S    give up after this many seconds (default 300)
 #   WAIT_FOR_HEAD_INTERVAL_S   seconds between tries (default 2)
 #   RAY_NUM_CPUS               CPUs this node offers to Ray (default: Ray detects them)
+#   RAY_START                  the command that starts the node (default: ray start; a local
+#                              cluster's keeps 127.0.0.1 as the node's address)
 #   RAY_AUTH_MODE              token (default) or disabled; the token comes from RAY_AUTH_TOKEN,
 #                              the file RAY_AUTH_TOKEN_PATH names (the plain manifests mount the
 #                              Secret there), or ~/.ray/auth_token
@@ -43,4 +45,5 @@ echo "wait-for-head: the Ray head at $RAY_HEAD_ADDRESS is up; joining"
 if [ -n "${RAY_NUM_CPUS:-}" ]; then
   set -- "--num-cpus=$RAY_NUM_CPUS" "$@"
 fi
-exec ray start --address="$RAY_HEAD_ADDRESS" "$@"
+# shellcheck disable=SC2086 # RAY_START is a command and its arguments
+exec ${RAY_START:-ray start} --address="$RAY_HEAD_ADDRESS" "$@"
