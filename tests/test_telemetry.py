@@ -263,29 +263,46 @@ def test_no_collector_no_flood_and_a_bounded_shutdown():
 
 def test_a_shutdown_whose_time_is_up_stops_the_exports_still_in_flight():
     """A collector that accepts TCP and never answers: the flush outlives the 1 s given, and
-    shutdown then stops the exporters, so no thread exports on in a process that lives on."""
+    shutdown then stops the exporters, so no thread exports on in a process that lives on.
+    What each flush was doing is recorded when shutdown stops the exporters (a flush thread
+    may end as soon as that has happened: counting the living ones afterwards raced them)."""
     program = textwrap.dedent("""
         import socket, threading, time
         from distrl.telemetry import setup_telemetry
+        started, alive_at_stop = [], []
+        start = threading.Thread.start
+        def recorded_start(thread):
+            if thread.name == "otel-shutdown":
+                started.append(thread)
+            start(thread)
+        threading.Thread.start = recorded_start
         mute = socket.socket()
         mute.bind(("127.0.0.1", 0))
         mute.listen()  # the kernel completes the handshake; nothing reads
         tel = setup_telemetry(endpoint=f"http://127.0.0.1:{mute.getsockname()[1]}",
                               export_timeout_s=30)
+        for exporter in tel.exporters:
+            def stop(*args, original=exporter.shutdown, **kwargs):
+                alive_at_stop.append(sum(t.is_alive() for t in started))
+                return original(*args, **kwargs)
+            exporter.shutdown = stop
         tel.meter.create_counter("c").add(1)
         with tel.tracer.start_as_current_span("s"):
             pass
+        began = time.monotonic()
         tel.shutdown(timeout_s=1)
-        flushes = [t for t in threading.enumerate() if t.name == "otel-shutdown"]
-        for flush in flushes:
+        waited = time.monotonic() - began
+        for flush in started:
             flush.join(10)
-        print("flushes", len(flushes), "alive", sum(t.is_alive() for t in flushes))
+        print("flushes", len(started), "alive_at_stop", alive_at_stop[0], "alive_after",
+              sum(t.is_alive() for t in started), "waited_1s", waited >= 1.0)
     """)
     out = run_program(program, {}, timeout=60)
     assert out.returncode == 0, out.stderr
-    # Both flushes were still waiting at 1 s (the export's own deadline is 30 s), and both
-    # ended once their exporters were stopped, within 10 s, not 30.
-    assert out.stdout.split() == ["flushes", "2", "alive", "0"], out.stdout + out.stderr
+    # Both flushes were still waiting at 1 s (the export's own deadline is 30 s) when shutdown
+    # stopped the exporters, and both ended once they were stopped, within 10 s, not 30.
+    assert out.stdout.split() == ["flushes", "2", "alive_at_stop", "2", "alive_after", "0",
+                                  "waited_1s", "True"], out.stdout + out.stderr
 
 
 def test_nothing_listens_at_probes_only_this_machine():
