@@ -76,8 +76,9 @@ LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries
 @dataclass(frozen=True)
 class Limits:
     """What bounds a long-running collector's memory and the cost of each read; printed at
-    start. Memory stays under memory_bound_bytes(): for each Export in flight on either
-    receiver about 8 times its size (wire bytes, the parsed message, the rows; measured with
+    start. Memory stays under memory_bound_bytes() above the baseline of the collector and its
+    reader processes: for each Export in flight on either receiver about 8 times its size
+    (wire bytes, the parsed message, the rows; measured with
     benchmarks/collector_under_load.py), max_read_bytes for each read, and the caches
     (tests/test_collector.py measures both)."""
 
@@ -96,7 +97,7 @@ class Limits:
     """results kept for their next pages"""
     max_rows_scanned: int = 2_000_000
     """points (or metric descriptors) one read may scan"""
-    max_read_bytes: int = 64 * MiB
+    max_read_bytes: int = 128 * MiB
     """memory one read may hold (the series and points it has read, estimated as it reads)"""
     max_metric_types: int = 10_000
     """metric types the store takes; points of a new one past it are refused"""
@@ -900,20 +901,124 @@ class _Watchdog:
                 self._lock.wait(self._due[0][0] - now if self._due else None)
 
 
+# A reader process's CPU priority (nice): ingestion goes first.
+READ_NICE = 10
+# How long a read waits for a free reader before RESOURCE_EXHAUSTED, and for a new reader
+# process to have imported what it needs.
+READ_TURN_S, READER_START_S = 1.0, 60.0
+
+
+class _Reader:
+    def __init__(self, process, conn):
+        self.process, self.conn = process, conn
+        self.ready = False  # it has answered once: its imports are done
+
+
+class _Readers:
+    """The processes that answer MetricService reads (monitoring.reader_main): up to
+    max_queries, each started at its first read and kept, one read at a time each. A read
+    that finds none free within READ_TURN_S is answered RESOURCE_EXHAUSTED; one that outlives
+    its deadline, or whose process died, ends with its process, and a new one takes its
+    place at the next read."""
+
+    def __init__(self, db_path: Path, limits: Limits):
+        self.db_path, self.limits = str(db_path.resolve()), limits
+        self.idle: queue.Queue = queue.Queue()
+        self.started, self.all, self.lock = 0, [], threading.Lock()
+
+    def _turn(self) -> _Reader | None:
+        try:
+            return self.idle.get_nowait()
+        except queue.Empty:
+            pass
+        with self.lock:
+            if self.started < self.limits.max_queries:
+                self.started += 1
+                return self._start()
+        try:
+            return self.idle.get(timeout=READ_TURN_S)
+        except queue.Empty:
+            return None
+
+    def _start(self) -> _Reader:
+        import multiprocessing
+
+        context = multiprocessing.get_context("spawn")  # a fork would copy gRPC's threads
+        conn, child = context.Pipe()
+        process = context.Process(target=monitoring.reader_main, daemon=True,
+                                  args=(child, self.db_path, self.limits, READ_NICE),
+                                  name="collector-reader")
+        process.start()
+        child.close()
+        reader = _Reader(process, conn)
+        self.all.append(reader)
+        return reader
+
+    def _end(self, reader: _Reader) -> None:
+        reader.process.kill()
+        reader.process.join(5)
+        reader.conn.close()
+        with self.lock:
+            self.started -= 1
+            self.all.remove(reader)
+
+    def answer(self, method: str, request: bytes, context):
+        reader = self._turn()
+        if reader is None:
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.limits.max_queries} queries are running; retry shortly")
+        remaining = context.time_remaining()
+        seconds = min(self.limits.max_query_s, self.limits.max_query_s if remaining is None
+                      else max(remaining, 0.0))
+        try:
+            reader.conn.send((method, request, seconds))
+            # A new reader first imports what it needs; then the read has its deadline.
+            if reader.conn.poll(seconds + 5 + (0 if reader.ready else READER_START_S)):
+                code, payload = reader.conn.recv()
+                reader.ready = True
+                self.idle.put(reader)
+            else:
+                self._end(reader)
+                code, payload = (grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
+                                 f"the query ran past its deadline of {seconds:.1f} s")
+        except (EOFError, OSError):  # the reader died (killed, out of memory)
+            self._end(reader)
+            code, payload = (grpc.StatusCode.UNAVAILABLE.value[0],
+                             "the collector's reader process ended; retry")
+        if code:
+            context.abort(_STATUS_OF[code], payload if len(payload) <= 400
+                          else payload[:400] + "...")
+        return payload
+
+    def stop(self) -> None:
+        for reader in list(self.all):
+            with contextlib.suppress(OSError):
+                reader.conn.send(None)
+        for reader in list(self.all):
+            reader.process.join(2)
+            if reader.process.is_alive():
+                reader.process.kill()
+                reader.process.join(5)
+            reader.conn.close()
+        self.all.clear()
+
+
+_STATUS_OF = {code.value[0]: code for code in grpc.StatusCode}
+
+
 class _Calls:
     """Every gRPC method of the collector, admitted in two steps. A call first receives its
     one message within MESSAGE_WAIT_S; only then does it ask for a turn, exports and reads
     each from their own slots, so that a stalled client holds no slot and neither kind of
     call can take the other's turns. Without a turn a call is answered RESOURCE_EXHAUSTED
-    (exporters retry it)."""
+    (exporters retry it). Reads are answered in processes of their own (_Readers)."""
 
     def __init__(self, store: CollectorStore):
         limits = store.limits
         self.watchdog = _Watchdog()
         self.exports = threading.BoundedSemaphore(limits.max_exports)
-        self.reads = threading.BoundedSemaphore(limits.max_queries)
         self.limits = limits
-        self.service = monitoring.MetricService(store)
+        self.readers = _Readers(store.path, limits)
         self.threads = limits.max_exports + limits.max_queries + RECEIVING_CALLS
         otlp = {
             "opentelemetry.proto.collector.metrics.v1.MetricsService": (
@@ -921,18 +1026,13 @@ class _Calls:
             "opentelemetry.proto.collector.trace.v1.TraceService": (
                 trace_service_pb2.ExportTraceServiceRequest, "traces", store.write_spans)}
         self.handlers = [grpc.method_handlers_generic_handler(service, {"Export": self._handler(
-            request_type, functools.partial(self._export, kind, write), self.exports)})
+            request_type, functools.partial(self._export, kind, write))})
             for service, (request_type, kind, write) in otlp.items()]
         self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
-            method: self._handler(monitoring.request_type(method),
-                                  functools.partial(monitoring.answer, self.service, method),
-                                  self.reads)
+            method: self._handler(None, functools.partial(self.readers.answer, method))
             for method in monitoring.METHODS}))
 
-    def _handler(self, request_type, function, turns):
-        what = "exports" if turns is self.exports else "queries"
-        slots = self.limits.max_exports if turns is self.exports else self.limits.max_queries
-
+    def _handler(self, request_type, function):
         def handle(requests, context):
             entry = self.watchdog.arm(context, MESSAGE_WAIT_S)
             try:
@@ -944,26 +1044,25 @@ class _Calls:
                               f"no request message within {MESSAGE_WAIT_S:g} s")
             finally:
                 self.watchdog.disarm(entry)
-            # An export does not wait for a turn (its message is held meanwhile); a read
-            # waits up to a second.
-            if not turns.acquire(timeout=0 if turns is self.exports else 1.0):
-                context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                              f"{slots} {what} are running; retry shortly")
-            try:
-                return function(request, context)
-            finally:
-                turns.release()
+            return function(request, context)
 
         return grpc.stream_unary_rpc_method_handler(
             handle, request_deserializer=request_type.FromString if request_type else None,
-            response_serializer=lambda message: message.SerializeToString())
+            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString())
 
-    @staticmethod
-    def _export(kind, write, request, context):
-        return _response(kind, _stored(context, write, request))
+    def _export(self, kind, write, request, context):
+        # An export does not wait for a turn: its message is held meanwhile.
+        if not self.exports.acquire(blocking=False):
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                          f"{self.limits.max_exports} exports are running; retry shortly")
+        try:
+            return _response(kind, _stored(context, write, request))
+        finally:
+            self.exports.release()
 
     def stop(self) -> None:
         self.watchdog.stop()
+        self.readers.stop()
 
 
 def _response(kind: str, stored: tuple[int, int, str]):

@@ -75,6 +75,7 @@ import numpy as np
 import re2
 from google.api import label_pb2, metric_pb2
 from google.cloud import monitoring_v3
+from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
 RESOURCE_TYPE = "prometheus_target"
@@ -1213,3 +1214,62 @@ def answer(service: MetricService, method: str, request, context):
     except Refused as err:
         message = str(err)
         context.abort(err.code, message if len(message) <= 400 else message[:400] + "...")
+
+
+# ---- answering in a reader process ----
+# Reads are Python work that holds the interpreter lock for seconds; in the collector's own
+# process they made every export wait for it (export p99 30x its value alone,
+# benchmarks/collector_under_load.py). The collector therefore answers reads in processes
+# of their own, at a lower CPU priority, on read-only connections to the same file (WAL).
+
+_READER: MetricService | None = None
+
+
+class _ReadDeadline:
+    """What Budget and answer() ask of a gRPC context, in a reader process: the time left of
+    the call (the collector passes it), and abort() as a Refused."""
+
+    def __init__(self, seconds: float):
+        self.end = time.monotonic() + seconds
+
+    def time_remaining(self) -> float:
+        return max(0.0, self.end - time.monotonic())
+
+    def is_active(self) -> bool:
+        return True  # a client that goes away is not seen here: the read ends at its deadline
+
+    def abort(self, code: grpc.StatusCode, message: str):
+        raise Refused(code, message)
+
+
+def reader_main(conn, db_path: str, limits, nice: int) -> None:
+    """A reader process (collector._Readers): at a lower priority, answers the calls that
+    come through conn with answer_bytes until it gets None or conn closes."""
+    import os
+
+    from distrl.collector import CollectorStore
+
+    global _READER
+    os.nice(nice)
+    _READER = MetricService(CollectorStore(db_path, limits=limits))
+    while True:
+        try:
+            call = conn.recv()
+        except (EOFError, OSError):  # the collector has gone
+            return
+        if call is None:
+            return
+        conn.send(answer_bytes(*call))
+
+
+def answer_bytes(method: str, request: bytes, seconds: float) -> tuple[int, bytes | str]:
+    """One MetricService call in a reader process: (0, the response's bytes), or (a gRPC
+    status code's number, its message)."""
+    context = _ReadDeadline(seconds)
+    try:
+        message = request_type(method).FromString(request) if method in ANSWERED else None
+        return 0, answer(_READER, method, message, context).SerializeToString()
+    except Refused as err:
+        return err.code.value[0], str(err)
+    except DecodeError as err:
+        return grpc.StatusCode.INVALID_ARGUMENT.value[0], f"not a {method} request: {err}"

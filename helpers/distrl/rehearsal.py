@@ -108,6 +108,9 @@ class ManifestRehearsal(LocalCluster):
     runs_dir: str | Path = ""
     token_file: str | Path = ""
     workers_per_group: int = 1
+    loopback_only: bool = False
+    """the pods' own `ray start`, which listens on every interface, as in a pod: a rehearsal
+    lasts a test or a notebook cell, and its nodes require the Ray token"""
     rewrites: list[str] = field(default_factory=list)
     pods: list[PodCommand] = field(default_factory=list)
 
