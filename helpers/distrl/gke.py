@@ -352,15 +352,11 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
               f"--location={s.region}", project, "--quiet"),
              exists=("gcloud", "artifacts", "repositories", "describe", s.repository,
                      f"--location={s.region}", project, "--format=value(name)")),
-        Step("Create the build service account",
-             ("gcloud", "iam", "service-accounts", "create", s.build_service_account,
-              "--display-name=distrl image builds", project),
-             "Cloud Build's default identity in new projects is the Compute Engine default "
-             "service account, which may hold no roles; this one holds exactly what a build "
-             "needs.",
-             ("gcloud", "iam", "service-accounts", "delete", s.build_email, project, "--quiet"),
-             exists=("gcloud", "iam", "service-accounts", "describe", s.build_email, project,
-                     "--format=value(email)")),
+        _service_account("Create the build service account", s.build_service_account,
+                         s.build_email, "distrl image builds", project,
+                         "Cloud Build's default identity in new projects is the Compute Engine "
+                         "default service account, which may hold no roles; this one holds "
+                         "exactly what a build needs."),
         Step("Create the build bucket",
              ("gcloud", "storage", "buckets", "create", f"gs://{s.build_bucket}",
               f"--location={s.build_region}", "--uniform-bucket-level-access", project),
@@ -398,19 +394,25 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
     ]
 
 
+def _service_account(title: str, account: str, email: str, display: str, project: str,
+                     why: str) -> Step:
+    """Create a service account (deleted on teardown; skipped when it exists)."""
+    return Step(title, ("gcloud", "iam", "service-accounts", "create", account,
+                        f"--display-name={display}", project), why,
+                ("gcloud", "iam", "service-accounts", "delete", email, project, "--quiet"),
+                exists=("gcloud", "iam", "service-accounts", "describe", email, project,
+                        "--format=value(email)"))
+
+
 def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
     member = f"serviceAccount:{s.node_email}"
     return [
-        Step("Create the node service account",
-             ("gcloud", "iam", "service-accounts", "create", s.node_service_account,
-              "--display-name=distrl GKE nodes", project),
-             "The nodes' own identity: where the organization policy "
-             "iam.automaticIamGrantsForDefaultServiceAccounts is enforced (organizations "
-             "created since 2024-05-03), the Compute Engine default account has no roles and "
-             "nodes running as it cannot pull the image.",
-             ("gcloud", "iam", "service-accounts", "delete", s.node_email, project, "--quiet"),
-             exists=("gcloud", "iam", "service-accounts", "describe", s.node_email, project,
-                     "--format=value(email)")),
+        _service_account("Create the node service account", s.node_service_account,
+                         s.node_email, "distrl GKE nodes", project,
+                         "The nodes' own identity: where the organization policy "
+                         "iam.automaticIamGrantsForDefaultServiceAccounts is enforced "
+                         "(organizations created since 2024-05-03), the Compute Engine default "
+                         "account has no roles and nodes running as it cannot pull the image."),
         _grant("Let the nodes act as GKE nodes", member, NODE_ROLE, ("projects",),
                s.project_id, ("--condition=None", project),
                "What a node needs to run (logs, metrics, the node's own API calls)."),
