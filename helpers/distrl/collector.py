@@ -852,7 +852,7 @@ def _stored(context, write, request):
     naming the error when this request could not be stored."""
     try:
         return write(request)
-    except (StorageUnavailable, sqlite3.OperationalError) as err:
+    except StorageUnavailable as err:
         context.abort(grpc.StatusCode.UNAVAILABLE, str(err)[:MAX_ERROR_CHARS])
     except Exception as err:  # noqa: BLE001 (the client gets the reason, not UNKNOWN)
         context.abort(grpc.StatusCode.INTERNAL,
@@ -1153,7 +1153,7 @@ def _http_handler(store: CollectorStore, token: str | None):
             try:
                 write = store.write_metrics if kind == "metrics" else store.write_spans
                 response = _response(kind, write(request))
-            except (StorageUnavailable, sqlite3.OperationalError) as err:
+            except StorageUnavailable as err:
                 return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, str(err).encode())
             except Exception as err:  # noqa: BLE001 (the client gets the reason)
                 return self._reply(HTTPStatus.INTERNAL_SERVER_ERROR,
