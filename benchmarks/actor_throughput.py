@@ -2,7 +2,7 @@
 
     python benchmarks/actor_throughput.py [--env CartPole-v1] [--envs-per-actor 32 64] [--smoke]
 
-Raw: the K envs the actor steps, as the actor steps them (distrl.actor.EnvBatch: gymnasium's
+Raw: the K envs the actor steps, as the actor steps them (distrl.rl.actor.EnvBatch: gymnasium's
 vectorised version where the env has one, CartPole; else K single envs in a loop), with random
 actions and nothing else. Actor: the Actor class as the Ray actor runs it: numpy
 inference for the batch of K envs, epsilon-greedy, n-step folding and initial priorities. Both
@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from distrl.actor import Actor, EnvBatch, env_spec
-from distrl.config import ApexConfig
-from distrl.network import NetworkSpec, init_weights
+from distrl.rl.actor import Actor, EnvBatch, env_spec
+from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec, init_weights
 
 
 def raw_rate(env_id: str, num_envs: int, seconds: float) -> float:

@@ -21,9 +21,10 @@ import sys
 import tempfile
 import time
 
-from distrl import jobs, manifests
-from distrl.cluster import LocalCluster, actor_table
-from distrl.gke import GkeSettings
+from distrl.cluster import jobs
+from distrl.cluster.local import LocalCluster, actor_table
+from distrl.gke import manifests
+from distrl.gke.settings import GkeSettings
 
 
 def one_run(busy: bool, actors: int = 2) -> dict:

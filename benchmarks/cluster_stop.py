@@ -15,7 +15,7 @@ import time
 
 import psutil
 
-from distrl import cluster
+from distrl.cluster import local as cluster
 
 
 def without_shortcuts() -> dict:

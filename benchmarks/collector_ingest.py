@@ -22,7 +22,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.collector import CollectorStore, LocalCollector
+from distrl.otel.collector import CollectorStore, LocalCollector
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 

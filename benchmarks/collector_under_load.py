@@ -31,7 +31,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.collector import Limits, LocalCollector
+from distrl.otel.collector import Limits, LocalCollector
 
 S = 10**9
 

@@ -19,10 +19,10 @@ import time
 
 import numpy as np
 
-from distrl.config import ApexConfig
-from distrl.learner import XLA_CACHE_ENV, Learner, configure_tensorflow
-from distrl.network import NetworkSpec, init_weights
-from distrl.replay import PrioritizedReplay, Transitions
+from distrl.rl.config import ApexConfig
+from distrl.rl.learner import XLA_CACHE_ENV, Learner, configure_tensorflow
+from distrl.rl.network import NetworkSpec, init_weights
+from distrl.rl.replay import PrioritizedReplay, Transitions
 
 
 def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,

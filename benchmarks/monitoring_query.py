@@ -28,9 +28,9 @@ from collector_ingest import kv  # benchmarks/ is on sys.path
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl import dashboard, explore
-from distrl import telemetry as otel
-from distrl.collector import CollectorStore, Limits, LocalCollector
+from distrl.otel import conventions as otel
+from distrl.otel import dashboard, explore
+from distrl.otel.collector import CollectorStore, Limits, LocalCollector
 
 S = 10**9
 

@@ -14,8 +14,8 @@ import json
 import tempfile
 from pathlib import Path
 
-from distrl import jobs
-from distrl.cluster import LocalCluster
+from distrl.cluster import jobs
+from distrl.cluster.local import LocalCluster
 
 
 def run(cluster: LocalCluster, actors: int, seconds: float, out: Path) -> dict:

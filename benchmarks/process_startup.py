@@ -1,5 +1,5 @@
 """What a run pays before its first transition (imports, starting Ray, one actor's process), and
-after its last: Ray's own `ray.init()`/`ray.shutdown()` against distrl.cluster's
+after its last: Ray's own `ray.init()`/`ray.shutdown()` against distrl.ray_runtime's
 `init_local_ray()`/`shutdown_ray()`.
 
     python benchmarks/process_startup.py [--repeats 3] [--smoke]
@@ -24,7 +24,7 @@ import sys
 # `import ray` is timed in the driver below.
 PROBES = {
     "import tensorflow": "import os; os.environ['TF_CPP_MIN_LOG_LEVEL'] = '3'; import tensorflow",
-    "import distrl.workers": "import distrl.workers",
+    "import distrl.apex.workers": "import distrl.apex.workers",
 }
 
 RAY_START = """
@@ -61,7 +61,7 @@ def tf_import():
     done["tf"] = time.monotonic() - t0
 thread = threading.Thread(target=tf_import)
 thread.start()
-from distrl.cluster import init_local_ray, shutdown_ray
+from distrl.ray_runtime import init_local_ray, shutdown_ray
 init_local_ray(include_dashboard=False, logging_level="error")
 done["ray"] = time.monotonic() - t0
 thread.join()
@@ -72,10 +72,10 @@ print(done["ray"], done["tf"])
 # step and first update (from the run's own timeline).
 TRAIN_ON_RAY = """
 import json, tempfile
-from distrl.cluster import init_local_ray, shutdown_ray
+from distrl.ray_runtime import init_local_ray, shutdown_ray
 init_local_ray(include_dashboard=False, logging_level="error")
-from distrl.apex import ApeX
-from distrl.config import ApexConfig
+from distrl.apex.driver import ApeX
+from distrl.rl.config import ApexConfig
 with tempfile.TemporaryDirectory() as out:
     config = ApexConfig(target_return=None, max_seconds={seconds}, progress=False, output_dir=out)
     t = ApeX(config).train().timeline
@@ -84,12 +84,12 @@ called = t["train() called"]
 print(json.dumps([None if t.get(k) is None else t[k] - called
                   for k in ("first env step", "first update")]))
 """
-# Ray's own calls, then distrl.cluster's: init_local_ray starts no dashboard process when
+# Ray's own calls, then distrl.ray_runtime's: init_local_ray starts no dashboard process when
 # include_dashboard=False, shutdown_ray does not wait on the autoscaler monitor.
 OPTIONS = 'include_dashboard=False, logging_level="error"'
 VARIANTS = {"ray": {"init": f'ray.init(address="local", {OPTIONS})', "shutdown": "ray.shutdown()"},
-            "distrl": {"init": f"from distrl.cluster import init_local_ray; init_local_ray({OPTIONS})",
-                       "shutdown": "from distrl.cluster import shutdown_ray; shutdown_ray()"}}
+            "distrl": {"init": f"from distrl.ray_runtime import init_local_ray; init_local_ray({OPTIONS})",
+                       "shutdown": "from distrl.ray_runtime import shutdown_ray; shutdown_ray()"}}
 LABELS = {"ray": ("ray.init()", "ray.shutdown()"), "distrl": ("init_local_ray()", "shutdown_ray()")}
 
 

@@ -20,11 +20,11 @@ import time
 import numpy as np
 import ray
 
-from distrl.actor import Actor, env_spec
-from distrl.cluster import init_local_ray
-from distrl.config import ApexConfig
-from distrl.network import NetworkSpec, init_weights
-from distrl.workers import ReplayShards, ReplayWorker
+from distrl.apex.workers import ReplayShards, ReplayWorker
+from distrl.ray_runtime import init_local_ray
+from distrl.rl.actor import Actor, env_spec
+from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec, init_weights
 
 
 def per_actor_rate(config: ApexConfig, seconds: float = 5.0) -> tuple[float, object]:

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from distrl.replay import PrioritizedReplay, Transitions
+from distrl.rl.replay import PrioritizedReplay, Transitions
 
 
 def block_of(n, rng, obs_size=4):

@@ -9,7 +9,7 @@ updates is preferred, then time.
     python benchmarks/sweep.py --smoke             # seconds: that it runs (appends nothing)
 
 Each invocation appends one round to benchmarks/results/sweep_cartpole.json (committed: the
-defaults in distrl.config cite it), with the defaults it swept around, and prints a table.
+defaults in distrl.rl.config cite it), with the defaults it swept around, and prints a table.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 from time_to_solve import run_once
 
-from distrl.config import ApexConfig
+from distrl.rl.config import ApexConfig
 
 # One setting at a time around the defaults: each round's values bracket a default by about
 # 2x, or go further on the side an earlier round pointed to (round 3: higher learning rates and

@@ -21,19 +21,19 @@ from pathlib import Path
 from learner_throughput import updates_per_second  # benchmarks/ is on sys.path
 from time_to_solve import HELD_OUT_SEEDS, run_training, time_to_solve_s
 
-from distrl.collector import LocalCollector
+from distrl.otel.collector import LocalCollector
 
 
 def direct_cost(seconds: float = 5.0, updates: int = 300) -> None:
     """Instrument calls per unit of work, in this process, exporting to a live collector."""
     import numpy as np
 
-    from distrl import telemetry as otel
-    from distrl.actor import Actor
-    from distrl.config import ApexConfig
-    from distrl.learner import configure_tensorflow
-    from distrl.network import NetworkSpec, init_weights
-    from distrl.process_telemetry import STEP_SAMPLES_PER_BLOCK, TRAFFIC_FLUSH_BLOCKS, TrafficTally
+    from distrl.apex.process_telemetry import STEP_SAMPLES_PER_BLOCK, TRAFFIC_FLUSH_BLOCKS, TrafficTally
+    from distrl.otel import conventions as otel
+    from distrl.rl.actor import Actor
+    from distrl.rl.config import ApexConfig
+    from distrl.rl.learner import configure_tensorflow
+    from distrl.rl.network import NetworkSpec, init_weights
 
     config = ApexConfig()
     spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)

@@ -7,7 +7,7 @@ Trains CartPole-v1 with telemetry into a local collector, then counts, from what
   series is one sample; a histogram series is one per bucket plus its count and sum), split into
   the actors' share (per actor) and everything else (driver, learner, replay, evaluator);
 - spans per second of training.
-distrl.cost's SAMPLES_PER_EXPORT_* and SPANS_PER_SECOND come from this.
+distrl.gke.cost's SAMPLES_PER_EXPORT_* and SPANS_PER_SECOND come from this.
 """
 
 import argparse
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from time_to_solve import run_training  # benchmarks/ is on sys.path
 
-from distrl.collector import LocalCollector
+from distrl.otel.collector import LocalCollector
 
 
 def main() -> None:

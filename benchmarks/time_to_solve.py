@@ -14,7 +14,7 @@ it; every run is shown, unsolved ones included.
     python benchmarks/time_to_solve.py --seeds 0 1 --no-baseline -- --learning-rate 5e-4
     python benchmarks/time_to_solve.py --smoke               # seconds: that it runs
 
-Arguments after `--` go to `python -m distrl.train` unchanged. The first run with the baseline
+Arguments after `--` go to `python -m distrl.apex.train` unchanged. The first run with the baseline
 builds its venv (benchmarks/.venv-baseline, from requirements-baseline.txt: torch and SB3).
 The learner's XLA cache is on, as a reader's is: after the machine's first run, each start loads
 its compiled train step; `-- --xla-cache false` times compiling it at every start instead.
@@ -37,12 +37,12 @@ BASELINE_PYTHON = BASELINE_VENV / "bin" / "python"
 
 
 def run_training(extra: list[str], timeout_s: float, output_dir: Path) -> dict:
-    """`python -m distrl.train --env CartPole-v1 ...` in a fresh process: its results.json,
+    """`python -m distrl.apex.train --env CartPole-v1 ...` in a fresh process: its results.json,
     plus process_wall_s, the wall-clock the whole process took (Ray start-up included).
     `timeout_s` bounds the whole process, in case it hangs past its own --max-seconds. The run's
     results.json (timeline, events, CPU seconds per role) and its console stay in output_dir,
     so that a slow seed can be read afterwards."""
-    cmd = [sys.executable, "-m", "distrl.train", "--env", "CartPole-v1", "--progress",
+    cmd = [sys.executable, "-m", "distrl.apex.train", "--env", "CartPole-v1", "--progress",
            "false", "--output-dir", str(output_dir), *extra]
     output_dir.mkdir(parents=True)
     start = time.monotonic()

@@ -205,9 +205,9 @@ def instrumented_run(tmp_path_factory):
     starts and stops its own."""
     from types import SimpleNamespace
 
-    from distrl.apex import ApeX
-    from distrl.collector import LocalCollector
-    from distrl.config import ApexConfig
+    from distrl.apex.driver import ApeX
+    from distrl.otel.collector import LocalCollector
+    from distrl.rl.config import ApexConfig
 
     tmp = tmp_path_factory.mktemp("instrumented")
     with LocalCollector(tmp / "otel.db", port=0) as collector:

@@ -5,7 +5,7 @@ import time
 import numpy as np
 import pytest
 
-from distrl.actor import (
+from distrl.rl.actor import (
     Actor,
     EnvBatch,
     NStepFolder,
@@ -14,8 +14,8 @@ from distrl.actor import (
     initial_priorities,
     slot_epsilons,
 )
-from distrl.config import ApexConfig, epsilons
-from distrl.network import NetworkSpec, init_weights, numpy_q_values
+from distrl.rl.config import ApexConfig, epsilons
+from distrl.rl.network import NetworkSpec, init_weights, numpy_q_values
 
 
 def push_episode(folder, rewards, end):
@@ -244,7 +244,7 @@ def test_greedy_evaluation_runs_every_episode_to_its_end():
 
 RACE = """
 import threading
-from distrl.actor import env_spec
+from distrl.rl.actor import env_spec
 barrier, errors = threading.Barrier(2), []
 def check(env_id):
     barrier.wait()

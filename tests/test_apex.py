@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 import ray
 
-from distrl.apex import ApeX, TrainingResult
-from distrl.cluster import init_local_ray, shutdown_ray
-from distrl.config import ApexConfig
+from distrl.apex.driver import ApeX, TrainingResult
+from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.config import ApexConfig
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -98,7 +98,7 @@ def latest_start_ms(*classes: str) -> dict[str, int]:
 def test_process_age_counts_from_the_process_start_not_a_whole_second_before_it():
     """The timeline's "process start": psutil's create_time rounds the boot time down to a
     whole second, which made every start-up milestone up to 1 s later than it was."""
-    code = ("import time; time.sleep(0.3); from distrl.apex import process_age_s; "
+    code = ("import time; time.sleep(0.3); from distrl.ray_runtime import process_age_s; "
             "print(process_age_s())")
     before = time.monotonic()
     age = float(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -121,7 +121,7 @@ def test_command_line_run_with_no_collector_stops_at_its_budget(local_ray, tmp_p
     process's exports fail, and the run still trains to its budget."""
     import socket
 
-    from distrl.train import main
+    from distrl.apex.train import main
 
     with socket.socket() as probe:  # a port nothing listens on
         probe.bind(("127.0.0.1", 0))
@@ -156,7 +156,7 @@ def test_too_many_cpus_fail_fast(local_ray, tmp_path):
 
 
 def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, instrumented_run):
-    from distrl.process_telemetry import STEP_SAMPLES_PER_BLOCK
+    from distrl.apex.process_telemetry import STEP_SAMPLES_PER_BLOCK
 
     result, db = instrumented_run.result, instrumented_run.db
     store = instrumented_run.collector.store()
@@ -221,7 +221,7 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, in
 
 
 def _points(db, metric_type):
-    from distrl.collector import CollectorStore
+    from distrl.otel.collector import CollectorStore
 
     return CollectorStore(db).points(metric_type)
 
@@ -231,8 +231,8 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
     priority mass, transitions in proportion to p_i over both, and updates reach their shard."""
     from scipy import stats
 
-    from distrl.replay import Transitions
-    from distrl.workers import ReplayShards, ReplayWorker
+    from distrl.apex.workers import ReplayShards, ReplayWorker
+    from distrl.rl.replay import Transitions
 
     config = ApexConfig(replay_capacity=64, min_replay_size=8, samples_per_insert=0.0,
                         priority_alpha=1.0, priority_eps=1e-6, batch_size=8)

@@ -21,25 +21,21 @@ import psutil
 import pytest
 from conftest import is_ray_process
 
-from distrl import jobs
-from distrl.cluster import (
+from distrl.cluster import jobs
+from distrl.cluster.local import (
     WORKER_NICE,
-    ClusterError,
     LocalCluster,
     _node_ports,
     free_ports,
-    init_local_ray,
     main,
     pick_head_ports,
-    ray_gave_up,
-    ray_temp_dir,
     read_state,
     recorded,
-    running,
     state_file,
     stop_groups,
     write_state,
 )
+from distrl.ray_runtime import ClusterError, init_local_ray, ray_gave_up, ray_temp_dir, running
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 SMALL_RUN = ["--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", "32", "32",
@@ -114,7 +110,7 @@ def test_ray_temp_dir_is_where_ray_puts_its_sessions(monkeypatch, tmp_path):
     forget_cluster removes the record there, only for its own port."""
     from ray._common.utils import get_default_ray_temp_dir
 
-    from distrl.cluster import forget_cluster
+    from distrl.cluster.local import forget_cluster
 
     for env in ({}, {"TMPDIR": str(tmp_path / "t")},
                 {"TMPDIR": str(tmp_path / "t"), "RAY_TMPDIR": str(tmp_path / "r")}):
@@ -213,7 +209,7 @@ def test_an_unreachable_head_is_a_clear_error_and_leaves_nothing(tmp_path):
 
 OWNER = """
 import sys, time
-from distrl.cluster import LocalCluster
+from distrl.cluster.local import LocalCluster
 cluster = LocalCluster(num_workers=0, log_dir=sys.argv[1]).start()
 print(cluster.port, *cluster.pids(), flush=True)
 time.sleep(600)
@@ -261,7 +257,7 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
     params = nbformat.v4.new_code_cell("LOG_DIR = ''")
     params.metadata["tags"] = ["parameters"]
     nb.cells = [params, nbformat.v4.new_code_cell(
-        "from distrl.cluster import LocalCluster\n"
+        "from distrl.cluster.local import LocalCluster\n"
         "cluster = LocalCluster(num_workers=0, log_dir=LOG_DIR).start()\n"
         "print('PORT', cluster.port, *cluster.pids())"),
         nbformat.v4.new_code_cell("raise RuntimeError('a cell fails mid-way')")]
@@ -295,7 +291,7 @@ def test_bad_cluster_settings_are_refused(kwargs, message):
 # A driver that starts Ray with init_local_ray, runs a task on it and lists its processes.
 DRIVER = """
 import json, psutil, ray
-from distrl.cluster import init_local_ray
+from distrl.ray_runtime import init_local_ray
 init_local_ray(num_cpus=1, include_dashboard=False, logging_level="error")
 up = ray.get(ray.remote(lambda: "task ran").remote(), timeout=60)
 def described(c):
@@ -314,7 +310,7 @@ print(json.dumps({"raylets": raylets, "up": up, "cmdlines": cmdlines}))
 SHUTDOWN = """
 import json, ray
 from ray._private import node, worker
-from distrl.cluster import init_local_ray, running, shutdown_ray
+from distrl.ray_runtime import init_local_ray, running, shutdown_ray
 start_api_server, start_ray_processes = node.Node.start_api_server, node.Node.start_ray_processes
 init_local_ray(num_cpus=1, include_dashboard=False)
 started = {kind: [i.process.pid for i in infos]
@@ -443,7 +439,7 @@ def test_a_raylet_that_dies_at_launch_gets_a_second_start(tmp_path, capsys, monk
 def test_a_failed_start_is_traced_to_its_own_session_not_the_newest(tmp_path):
     """Ray's session_latest link names whichever Ray started last on the machine (a `ray start`
     head beside the driver); the driver's failed start is the session named after its pid."""
-    from distrl.cluster import _new_session
+    from distrl.ray_runtime import _new_session
 
     began = time.time()
     mine = tmp_path / f"session_2026-12-02_10-00-00_000001_{os.getpid()}"
@@ -487,7 +483,7 @@ def test_init_local_ray_refuses_bad_values_and_passes_other_errors_on_at_once(ca
 
 STOPPED_WHILE_STARTING = """
 import psutil, ray
-from distrl.cluster import StartInterrupted, init_local_ray
+from distrl.ray_runtime import init_local_ray, StartInterrupted
 
 def gcs_up():  # stop() turns True once Ray's GCS runs: the start is then waiting on its raylet
     return any(c.name() == "gcs_server" for c in psutil.Process().children())

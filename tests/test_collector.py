@@ -23,8 +23,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl import explore
-from distrl.collector import CollectorServer, CollectorStore, Limits, LocalCollector, MiB, main
+from distrl.otel import explore
+from distrl.otel.collector import CollectorServer, CollectorStore, Limits, LocalCollector, MiB, main
 
 PREFIX = "prometheus.googleapis.com/"
 
@@ -187,7 +187,7 @@ def test_bad_ports_are_refused(tmp_path):
 
 EXPORTER = textwrap.dedent("""
     import sys, time
-    from distrl.telemetry import setup_telemetry
+    from distrl.otel.conventions import setup_telemetry
     endpoint, name, total, hist = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     tel = setup_telemetry(service_name=name, endpoint=endpoint, export_interval_ms=100)
     counter = tel.meter.create_counter("work.done")
@@ -228,7 +228,7 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
     db, stop = tmp_path / "otel.db", tmp_path / "stop"
     script = textwrap.dedent("""
         import os, sys, time
-        from distrl.telemetry import setup_telemetry
+        from distrl.otel.conventions import setup_telemetry
         tel = setup_telemetry(endpoint=sys.argv[1], export_interval_ms=200, export_timeout_s=2)
         gauge = tel.meter.create_gauge("phase")
         phase = 0
@@ -357,7 +357,7 @@ def test_otlp_http_stores_what_grpc_stores_and_answers_partial_success(tmp_path)
 
 
 def test_the_sdk_exports_over_http_when_the_protocol_says_so(tmp_path, monkeypatch):
-    from distrl.telemetry import setup_telemetry
+    from distrl.otel.conventions import setup_telemetry
 
     with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
@@ -401,7 +401,7 @@ def test_non_finite_values_and_out_of_range_counts_are_refused_per_point(collect
         "'g' point 0 (time_unix_nano=10): value=nan is not a finite")
     assert len(response.partial_success.error_message) < 300
     assert [p["value"] for p in collector.store().points(PREFIX + "g/gauge")] == [2.0]
-    from distrl import explore
+    from distrl.otel import explore
 
     mon = explore.Monitoring(endpoint=collector.endpoint)  # every read of the metric works
     epoch = dt.datetime(1970, 1, 1, 0, 1, tzinfo=dt.UTC)  # the points are at 10 and 11 ns
@@ -644,7 +644,7 @@ def test_every_limit_is_an_option_of_the_collector_command():
     import argparse
     import dataclasses
 
-    from distrl.collector import add_limit_options, limit_argv, limits_from
+    from distrl.otel.collector import add_limit_options, limit_argv, limits_from
 
     assert all(getattr(ODD_LIMITS, f.name) != getattr(Limits(), f.name)
                for f in dataclasses.fields(Limits))
@@ -907,7 +907,7 @@ def test_stalled_calls_hold_no_slot_for_long(collector, stub):
     """Twelve calls that sent headers and never a message held every slot for minutes: every
     export and read got RESOURCE_EXHAUSTED. A call now takes a turn only once its message has
     arrived, and one whose message does not come within MESSAGE_WAIT_S is cancelled."""
-    from distrl.collector import MESSAGE_WAIT_S
+    from distrl.otel.collector import MESSAGE_WAIT_S
 
     stop = threading.Event()
     channel = grpc.insecure_channel(collector.endpoint.removeprefix("http://"))
@@ -955,7 +955,7 @@ def test_without_the_token_a_stalled_call_is_refused_at_its_headers(tmp_path):
 def test_http_bodies_sent_a_trickle_at_a_time_hold_no_turn_for_long(tmp_path):
     """Eight bodies sent a byte at a time held every OTLP/HTTP turn: other exports got 503
     for as long as the trickle lasted. A body now has MESSAGE_WAIT_S to arrive in full."""
-    from distrl.collector import MESSAGE_WAIT_S
+    from distrl.otel.collector import MESSAGE_WAIT_S
 
     with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
         stop, answers = threading.Event(), []
@@ -1127,12 +1127,12 @@ def test_a_db_that_is_not_a_collectors_is_refused_in_one_line(tmp_path):
                     "database"), (other, "is another program's SQLite database \\(tables users\\)")]:
         with pytest.raises(ValueError, match=f"db='{db}' {why}"):
             CollectorServer(db, port=0).start()
-        result = subprocess.run([sys.executable, "-m", "distrl.collector", "--db", str(db),
+        result = subprocess.run([sys.executable, "-m", "distrl.otel.collector", "--db", str(db),
                                  "--port", "0"], capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.startswith(f"error: db='{db}'") and result.stderr.count("\n") == 1
     assert other.read_bytes() == before  # untouched
-    result = subprocess.run([sys.executable, "-m", "distrl.collector", "--max-message-mib",
+    result = subprocess.run([sys.executable, "-m", "distrl.otel.collector", "--max-message-mib",
                              "100000"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("error: max_message_bytes=")
 
@@ -1143,7 +1143,7 @@ def test_reads_run_in_reader_processes_below_ingestion_and_one_that_dies_is_repl
     loops had a p99 30 times their p99 alone. They now run in processes of their own, at a
     lower CPU priority; a reader that dies fails its read with UNAVAILABLE (clients retry it)
     and the next read gets a new one."""
-    from distrl.collector import READ_NICE
+    from distrl.otel.collector import READ_NICE
 
     stub.Export(_gauges("r", 10), timeout=10)
     mon = explore.Monitoring(endpoint=collector.endpoint)

@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
-from distrl.apex import ApeX
-from distrl.config import ApexConfig, field_help
-from distrl.train import build_parser, main
+from distrl.apex.driver import ApeX
+from distrl.apex.train import build_parser, main
+from distrl.rl.config import ApexConfig, field_help
 
 
 @pytest.mark.parametrize("field, value, accepted", [
@@ -95,9 +95,9 @@ def test_cli_refuses_bad_values_with_a_clear_message(capsys):
 
 
 def test_cli_help_runs_as_a_module():
-    out = subprocess.run([sys.executable, "-m", "distrl.train", "--help"], capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "distrl.apex.train", "--help"], capture_output=True,
                          text=True, check=True).stdout
-    assert "--samples-per-insert" in out and "usage: python -m distrl.train" in out
+    assert "--samples-per-insert" in out and "usage: python -m distrl.apex.train" in out
 
 
 @pytest.mark.parametrize("changes, message", [

@@ -5,9 +5,10 @@ import json
 
 import pytest
 
-from distrl import dashboard, explore
-from distrl import telemetry as otel
-from distrl.gke import REPO_ROOT, dry_run, run_plan
+from distrl.gke.runner import dry_run, run_plan
+from distrl.gke.settings import REPO_ROOT
+from distrl.otel import conventions as otel
+from distrl.otel import dashboard, explore
 
 SHIPPED = REPO_ROOT / "k8s" / "monitoring"
 
@@ -17,7 +18,7 @@ def test_shipped_json_is_the_rendering_of_charts(tmp_path):
     for path in written:
         shipped = SHIPPED / path.relative_to(tmp_path)
         assert shipped.read_text() == path.read_text(), (
-            f"{shipped} is stale: run `python -m distrl.dashboard k8s/monitoring`")
+            f"{shipped} is stale: run `python -m distrl.otel.dashboard k8s/monitoring`")
     assert sorted(p.name for p in (SHIPPED / "alerts").glob("*.json")) == sorted(
         f"{name}.json" for name in dashboard.alert_policies())
     dashboard.validate(SHIPPED)

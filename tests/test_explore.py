@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from distrl import explore
+from distrl.otel import explore
+from distrl.otel.monitoring import bucket_percentile
 
 
 def test_bucket_percentile_against_the_raw_values():
@@ -12,15 +13,15 @@ def test_bucket_percentile_against_the_raw_values():
     bounds = list(np.arange(5.0, 100.1, 5.0))  # the last bound covers every value
     counts = np.histogram(values, bins=[-np.inf, *bounds, np.inf])[0].tolist()
     for q in (0.5, 0.95, 0.99):
-        assert explore.bucket_percentile(bounds, counts, q) == pytest.approx(
+        assert bucket_percentile(bounds, counts, q) == pytest.approx(
             np.quantile(values, q), abs=0.5)
-    assert explore.bucket_percentile([1.0, 2.0], [0, 4, 0], 0.5) == pytest.approx(1.5)
-    assert explore.bucket_percentile([1.0], [0, 3], 0.9) == 1.0  # overflow: its lower bound
-    assert np.isnan(explore.bucket_percentile([1.0], [0, 0], 0.5))
+    assert bucket_percentile([1.0, 2.0], [0, 4, 0], 0.5) == pytest.approx(1.5)
+    assert bucket_percentile([1.0], [0, 3], 0.9) == 1.0  # overflow: its lower bound
+    assert np.isnan(bucket_percentile([1.0], [0, 0], 0.5))
     with pytest.raises(ValueError, match="q=1.5"):
-        explore.bucket_percentile([1.0], [1, 1], 1.5)
+        bucket_percentile([1.0], [1, 1], 1.5)
     with pytest.raises(ValueError, match="3 bucket counts for 1 bounds"):
-        explore.bucket_percentile([1.0], [1, 1, 1], 0.5)
+        bucket_percentile([1.0], [1, 1, 1], 0.5)
 
 
 class FakeStore:
@@ -145,7 +146,8 @@ writer.close()
 # Read back through explore in a fresh process: TensorFlow must stay unimported.
 TENSORBOARD_READ = """
 import json, sys
-from distrl import explore
+from distrl.otel import explore
+from distrl.otel.monitoring import bucket_percentile
 
 logdir = sys.argv[1]
 print(json.dumps({"loss": explore.tensorboard_scalars(logdir, "learner/loss"),

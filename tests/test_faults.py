@@ -16,10 +16,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distrl.apex import ApeX, TrainingResult
-from distrl.cluster import init_local_ray, shutdown_ray
-from distrl.config import ApexConfig
-from distrl.learner import latest_checkpoint, read_checkpoint
+from distrl.apex.driver import ApeX, TrainingResult
+from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.config import ApexConfig
+from distrl.rl.learner import latest_checkpoint, read_checkpoint
 from distrl.tutorial import ERROR_LINE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -105,7 +105,7 @@ def test_an_actor_in_its_process_is_starting_not_waiting_for_a_cpu(ray_local):
     """Two actors that each need both CPUs: one gets a process and sits in its __init__, the
     other is queued. The driver's line says which is which (notebook 04's resumed job called
     actors that were starting on free CPUs "waiting for a CPU")."""
-    from distrl.faults import ActorFleet, in_a_process
+    from distrl.apex.faults import ActorFleet, in_a_process
 
     @ray_local.remote(num_cpus=2)
     class SlowStart:
@@ -136,7 +136,7 @@ def test_the_stop_sequence_waits_for_actors_that_ran_or_have_a_process_not_a_que
     every run that ended with an actor short of a node (both trainings of notebook 04). The
     final stats of the other two still come: the one in its __init__ is waited for until its
     run() returns."""
-    from distrl.faults import STALE_S, ActorFleet, in_a_process
+    from distrl.apex.faults import STALE_S, ActorFleet, in_a_process
 
     class Looping:
         def __init__(self, init_s: float = 0.0):
@@ -287,7 +287,7 @@ def test_driver_killed_then_resubmitted_with_resume(ray_local, tmp_path, busy_cp
     with --resume auto: weights, optimizer, counters and config come from the checkpoint. Ray
     ends what the killed driver started (its job is over); the cluster stays."""
     out = tmp_path / "run"
-    common = [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false"]
+    common = [sys.executable, "-m", "distrl.apex.train", "--output-dir", str(out), "--progress", "false"]
     first = subprocess.Popen(  # the resumed run takes its settings from the checkpoint
         _train_command(out, "--max-seconds", "200", "--checkpoint-interval-s", "3"),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True,
@@ -324,7 +324,7 @@ def test_driver_killed_then_resubmitted_with_resume(ray_local, tmp_path, busy_cp
 
 
 def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
-    from distrl.train import main
+    from distrl.apex.train import main
 
     assert main(["--resume", "auto", "--output-dir", str(tmp_path)]) == 2
     assert f"no checkpoint-*.npz in {tmp_path}/checkpoints" in capsys.readouterr().err
@@ -336,8 +336,8 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
 
 def _saved_checkpoint(directory, updates: int, config: ApexConfig) -> str:
     """A checkpoint as a learner writes it (its optimizer left out: no learner reads it here)."""
-    from distrl.learner import write_checkpoint
-    from distrl.workers import initial_weights
+    from distrl.apex.workers import initial_weights
+    from distrl.rl.learner import write_checkpoint
 
     weights = initial_weights(config)
     arrays = {f"{net}_{i}": w for net in ("online", "target") for i, w in enumerate(weights)}
@@ -354,7 +354,7 @@ def test_resume_skips_a_checkpoint_cut_short_and_refuses_bad_ones_in_one_line(tm
     and all of it before any process starts."""
     import ray
 
-    from distrl.train import main, resumed_config
+    from distrl.apex.train import main, resumed_config
 
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started for a run that should have been refused")
@@ -412,7 +412,7 @@ def test_results_json_is_replaced_whole_or_not_at_all(tmp_path, monkeypatch):
 
 
 def _train_command(out, *args: str) -> list[str]:
-    return [sys.executable, "-m", "distrl.train", "--output-dir", str(out), "--progress", "false",
+    return [sys.executable, "-m", "distrl.apex.train", "--output-dir", str(out), "--progress", "false",
             "--env", "CartPole-v1", "--envs-per-actor", "8", "--hidden-sizes", "32", "32",
             "--batch-size", "128", "--min-replay-size", "500", "--target-return", "none",
             "--checkpoint-interval-s", "1000", "--jit-compile", "false", *args]
@@ -490,8 +490,8 @@ def sigterm_here():
             pass
 
 os.register_at_fork(after_in_parent=sigterm_here)
-sys.argv[0] = "distrl.train"
-runpy.run_module("distrl.train", run_name="__main__")
+sys.argv[0] = "distrl.apex.train"
+runpy.run_module("distrl.apex.train", run_name="__main__")
 """
 
 
@@ -585,7 +585,7 @@ def test_ray_dashboard_dying_at_start_up_is_a_note_not_an_error(tmp_path):
         "        command = [sys.executable, '-c', 'import os; os.abort()']\n"
         "    return start(command, process_type, *args, **kwargs)\n"
         "s.start_ray_process = start_ray_process\n"
-        "runpy.run_module('distrl.train', run_name='__main__')\n")
+        "runpy.run_module('distrl.apex.train', run_name='__main__')\n")
     proc = subprocess.run(
         [sys.executable, "-c", abort_dashboard, *_train_command(tmp_path, "--num-actors", "1",
                                                                  "--max-env-steps", "3000")[3:]],

@@ -12,8 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import DESCRIBE_NODE, respond
 
-from distrl import gke
-from distrl.gke import GkeSettings, create_plan, dry_run, run_plan, teardown_plan
+from distrl.gke import create as gke
+from distrl.gke.cost import PRICES, estimate_cost, monthly_costs
+from distrl.gke.create import create_plan, teardown_plan
+from distrl.gke.preflight import PrerequisiteError, check_prerequisites
+from distrl.gke.runner import StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
+from distrl.gke.settings import RAY_VERSION, REPO_ROOT, GkeSettings
+from distrl.ray_runtime import ensure_auth_token
 
 PROJECT = "demo-project-1"
 P = f"--project={PROJECT}"
@@ -31,7 +36,7 @@ def settings(**kw) -> GkeSettings:
 def quick_rollout_retries(monkeypatch):
     """A check of what an add-on installs asks again for ADDON_ROLLOUT_S (5 min) before it
     judges; here a failing answer is judged after a fraction of a second."""
-    from distrl import plan
+    from distrl.gke import runner as plan
 
     monkeypatch.setattr(gke, "ADDON_ROLLOUT_S", 0.05)
     monkeypatch.setattr(plan, "RETRY_EVERY_S", 0.01)
@@ -56,7 +61,7 @@ def quick_rollout_retries(monkeypatch):
     ("max_actor_nodes", 0, "an integer from 1 to 1000"),
     ("max_actor_nodes", True, "max_actor_nodes=True"),
     ("max_actor_nodes", "4", "max_actor_nodes='4'"),
-    ("actor_machine_type", "m1-ultramem-40", "the price table's types"),
+    ("actor_machine_type", "m1-ultramem-40", "the machine types these settings know"),
     ("mode", "serverless", "one of standard, autopilot"),
     ("image_tag", "bad tag", "image_tag='bad tag'"),
     ("otlp_protocol", "http/json", "one of http/protobuf, grpc"),
@@ -72,8 +77,8 @@ def test_the_image_tag_names_the_package_and_ray_versions():
     from distrl import __version__
 
     assert GkeSettings(project_id=PROJECT).image.endswith(
-        f"/distrl-images/distrl:{__version__}-ray{gke.RAY_VERSION}")
-    assert (gke.REPO_ROOT / "Dockerfile").exists()  # what Cloud Build builds
+        f"/distrl-images/distrl:{__version__}-ray{RAY_VERSION}")
+    assert (REPO_ROOT / "Dockerfile").exists()  # what Cloud Build builds
 
 
 def test_every_name_derives_from_the_prefix():
@@ -136,7 +141,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
          "--condition=None", P],
         *made(["gcloud", "artifacts", "docker", "images", "describe", IMAGE, P,
                "--format=value(image_summary.digest)"],
-              ["gcloud", "builds", "submit", str(gke.REPO_ROOT), f"--tag={IMAGE}",
+              ["gcloud", "builds", "submit", str(REPO_ROOT), f"--tag={IMAGE}",
                "--region=us-central1",
                f"--service-account=projects/{PROJECT}/serviceAccounts/{BUILD_SA}",
                f"--gcs-source-staging-dir={BUCKET}/source", f"--gcs-log-dir={BUCKET}/logs",
@@ -340,7 +345,7 @@ PREREQS = [["gcloud", "version", "--format=json"],
 def test_live_run_executes_the_plan_in_order_and_teardown_undoes_it(stand_ins, tmp_path):
     s, manifests, token = settings(), tmp_path / "m", tmp_path / "token"
     plan = create_plan(s, manifests, token)
-    found = gke.check_prerequisites(s)
+    found = check_prerequisites(s)
     assert found.account == "reader@example.com" and found.gcloud_version == "578.0.0"
     assert found.missing_apis == [] and found.notes == []
     output = []
@@ -364,7 +369,7 @@ def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
     full = expected_standard(manifests, token, exists=True)
     head_pool = next(i for i, step in enumerate(plan) if step.argv[2:5] == (
         "node-pools", "create", "rl-head"))
-    with pytest.raises(gke.StepFailed) as e:
+    with pytest.raises(StepFailed) as e:
         run_plan(plan, out=lambda line: None)
     number = head_pool + 1
     assert e.value.number == number
@@ -395,7 +400,7 @@ def test_a_misspelt_flag_stops_the_plan_where_the_real_tool_would(stand_ins, tmp
         "node-pools", "create", "rl-head"))
     typo = tuple(a.replace("--machine-type=", "--machine-typ=") for a in plan[pool].argv)
     plan[pool] = dataclasses.replace(plan[pool], argv=typo, exists=None)
-    with pytest.raises(gke.StepFailed, match="unrecognized arguments: --machine-typ=") as e:
+    with pytest.raises(StepFailed, match="unrecognized arguments: --machine-typ=") as e:
         run_plan(plan, out=lambda line: None)
     assert e.value.number == pool + 1
     assert stand_ins()[-1] == list(typo)  # nothing ran after it
@@ -470,7 +475,7 @@ def test_each_check_stops_the_plan_with_the_fact_and_its_fix(stand_ins, tmp_path
     respond(monkeypatch, key, answer)
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
     step = next(i for i, s in enumerate(plan, 1) if s.title.startswith(title))
-    with pytest.raises(gke.StepFailed) as e:
+    with pytest.raises(StepFailed) as e:
         run_plan(plan, out=lambda line: None)
     assert e.value.number == step and e.value.problems, str(e.value)
     assert message in str(e.value)
@@ -486,7 +491,7 @@ def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
         stand_ins, tmp_path, monkeypatch):
     respond(monkeypatch, "currentMasterVersion", "1.36.2-gke.1100000")
     plan = create_plan(settings(otlp_protocol="grpc"), tmp_path, tmp_path / "token")
-    with pytest.raises(gke.StepFailed, match="gRPC export to Managed OpenTelemetry needs "
+    with pytest.raises(StepFailed, match="gRPC export to Managed OpenTelemetry needs "
                        "1.37.1-gke.1697000 or later") as e:
         run_plan(plan, out=lambda line: None)
     assert "otlp_protocol='http/protobuf'" in str(e.value)
@@ -495,7 +500,7 @@ def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
     plan = create_plan(settings(operator_namespace="kube-system"), tmp_path, tmp_path / "token")
     operator = next(i for i, step in enumerate(plan) if step.title.startswith(
         "Check where the Ray operator"))
-    with pytest.raises(gke.StepFailed, match="admits the dashboard port 8265 only from "
+    with pytest.raises(StepFailed, match="admits the dashboard port 8265 only from "
                        "namespace 'kube-system', but the KubeRay operator runs in namespace "
                        "ray-system") as e:
         run_plan(plan[:operator + 1], out=lambda line: None, start=operator + 1)
@@ -505,28 +510,28 @@ def test_grpc_export_needs_the_newer_gke_and_the_operator_namespace_must_match(
 
 
 def test_a_step_that_outlives_its_time_limit_is_killed(tmp_path):
-    from distrl.plan import Step as PlanStep
+    from distrl.gke.runner import Step as PlanStep
 
-    with pytest.raises(gke.StepFailed, match="killed after 1 s"):
+    with pytest.raises(StepFailed, match="killed after 1 s"):
         run_plan([PlanStep("sleeps", ("sleep", "30"))], out=lambda line: None, timeout_s=1)
 
 
 def test_missing_gcloud_is_refused_before_anything_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))  # nothing on PATH
-    with pytest.raises(gke.PrerequisiteError) as e:
-        gke.check_prerequisites(settings())
+    with pytest.raises(PrerequisiteError) as e:
+        check_prerequisites(settings())
     assert "gcloud is not on PATH" in str(e.value) and "sdk/docs/install" in str(e.value)
     assert "kubectl is not on PATH" in str(e.value)
 
 
 def test_no_account_or_an_unreachable_project_is_refused(stand_ins, monkeypatch):
     respond(monkeypatch, "auth list", "")
-    with pytest.raises(gke.PrerequisiteError, match="gcloud auth login"):
-        gke.check_prerequisites(settings())
+    with pytest.raises(PrerequisiteError, match="gcloud auth login"):
+        check_prerequisites(settings())
     respond(monkeypatch, "auth list", "reader@example.com")
     respond(monkeypatch, "projects describe", "DELETE_REQUESTED")
-    with pytest.raises(gke.PrerequisiteError, match=f"project '{PROJECT}' is not reachable"):
-        gke.check_prerequisites(settings())
+    with pytest.raises(PrerequisiteError, match=f"project '{PROJECT}' is not reachable"):
+        check_prerequisites(settings())
     assert all(argv in PREREQS for argv in stand_ins())  # only the read-only checks ran
 
 
@@ -536,8 +541,8 @@ def test_prerequisites_name_old_gcloud_billing_off_and_short_quota_together(stan
     respond(monkeypatch, "billing projects describe", "False")
     respond(monkeypatch, "compute project-info describe", json.dumps({"quotas": [
         {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}))
-    with pytest.raises(gke.PrerequisiteError) as e:
-        gke.check_prerequisites(settings())
+    with pytest.raises(PrerequisiteError) as e:
+        check_prerequisites(settings())
     text = str(e.value)
     assert "gcloud 551.0.0 is older than 576.0.0" in text and "gcloud components update" in text
     assert "billing is off" in text and "gcloud billing projects link" in text
@@ -548,7 +553,7 @@ def test_prerequisites_name_old_gcloud_billing_off_and_short_quota_together(stan
 def test_a_fresh_project_lists_the_apis_step_1_enables_and_defers_quotas(stand_ins,
                                                                           monkeypatch):
     respond(monkeypatch, "services list", "storage.googleapis.com")
-    found = gke.check_prerequisites(settings())
+    found = check_prerequisites(settings())
     assert "compute.googleapis.com" in found.missing_apis
     assert any("step 1 enables" in note and "gcloud services enable" in note
                for note in found.notes)
@@ -557,7 +562,7 @@ def test_a_fresh_project_lists_the_apis_step_1_enables_and_defers_quotas(stand_i
 
 
 def test_quota_arithmetic_uses_family_and_preemptible_quotas_when_the_region_has_them():
-    from distrl.preflight import quota_needs
+    from distrl.gke.preflight import quota_needs
 
     s = settings(actor_machine_type="n2-standard-8", max_actor_nodes=4)
     quotas = {q: {"limit": 10.0} for q in ("CPUS", "N2_CPUS", "PREEMPTIBLE_CPUS")}
@@ -599,19 +604,19 @@ def test_a_teardown_is_not_blocked_by_quotas_or_billing(stand_ins, monkeypatch):
     respond(monkeypatch, "compute project-info describe", json.dumps({"quotas": [
         {"metric": "GPUS_ALL_REGIONS", "limit": 0.0, "usage": 0.0}]}))
     respond(monkeypatch, "billing projects describe", "False")
-    assert gke.check_prerequisites(settings(), creating=False).account == "reader@example.com"
-    with pytest.raises(gke.PrerequisiteError, match="GPUS_ALL_REGIONS"):
-        gke.check_prerequisites(settings())
+    assert check_prerequisites(settings(), creating=False).account == "reader@example.com"
+    with pytest.raises(PrerequisiteError, match="GPUS_ALL_REGIONS"):
+        check_prerequisites(settings())
 
 
 # --- cost ----------------------------------------------------------------------------------
 
 def test_cost_estimate_adds_up_the_price_table_and_the_free_tier_pays_the_fee():
-    prices = gke.PRICES
-    est = gke.estimate_cost(settings())
-    system = prices["machines"]["e2-standard-4"][2]
-    head = prices["machines"]["n1-standard-8"][2] + prices["gpus"]["nvidia-tesla-t4"][0]
-    spot = prices["machines"]["e2-standard-8"][3]
+    prices = PRICES
+    est = estimate_cost(settings())
+    system = prices["machines"]["e2-standard-4"][0]
+    head = prices["machines"]["n1-standard-8"][0] + prices["gpus"]["nvidia-tesla-t4"][0]
+    spot = prices["machines"]["e2-standard-8"][1]
     disk = 50 * prices["pd_balanced_gb_month"] / 730
     # $74.40 a month is 744 h x $0.10: the fee of one zonal cluster, nothing else.
     assert est.lines[0].maximum + est.lines[1].maximum == pytest.approx(0.0)
@@ -624,9 +629,9 @@ def test_cost_estimate_adds_up_the_price_table_and_the_free_tier_pays_the_fee():
 
 def test_cost_estimate_autopilot_prices_the_pods_requests():
     s = settings(mode="autopilot", gpu_type="nvidia-l4")
-    est = gke.estimate_cost(s)
-    ap = gke.PRICES["autopilot"]
-    from distrl.manifests import pod_sizes
+    est = estimate_cost(s)
+    ap = PRICES["autopilot"]
+    from distrl.gke.manifests import pod_sizes
 
     actor = pod_sizes(s)["actor"]
     actor_price = actor.cpu * ap["vcpu"][1] + actor.memory_gib * ap["memory_gib"][1]
@@ -635,12 +640,12 @@ def test_cost_estimate_autopilot_prices_the_pods_requests():
 
 
 def test_monthly_costs_add_up_samples_spans_builds_images_volume_and_alerts():
-    from distrl import cost
-    from distrl.manifests import num_actors
+    from distrl.gke import cost
+    from distrl.gke.manifests import num_actors
 
-    prices = gke.PRICES
+    prices = PRICES
     s = settings()
-    month = gke.monthly_costs(s, hours_training=10, builds=2, image_gb=8.0, alert_conditions=4,
+    month = monthly_costs(s, hours_training=10, builds=2, image_gb=8.0, alert_conditions=4,
                               export_interval_s=30.0)
     per_export = cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * num_actors(s)
     samples = per_export * 10 * 3600 / 30
@@ -657,16 +662,16 @@ def test_monthly_costs_add_up_samples_spans_builds_images_volume_and_alerts():
 
 
 def test_cost_table_can_be_overridden_from_a_file_and_a_bad_one_is_refused(tmp_path):
-    table = json.loads(json.dumps(gke.PRICES))
-    table["machines"]["e2-standard-8"][3] = 1.0
+    table = json.loads(json.dumps(PRICES))
+    table["machines"]["e2-standard-8"][1] = 1.0
     table["date"] = "2030-01"
     path = tmp_path / "prices.json"
     path.write_text(json.dumps(table))
-    est = gke.estimate_cost(settings(), path)
+    est = estimate_cost(settings(), path)
     actors = next(line for line in est.lines if line.item.startswith("actor nodes"))
     assert est.date == "2030-01" and actors.unit_price == 1.0
     with pytest.raises(ValueError, match="price table lacks date, source"):
-        gke.estimate_cost(settings(), {"currency": "USD"})
+        estimate_cost(settings(), {"currency": "USD"})
 
 
 def test_cli_plan_and_cost_print_without_running_anything(stand_ins, tmp_path, capsys):
@@ -689,7 +694,7 @@ def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, mon
     manifests = tmp_path / "m"
     plan = gke.rayjob_plan(settings(), manifests)
     respond(monkeypatch, "get raycluster rl", "raycluster.ray.io/rl")
-    with pytest.raises(gke.StepFailed, match=f"kubectl {CONTEXT} delete raycluster rl --namespace=rl"):
+    with pytest.raises(StepFailed, match=f"kubectl {CONTEXT} delete raycluster rl --namespace=rl"):
         run_plan(plan, out=lambda line: None)
     assert stand_ins() == [[*KC, "get", "raycluster", "rl", "--namespace=rl",
                             "--ignore-not-found", "--output=name"]]
@@ -730,7 +735,7 @@ def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at
     last and most expensive undo, is still deleted; the failure is named at the end."""
     monkeypatch.setenv("FAKE_FAIL", "node-pools create rl-head")
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
-    with pytest.raises(gke.StepFailed):
+    with pytest.raises(StepFailed):
         run_plan(plan, out=lambda line: None)
     monkeypatch.delenv("FAKE_FAIL")
     respond(monkeypatch, "remove-iam-policy-binding", "ERROR: (gcloud.projects.remove-iam-"
@@ -742,8 +747,8 @@ def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at
             "delete) ResponseError: code=400, message=Operation in progress", code=1)
     before = len(stand_ins())
     output = []
-    with pytest.raises(gke.TeardownIncomplete) as e:
-        gke.run_teardown(gke.teardown_plan(plan), out=output.append)
+    with pytest.raises(TeardownIncomplete) as e:
+        run_teardown(gke.teardown_plan(plan), out=output.append)
     ran = stand_ins()[before:]
     assert ran == expected_teardown(tmp_path / "m")  # every undo, in order
     assert ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"] in ran
@@ -754,7 +759,7 @@ def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at
 
 
 def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_path):
-    from distrl.plan import Step as PlanStep
+    from distrl.gke.runner import Step as PlanStep
 
     counter = tmp_path / "n"
     asks = ("sh", "-c", f"n=$(cat {counter} 2>/dev/null || echo 0); echo $((n + 1)) > {counter}; "
@@ -766,7 +771,7 @@ def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_p
     assert counter.read_text().strip() == "3" and lines[-1] == "check passed"
     assert sum(line.startswith("not yet (not yet: ") for line in lines) == 2
     never = PlanStep("never", ("echo", "0"), check=lambda out: ["still missing"], retry_s=0.1)
-    with pytest.raises(gke.StepFailed, match="still missing"):
+    with pytest.raises(StepFailed, match="still missing"):
         run_plan([never], out=lambda line: None)
 
 
@@ -797,7 +802,7 @@ def test_every_kubectl_command_names_the_clusters_context(tmp_path):
 
 
 def test_the_pods_resource_carries_the_project_id(tmp_path):
-    from distrl import manifests as m
+    from distrl.gke import manifests as m
 
     m.write_manifests(settings(), tmp_path)
     docs = [doc for _, doc in m.load_dir(tmp_path)]
@@ -825,7 +830,7 @@ def test_an_auth_token_ray_wrote_readable_by_all_is_made_private(tmp_path):
     token = tmp_path / "auth_token"
     token.write_text("x" * 64)
     token.chmod(0o644)
-    assert gke.ensure_auth_token(token) == token
+    assert ensure_auth_token(token) == token
     assert token.stat().st_mode & 0o777 == 0o600 and token.read_text() == "x" * 64
-    made = gke.ensure_auth_token(tmp_path / "new" / "auth_token")
+    made = ensure_auth_token(tmp_path / "new" / "auth_token")
     assert made.stat().st_mode & 0o777 == 0o600 and len(made.read_text()) == 64

@@ -1,4 +1,4 @@
-"""distrl.jobs pieces that need no cluster: the entrypoint, fetching, copying from the head."""
+"""distrl.cluster.jobs pieces that need no cluster: the entrypoint, fetching, copying from the head."""
 
 import io
 import json
@@ -6,12 +6,12 @@ import tarfile
 
 import pytest
 
-from distrl import jobs
+from distrl.cluster import jobs
 
 
 def test_entrypoint_is_the_training_command_quoted():
     cmd = jobs.training_entrypoint(["--env", "CartPole-v1", "--run-id", "a b"], "/runs/x y")
-    assert cmd == ("python -m distrl.train --env CartPole-v1 --run-id 'a b' --progress false "
+    assert cmd == ("python -m distrl.apex.train --env CartPole-v1 --run-id 'a b' --progress false "
                    "--output-dir '/runs/x y'")
     with pytest.raises(ValueError, match="must not contain --output-dir"):
         jobs.training_entrypoint(["--output-dir", "elsewhere"], "/runs/x")

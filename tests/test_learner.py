@@ -5,16 +5,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from distrl.config import ApexConfig
-from distrl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
-from distrl.network import (
-    NetworkSpec,
-    build_keras_model,
-    get_keras_weights,
-    init_weights,
-    numpy_q_values,
-)
-from distrl.replay import SampledBatch, Transitions
+from distrl.rl.config import ApexConfig
+from distrl.rl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
+from distrl.rl.network import NetworkSpec, build_keras_model, get_keras_weights, init_weights, numpy_q_values
+from distrl.rl.replay import SampledBatch, Transitions
 
 configure_tensorflow(num_threads=1)
 
@@ -177,10 +171,10 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
     code = """if True:
         import json, sys
         import numpy as np
-        from distrl.config import ApexConfig
-        from distrl.learner import Learner, configure_tensorflow
-        from distrl.network import NetworkSpec, init_weights
-        from distrl.replay import SampledBatch, Transitions
+        from distrl.rl.config import ApexConfig
+        from distrl.rl.learner import configure_tensorflow, Learner
+        from distrl.rl.network import init_weights, NetworkSpec
+        from distrl.rl.replay import SampledBatch, Transitions
         configure_tensorflow(num_threads=1, lean=True)
         spec = NetworkSpec(4, 2, (8,), True)
         learner = Learner(ApexConfig(), spec, init_weights(spec, 0))
@@ -207,11 +201,11 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
 FIRST_UPDATE = """if True:
     import json, sys
     import numpy as np
-    from distrl import learner as learner_module
-    from distrl.config import ApexConfig
-    from distrl.learner import Learner, configure_tensorflow
-    from distrl.network import NetworkSpec, init_weights
-    from distrl.replay import SampledBatch, Transitions
+    from distrl.rl import learner as learner_module
+    from distrl.rl.config import ApexConfig
+    from distrl.rl.learner import configure_tensorflow, Learner
+    from distrl.rl.network import init_weights, NetworkSpec
+    from distrl.rl.replay import SampledBatch, Transitions
     configure_tensorflow(num_threads=1, xla_cache=sys.argv[1] == "on")
     spec = NetworkSpec(4, 2, (8,), True)
     learner = Learner(ApexConfig(jit_compile=True), spec, init_weights(spec, 0))
@@ -274,7 +268,7 @@ def test_native_stderr_drops_only_the_harmless_lines_and_keeps_the_rest_in_order
 
     code = """if True:
         import os, sys
-        from distrl.learner import XLA_CACHE_NOISE, _native_stderr_without
+        from distrl.rl.learner import _native_stderr_without, XLA_CACHE_NOISE
         absl = "E0000 00:00:1796323457.07 29547 "
         noise = [absl + "text_format.cc:378] Error parsing text-format "
                  "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5",
@@ -300,7 +294,7 @@ def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path, m
                                                                    capsys):
     import os
 
-    from distrl import learner as learner_module
+    from distrl.rl import learner as learner_module
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
@@ -317,8 +311,8 @@ def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tm
                                                                               monkeypatch):
     import os
 
-    from distrl import learner as learner_module
-    from distrl.learner import XLA_CACHE_ENV, _enable_xla_cache, default_xla_cache_dir
+    from distrl.rl import learner as learner_module
+    from distrl.rl.learner import XLA_CACHE_ENV, _enable_xla_cache, default_xla_cache_dir
 
     monkeypatch.delenv(XLA_CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

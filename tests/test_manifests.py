@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from distrl import manifests as m
-from distrl.cluster import forget_cluster
-from distrl.gke import GkeSettings
+from distrl.cluster.local import forget_cluster
+from distrl.gke import manifests as m
+from distrl.gke.settings import RAY_VERSION, GkeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -44,7 +44,7 @@ def test_shipped_manifests_are_the_rendering_of_the_defaults(tmp_path):
     assert shipped == sorted(p.relative_to(tmp_path) for p in written)
     for rel in shipped:
         assert (K8S / rel).read_text() == (tmp_path / rel).read_text(), \
-            f"k8s/{rel} differs from the rendering: run `python -m distrl.manifests k8s`"
+            f"k8s/{rel} differs from the rendering: run `python -m distrl.gke.manifests k8s`"
 
 
 def test_every_shipped_manifest_validates_strictly():
@@ -275,7 +275,7 @@ def test_lock_dockerfile_and_manifests_agree_on_ray_and_python():
     dockerfile = (ROOT / "Dockerfile").read_text()
     base = re.search(r"^FROM rayproject/ray:(\S+)-py(\d)(\d+)(?:-\S+)?$", dockerfile, re.M)
     assert base, "the Dockerfile must start from a rayproject/ray:<version>-py<XY> image"
-    assert base.group(1) == ray == m.RAY_VERSION
+    assert base.group(1) == ray == RAY_VERSION
     python = f"{base.group(2)}.{base.group(3)}"
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert pyproject["project"]["requires-python"] == f">={python},<3.{int(base.group(3)) + 1}"

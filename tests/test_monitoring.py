@@ -14,8 +14,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl import explore, monitoring
-from distrl.collector import CollectorStore, Limits, LocalCollector
+from distrl.otel import explore, monitoring
+from distrl.otel.collector import CollectorStore, Limits, LocalCollector
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9
@@ -462,7 +462,7 @@ class Recorder:
 CLIENT_SCRIPT = """
 import datetime as dt, json, sys
 from google.auth.credentials import AnonymousCredentials
-from distrl import dashboard, explore
+from distrl.otel import dashboard, explore
 end = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
 if sys.argv[1] == "cloud":
     mon = explore.Monitoring(project_id="my-project", credentials=AnonymousCredentials(),

@@ -8,6 +8,7 @@ import psutil
 import pytest
 from conftest import respond
 
+from distrl.gke.settings import GkeSettings
 from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -175,7 +176,7 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
     assert re.search(r"traffic: first env steps at \d+ s; median [\d,]+ env steps/s", text), text[-3000:]
     assert re.search(r"greedy return: \d+ at its first evaluation, best \d+ at \d+ s", text)
     # The raw-SDK cell's instruments arrived under the seed's scope names.
-    from distrl.collector import CollectorStore
+    from distrl.otel.collector import CollectorStore
 
     store = CollectorStore(out_dir / "otel.db")
     demo = store.query("SELECT DISTINCT metric_type, scope FROM points WHERE json_extract("
@@ -189,7 +190,9 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
 
 
 def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
-    from distrl import gke, manifests
+    from distrl.gke import create as gke
+    from distrl.gke import manifests
+    from distrl.gke.settings import GkeSettings
 
     out_dir = tmp_path / "run"
     executed = run_notebook(
@@ -201,7 +204,7 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     text = stream_text(executed)
     assert "dry run: commands are printed, nothing is created" in text  # SMOKE forced it
     assert "gcloud container clusters create-auto rl-demo-cluster --region=us-central1" in text
-    plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1", prefix="rl-demo",
+    plan = gke.create_plan(GkeSettings(project_id="demo-project-1", prefix="rl-demo",
                                            gpu_type="nvidia-tesla-t4", mode="autopilot"),
                            out_dir / "manifests")
     for step in plan:  # every command of the plan, exactly as it would run
@@ -217,7 +220,7 @@ def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, st
                                                      monkeypatch):
     """DRY_RUN=False with gcloud and kubectl stand-ins recording their argv: the notebook runs
     the prerequisite checks, every step of the plan, then (TEARDOWN=True) every undo."""
-    from distrl import gke
+    from distrl.gke import create as gke
 
     home = tmp_path / "home"  # the notebook makes the Ray auth token in ~/.ray when missing
     home.mkdir()
@@ -226,7 +229,7 @@ def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, st
     run_notebook(NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
                  {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "DRY_RUN": False,
                   "TEARDOWN": True}, kernel=kernel)
-    plan = gke.create_plan(gke.GkeSettings(project_id="demo-project-1"), out_dir / "manifests",
+    plan = gke.create_plan(GkeSettings(project_id="demo-project-1"), out_dir / "manifests",
                            home / ".ray" / "auth_token")
     p = "--project=demo-project-1"
     expected = [["gcloud", "version", "--format=json"],

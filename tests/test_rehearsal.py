@@ -1,4 +1,4 @@
-"""The rendered GKE manifests rehearsed on this machine (distrl.rehearsal): Ray nodes started with
+"""The rendered GKE manifests rehearsed on this machine (distrl.cluster.rehearsal): Ray nodes started with
 the pods' own commands and env, the RayJob's entrypoint submitted to them, notebook 04's GKE path
 run against them, and the telemetry the pods' OTEL_* variables send landing in the local
 collector over OTLP/HTTP, as it would in Managed OpenTelemetry."""
@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 from conftest import respond
 
-from distrl import jobs
-from distrl import manifests as m
-from distrl.collector import LocalCollector
-from distrl.gke import DEFAULT_TOKEN_FILE, GkeSettings
-from distrl.rehearsal import ManifestRehearsal, container_env, ray_start_argv
+from distrl.cluster import jobs
+from distrl.cluster.rehearsal import ManifestRehearsal, container_env, ray_start_argv
+from distrl.gke import manifests as m
+from distrl.gke.settings import GkeSettings
+from distrl.otel.collector import LocalCollector
+from distrl.ray_runtime import DEFAULT_TOKEN_FILE
 from distrl.tutorial import NOTEBOOKS_DIR, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distrl.replay import PrioritizedReplay, RateLimiter, ReplayService, SumTree, Transitions
+from distrl.rl.replay import PrioritizedReplay, RateLimiter, ReplayService, SumTree, Transitions
 
 
 def make_block(n, start=0, obs_size=3, priority=None, rng=None):

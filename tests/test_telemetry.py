@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from distrl import telemetry as otel
-from distrl.collector import LocalCollector
+from distrl.otel import conventions as otel
+from distrl.otel.collector import LocalCollector
 
 PREFIX = "prometheus.googleapis.com/"
 COMMON = otel.common_attributes(run_id="run-1", algorithm="apex-dqn", environment="CartPole-v1",
@@ -111,7 +111,7 @@ def test_instruments_refuse_missing_attributes_and_iterations():
 
 ENV_PROGRAM = textwrap.dedent("""
     import time
-    from distrl.telemetry import setup_telemetry
+    from distrl.otel.conventions import setup_telemetry
     tel = setup_telemetry()
     print("enabled", tel.enabled, flush=True)
     tel.meter.create_counter("env.counter").add(3)
@@ -152,7 +152,7 @@ def test_otel_environment_variables_are_honoured(collector):
 
 GLOBAL_PROGRAM = textwrap.dedent("""
     from opentelemetry import metrics, trace
-    from distrl.telemetry import setup_telemetry
+    from distrl.otel.conventions import setup_telemetry
     tel = setup_telemetry()
     print("namespace", tel.resource.attributes["service.namespace"], flush=True)
     # What instrumentation libraries and copied snippets do: the API's global providers.
@@ -185,7 +185,7 @@ def test_env_namespace_global_providers_and_scheme_less_endpoints(collector):
     out = run_program(GLOBAL_PROGRAM, {**seed, "OTEL_EXPORTER_OTLP_INSECURE": "true"})
     assert out.returncode == 0, out.stderr
     assert len(collector.store().points(PREFIX + "global.counter/counter")) >= 2
-    from distrl.telemetry import setup_telemetry
+    from distrl.otel.conventions import setup_telemetry
 
     with pytest.raises(ValueError, match="endpoint='localhost:4317' is invalid"):
         setup_telemetry(endpoint="localhost:4317")
@@ -234,7 +234,7 @@ def test_no_collector_no_flood_and_a_bounded_shutdown():
     dead.close()  # nothing listens here
     program = textwrap.dedent(f"""
         import time
-        from distrl.telemetry import setup_telemetry
+        from distrl.otel.conventions import setup_telemetry
         tel = setup_telemetry(endpoint="http://127.0.0.1:{port}", export_interval_ms=100,
                               export_timeout_s=1)
         counter = tel.meter.create_counter("c")
@@ -268,7 +268,7 @@ def test_a_shutdown_whose_time_is_up_stops_the_exports_still_in_flight():
     may end as soon as that has happened: counting the living ones afterwards raced them)."""
     program = textwrap.dedent("""
         import socket, threading, time
-        from distrl.telemetry import setup_telemetry
+        from distrl.otel.conventions import setup_telemetry
         started, alive_at_stop = [], []
         start = threading.Thread.start
         def recorded_start(thread):
@@ -327,7 +327,7 @@ def test_a_forked_child_does_not_revive_a_shut_down_exporter(collector):
     """Ray forks helper processes; the SDK restarts export threads in forked children."""
     program = textwrap.dedent(f"""
         import os, time
-        from distrl.telemetry import setup_telemetry
+        from distrl.otel.conventions import setup_telemetry
         tel = setup_telemetry(endpoint="{collector.endpoint}")
         tel.meter.create_counter("c").add(1)
         tel.shutdown()

@@ -20,8 +20,10 @@ from pathlib import Path
 
 import yaml
 
-from distrl import gke
-from distrl import manifests as k8s
+from distrl.gke import create as gke
+from distrl.gke import manifests as k8s
+from distrl.gke.runner import dry_run
+from distrl.gke.settings import GkeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03-create-gke-cluster.ipynb"
@@ -39,9 +41,9 @@ def notebook_defaults(notebook: Path = NOTEBOOK) -> dict:
             if isinstance(node, ast.Assign)}
 
 
-def default_settings() -> gke.GkeSettings:
+def default_settings() -> GkeSettings:
     p = notebook_defaults()
-    return gke.GkeSettings(
+    return GkeSettings(
         project_id=p["PROJECT_ID"], region=p["REGION"], zone=p["ZONE"], prefix=p["PREFIX"],
         gpu_type=p["GPU_TYPE"], max_actor_nodes=p["MAX_ACTOR_NODES"],
         actor_machine_type=p["ACTOR_MACHINE_TYPE"], mode=p["MODE"],
@@ -52,9 +54,9 @@ def plan_listing() -> str:
     settings = default_settings()
     plan = gke.create_plan(settings, MANIFESTS, TOKEN, source_dir=".")
     lines: list[str] = []
-    gke.dry_run(plan, out=lines.append)
+    dry_run(plan, out=lines.append)
     lines += ["", "# Clean up (TEARDOWN = True, or `distrl gke teardown`): every undo, newest first"]
-    gke.dry_run(gke.teardown_plan(plan), out=lines.append, explain=False)
+    dry_run(gke.teardown_plan(plan), out=lines.append, explain=False)
     return "\n".join(lines)
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 
-COMMANDS = {"train": "distrl.train", "collector": "distrl.collector", "gke": "distrl.gke",
-            "cluster": "distrl.cluster"}
+COMMANDS = {"train": "distrl.apex.train", "collector": "distrl.otel.collector", "gke": "distrl.gke.create",
+            "cluster": "distrl.cluster.local"}
 
 
 def main(argv: list[str] | None = None) -> int:

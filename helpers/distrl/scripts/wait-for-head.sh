@@ -2,7 +2,7 @@
 # Wait until the Ray head answers, then join it as a worker node.
 #
 # The plain Kubernetes manifests run this from a ConfigMap in every actor pod, and
-# distrl.cluster runs the same file for local worker nodes, so both start the same way.
+# distrl.cluster.local runs the same file for local worker nodes, so both start the same way.
 #
 # Environment:
 #   RAY_HEAD_ADDRESS           host:port of the head's GCS (required), e.g. distrl-head:6379

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.config import ApexConfig
-from distrl.network import NetworkSpec, build_keras_model, get_keras_weights, set_keras_weights
-from distrl.replay import SampledBatch
+from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec, build_keras_model, get_keras_weights, set_keras_weights
+from distrl.rl.replay import SampledBatch
 
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{9})\.npz$")
 

@@ -5,7 +5,7 @@
     quota_problems(settings, region_json, project_json)   # the quota arithmetic, no gcloud
 
 Each problem is one sentence that names the fact, where it comes from, and the command or page
-that fixes it. The same judges back the plan's check steps (distrl.gke), which run the read-only
+that fixes it. The same judges back the plan's check steps (distrl.gke.create), which run the read-only
 command (`gcloud compute regions describe ...`, `kubectl get crd ...`) and stop the plan before
 anything that depends on it is created.
 """
@@ -17,7 +17,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
-from distrl.plan import capture
+from distrl.gke.runner import capture
 
 # Managed OpenTelemetry for GKE: the flag is GA in `gcloud container clusters create` from
 # gcloud 576.0.0 (cloud.google.com/sdk/docs/release-notes, 576.0.0: "Promoted
@@ -253,9 +253,8 @@ def quota_needs(settings, quotas: dict[str, dict]) -> list[QuotaNeed]:
     metric: a machine family's own CPU metric (N2_CPUS, ...) counts when the region lists one,
     else CPUS; Spot VMs count against PREEMPTIBLE_CPUS when it is granted (cloud.google.com/
     compute/docs/instances/create-use-spot), else like on-demand VMs."""
-    from distrl.cost import machine
-    from distrl.gke import DISK_GB, SYSTEM_MACHINE
-    from distrl.manifests import pod_sizes
+    from distrl.gke.manifests import pod_sizes
+    from distrl.gke.settings import DISK_GB, SYSTEM_MACHINE, machine
 
     s = settings
     needs: dict[str, QuotaNeed] = {}
@@ -398,7 +397,7 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
     gcloud's version, the login, the project, and for creating (not for a teardown, which must
     work whatever the quotas) billing, the APIs and, once the Compute Engine API is on, the
     quotas. Raises PrerequisiteError listing every problem with its fix."""
-    from distrl.gke import APIS
+    from distrl.gke.settings import APIS
 
     project = f"--project={settings.project_id}"
     problems = [f"{tool} is not on PATH: {fix}" for tool, fix in TOOLS.items()

@@ -26,15 +26,15 @@ PRICES = {
     # clusters" (cloud.google.com/kubernetes-engine/pricing): 744 h x 0.10, the fee of one
     # cluster; nodes, disks and a regional cluster's fee are not covered.
     "free_tier_credit_per_month": 74.40,
-    "machines": {  # vcpus, memory GiB, on-demand, spot
-        "e2-standard-4": [4, 16, 0.134, 0.040],
-        "e2-standard-8": [8, 32, 0.268, 0.080],
-        "e2-standard-16": [16, 64, 0.536, 0.161],
-        "e2-standard-32": [32, 128, 1.072, 0.322],
-        "n2-standard-8": [8, 32, 0.389, 0.094],
-        "n2-standard-32": [32, 128, 1.554, 0.376],
-        "n1-standard-8": [8, 30, 0.380, 0.080],
-        "g2-standard-8": [8, 32, 0.854, 0.341],  # includes its L4
+    "machines": {  # per node: on-demand, spot (shapes: settings.MACHINES)
+        "e2-standard-4": [0.134, 0.040],
+        "e2-standard-8": [0.268, 0.080],
+        "e2-standard-16": [0.536, 0.161],
+        "e2-standard-32": [1.072, 0.322],
+        "n2-standard-8": [0.389, 0.094],
+        "n2-standard-32": [1.554, 0.376],
+        "n1-standard-8": [0.380, 0.080],
+        "g2-standard-8": [0.854, 0.341],  # includes its L4
     },
     "gpus": {  # per attached GPU: on-demand, spot (the L4 is in g2's price)
         "nvidia-l4": [0.0, 0.0],
@@ -67,17 +67,6 @@ PRICES = {
     "alert_condition_month": 1.50,
 }
 HOURS_PER_MONTH = 730
-
-
-@dataclass(frozen=True)
-class MachineType:
-    vcpus: int
-    memory_gib: float
-
-
-def machine(name: str, prices: dict = PRICES) -> MachineType:
-    vcpus, memory, *_ = prices["machines"][name]
-    return MachineType(vcpus, memory)
 
 
 @dataclass(frozen=True)
@@ -129,15 +118,15 @@ def _load(prices) -> dict:
         prices = json.loads(Path(prices).read_text())
     missing = [k for k in PRICES if k not in prices]
     if missing:
-        raise ValueError(f"price table lacks {', '.join(missing)}; see distrl.cost.PRICES")
+        raise ValueError(f"price table lacks {', '.join(missing)}; see distrl.gke.cost.PRICES")
     return prices
 
 
 def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
     """Cost per hour of the cluster the plan creates: from idle (no actor node) to every actor
     node busy. Includes the nodes' boot disks and the free tier's credit for the fee."""
-    from distrl.gke import DISK_GB, SYSTEM_MACHINE
-    from distrl.manifests import pod_sizes  # the pods' requests decide Autopilot's price
+    from distrl.gke.manifests import pod_sizes  # the pods' requests decide Autopilot's price
+    from distrl.gke.settings import DISK_GB, SYSTEM_MACHINE
 
     prices = _load(prices)
     s = settings
@@ -147,7 +136,7 @@ def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
                       -min(fee, prices["free_tier_credit_per_month"] / HOURS_PER_MONTH))]
     disk = DISK_GB * prices["pd_balanced_gb_month"] / HOURS_PER_MONTH
     if s.mode == "standard":
-        on_demand, spot = 2, 3
+        on_demand, spot = 0, 1
         lines.append(CostLine(f"system node {SYSTEM_MACHINE} (on-demand)", 1, 1,
                               prices["machines"][SYSTEM_MACHINE][on_demand]))
         head = prices["machines"][s.head_machine_type][on_demand]
@@ -193,8 +182,8 @@ def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
     """What runs beside the nodes, per month: metric samples (series x exports), spans, image
     builds, image storage, the run volume and alerting conditions. The ranges run from the
     free allotments to none left."""
-    from distrl.gke import BUILD_MINUTES
-    from distrl.manifests import RUNS_VOLUME_GB, num_actors
+    from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors
+    from distrl.gke.settings import BUILD_MINUTES
 
     prices = _load(prices)
     actors = num_actors(settings)

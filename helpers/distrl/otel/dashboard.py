@@ -1,6 +1,6 @@
 """The golden-signal charts, as a Cloud Monitoring dashboard and alert policies.
 
-    python -m distrl.dashboard k8s/monitoring     # (re)writes dashboard.json and alerts/*.json
+    python -m distrl.otel.dashboard k8s/monitoring     # (re)writes dashboard.json and alerts/*.json
 
 CHARTS is the one list of queries: `explore.golden_signals` draws them from the local
 collector or Cloud Monitoring, `dashboard()` turns them into the dashboard that
@@ -16,9 +16,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from distrl import telemetry as otel
-from distrl.gke import check_project_id
-from distrl.plan import Step
+from distrl.gke.runner import Step
+from distrl.gke.settings import check_project_id
+from distrl.otel import conventions as otel
 
 PREFIX = "prometheus.googleapis.com/"
 DASHBOARD_NAME = "RL golden signals (distrl)"
@@ -317,7 +317,7 @@ def deploy_plan(project_id: str, directory: str | Path) -> list[Step]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m distrl.dashboard",
+    parser = argparse.ArgumentParser(prog="python -m distrl.otel.dashboard",
                                      description="Write the dashboard and alert policy JSON.")
     parser.add_argument("directory", help="where to write (k8s/monitoring in the repo)")
     args = parser.parse_args(argv)

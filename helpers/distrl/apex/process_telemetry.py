@@ -13,8 +13,8 @@ import time
 
 import numpy as np
 
-from distrl import telemetry as otel
-from distrl.config import ApexConfig
+from distrl.otel import conventions as otel
+from distrl.rl.config import ApexConfig
 
 
 class ProcessTelemetry:

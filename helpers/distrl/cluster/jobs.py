@@ -29,10 +29,10 @@ _shown: dict[str, int] = {}  # job id -> characters of its log already printed
 
 
 def training_entrypoint(train_args: Sequence[str], output_dir: str) -> str:
-    """The job's shell command: `python -m distrl.train ... --output-dir DIR` (quoted)."""
+    """The job's shell command: `python -m distrl.apex.train ... --output-dir DIR` (quoted)."""
     if any(a == "--output-dir" or a.startswith("--output-dir=") for a in train_args):
         raise ValueError("train_args must not contain --output-dir; pass output_dir instead")
-    return shlex.join(["python", "-m", "distrl.train", *train_args, "--progress", "false",
+    return shlex.join(["python", "-m", "distrl.apex.train", *train_args, "--progress", "false",
                        "--output-dir", str(output_dir)])
 
 

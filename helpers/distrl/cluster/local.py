@@ -6,7 +6,7 @@ way the pods of k8s/plain start them (`ray start --head`, then the wait-for-head
         ...
     # every process the cluster started is gone here, also after a failed start
 
-    # GKE's autoscaled Spot pool, rehearsed: 0 worker nodes, more as Ray asks (distrl.autoscale)
+    # GKE's autoscaled Spot pool, rehearsed: 0 worker nodes, more as Ray asks (distrl.cluster.autoscale)
     cluster = LocalCluster.from_ray_cluster(manifests.ray_cluster(settings), cpus_per_worker=1)
 
 Nothing outlives the process that started the cluster: stop() runs at exit, and a small reaper
@@ -37,7 +37,14 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
-from distrl.loopback import LOOPBACK_ENV, on_loopback
+from distrl.ray_runtime import (
+    LOOPBACK_ENV,
+    ClusterError,
+    kill_survivors,
+    ray_gave_up,
+    ray_temp_dir,
+    use_token_auth,
+)
 
 
 def state_file() -> Path:
@@ -46,22 +53,6 @@ def state_file() -> Path:
     be planted by another user (and `down` would kill what it names)."""
     return (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
             / "distrl" / "cluster.json")
-
-
-def ray_temp_dir() -> Path:
-    """Where Ray keeps its sessions on this machine, found as Ray finds it (ray/_common/utils.py,
-    get_default_system_temp_dir): under RAY_TMPDIR, else TMPDIR (on Linux), else /tmp. Not
-    tempfile.gettempdir(), which knows no RAY_TMPDIR."""
-    base = os.environ.get("RAY_TMPDIR")
-    if base is None and sys.platform.startswith("linux"):
-        base = os.environ.get("TMPDIR")
-    if base is None:
-        base = "/tmp" if sys.platform.startswith(("linux", "darwin")) else tempfile.gettempdir()
-    return Path(base) / "ray"
-
-
-class ClusterError(RuntimeError):
-    """The cluster did not start (nothing it started is left running) or cannot be reached."""
 
 
 class NodeStartFailed(ClusterError):
@@ -92,7 +83,7 @@ def pick_head_ports(port: int, dashboard_port: int) -> tuple[int, int]:
 
 def node_env(extra: dict | None = None) -> dict:
     """Environment of every node process: this Python's bin first on PATH, token auth on."""
-    from distrl.gke import DEFAULT_TOKEN_FILE, ensure_auth_token
+    from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ensure_auth_token
 
     ensure_auth_token(DEFAULT_TOKEN_FILE)
     env = dict(os.environ)
@@ -141,7 +132,7 @@ class LocalCluster:
     log_dir: str | Path | None = None
     start_timeout_s: float = 120.0
     autoscale: object = None
-    """a distrl.autoscale.NodeGroup: worker nodes added and removed with Ray's demand"""
+    """a distrl.cluster.autoscale.NodeGroup: worker nodes added and removed with Ray's demand"""
     on_event: Callable[[str], None] | None = None
     """called with one line per autoscaler event (e.g. print)"""
     loopback_only: bool = True
@@ -169,11 +160,11 @@ class LocalCluster:
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             raise ValueError(f"log_dir={str(self.log_dir)!r}: exists and is not a directory")
-        from distrl.autoscale import NodeGroup
+        from distrl.cluster.autoscale import NodeGroup
 
         if self.autoscale is not None and not isinstance(self.autoscale, NodeGroup):
             raise ValueError(f"autoscale={self.autoscale!r}: expected None or a "
-                             "distrl.autoscale.NodeGroup")
+                             "distrl.cluster.autoscale.NodeGroup")
         self.autoscaler = None
         self._reaper: subprocess.Popen | None = None
 
@@ -182,7 +173,7 @@ class LocalCluster:
                          max_workers: int | None = None, **kwargs) -> LocalCluster:
         """A head plus the manifest's `actors` group, autoscaled from its minReplicas to its
         maxReplicas, with CPUs scaled down to this machine."""
-        from distrl.autoscale import NodeGroup
+        from distrl.cluster.autoscale import NodeGroup
 
         group = NodeGroup.from_ray_cluster(ray_cluster, cpus=cpus_per_worker,
                                            max_nodes=max_workers)
@@ -224,7 +215,7 @@ class LocalCluster:
                 self.join(lambda i=i: self.add_worker(name=f"worker-{i + 1}"))
             self._wait_for_jobs_api()
             if self.autoscale is not None:
-                from distrl.autoscale import LocalAutoscaler
+                from distrl.cluster.autoscale import LocalAutoscaler
 
                 self.autoscaler = LocalAutoscaler(self, self.autoscale,
                                                   on_event=self.on_event).start()
@@ -241,8 +232,8 @@ class LocalCluster:
         env = {"RAY_HEAD_ADDRESS": self.address, "RAY_NUM_CPUS": f"{cpus:g}",
                "WAIT_FOR_HEAD_TIMEOUT_S": f"{self.start_timeout_s:g}",
                "WAIT_FOR_HEAD_INTERVAL_S": "0.5"}
-        if self.loopback_only:  # `ray start` that keeps 127.0.0.1 (distrl.loopback)
-            env["RAY_START"] = "python -m distrl.loopback start"
+        if self.loopback_only:  # `ray start` that keeps 127.0.0.1 (distrl.ray_runtime)
+            env["RAY_START"] = "python -m distrl.ray_runtime start"
         return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
                                        *_node_ports(len(self.nodes)), *self._node_address(),
                                        "--disable-usage-stats"], cpus, env, group)
@@ -418,7 +409,7 @@ class LocalCluster:
                 node.process.wait(5.0)
         # Anything that left the process groups (the dashboard's multiprocessing children,
         # which end on their own about 1.5 s later): its node is gone, so at once.
-        _kill_survivors(procs, wait_s=0)
+        kill_survivors(procs, wait_s=0)
         _remove_dirs(leftovers)
         self.nodes = []
         if self._reaper is not None:  # nothing left for it to do
@@ -451,276 +442,6 @@ class LocalCluster:
             except psutil.NoSuchProcess:
                 pass
         return out
-
-
-def running(pids: list[int]) -> list[int]:
-    """The pids that still run (a zombie has ended). A process may end between any two looks
-    at it, so one that vanishes while looked at counts as ended."""
-    import psutil
-
-    alive = []
-    for pid in pids:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                alive.append(pid)
-    return alive
-
-
-# Ray gives up on a new node after fixed waits of 20-30 s: for the GCS to write its port file
-# ("Timed out waiting for file .../gcs_server_port_...", RAY_gcs_server_port_wait_time_s) or, with
-# a fixed GCS port as `ray start --head --port` has, to answer ("Failed to start GCS", or a
-# FileNotFoundError for the gcs_server.err it then reads: both raised in _init_gcs_client), and for
-# the raylet to register (raylet_start_wait_time_s in ray/_private/node.py, not a setting in Ray
-# 2.60: "The current node timed out during startup"). The GCS or raylet that never came had aborted
-# before exec, killed by gRPC's fork handlers in the parent (grpc/grpc#43055); distrl/__init__.py
-# turns those off (benchmarks/popen_beside_grpc.py counts the aborts either way). A second start,
-# in a new session, is what a reader would do by hand for whatever else kills a node at launch;
-# LocalCluster.join does the same for `ray start`, and does not wait out the 30 s once a process
-# that `ray start` launched has ended (NodeStartFailed).
-NODE_START_TIMEOUT = "timed out during startup"
-GCS_PORT_FILE_TIMEOUT = "Timed out waiting for file"
-GCS_CLIENT_FAILED = "in _init_gcs_client"  # the frame of both in a `ray start` traceback
-
-
-def ray_gave_up(message: str) -> bool:
-    """Whether Ray's message (or a `ray start` log) says it gave up waiting for a new node."""
-    return (NODE_START_TIMEOUT in message or GCS_CLIENT_FAILED in message
-            or (GCS_PORT_FILE_TIMEOUT in message and "gcs_server_port" in message))
-
-
-def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
-                   loopback_only: bool = True, **ray_init_kwargs):
-    """ray.init(address="local", **ray_init_kwargs): a new Ray on this machine, never a cluster
-    that an old `ray start` recorded. A node whose GCS or raylet does not come up within Ray's
-    fixed 30 s is started again (up to `attempts` starts in all); each failed start names its
-    logs, and what it had started is stopped first. `stop`: once it returns True (a SIGTERM
-    was caught), the start is abandoned at its next wait, what it started is stopped, and
-    StartInterrupted is raised. loopback_only: every Ray process listens on 127.0.0.1 only
-    (False: on every interface, as Ray does by default)."""
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1:
-        raise ValueError(f"attempts={attempts!r}: expected an integer >= 1")
-    if "address" in ray_init_kwargs:
-        raise ValueError(f"address={ray_init_kwargs['address']!r}: init_local_ray always starts "
-                         "a new local Ray; call ray.init(address=...) to join a cluster")
-    if not isinstance(loopback_only, bool):
-        raise ValueError(f"loopback_only={loopback_only!r}: expected True or False")
-    import ray
-
-    from distrl.gke import DEFAULT_TOKEN_FILE, ensure_auth_token
-
-    ensure_auth_token(DEFAULT_TOKEN_FILE)  # before Ray, which would write it readable by all
-    stop = stop or (lambda: False)
-    temp_dir = Path(ray_init_kwargs.get("_temp_dir") or ray_temp_dir())
-    for attempt in range(1, attempts + 1):
-        if stop():
-            raise StartInterrupted("asked to stop before Ray's node started")
-        began = time.time()
-        try:
-            with _dashboard_process_skipped(ray_init_kwargs.get("include_dashboard")), \
-                    _raylet_registration_polled(stop), on_loopback(loopback_only):
-                return ray.init(address="local", **ray_init_kwargs)
-        except Exception as e:
-            seen_ending = isinstance(e, RayletNotRegistered)
-            if not (seen_ending or ray_gave_up(str(e))):
-                raise
-            why = str(e) if seen_ending else "its GCS or raylet did not come up within Ray's 30 s"
-            ray.shutdown()  # Ray never got a node object: its processes are still running
-            session = _new_session(temp_dir, began)
-            logs = _failed_start_logs(session, temp_dir)
-            if session is not None:
-                _stop_children_of_session(session)
-            if isinstance(e, StartInterrupted):
-                raise
-            if attempt == attempts:
-                raise ClusterError(f"Ray's node did not start in {attempts} attempt(s) ({why}); "
-                                   f"{logs}") from e
-            print(f"Ray's node did not start ({why}); {logs}; starting Ray again "
-                  f"({attempt + 1} of {attempts})", file=sys.stderr, flush=True)
-
-
-class RayletNotRegistered(RuntimeError):
-    """A new node's raylet ended, or did not register with the GCS in time."""
-
-
-class StartInterrupted(RayletNotRegistered):
-    """init_local_ray was asked to stop (its `stop` returned True) while Ray's node started."""
-
-
-RAYLET_REGISTRATION_S = 30.0  # Ray's own wait (raylet_start_wait_time_s)
-REGISTRATION_POLL_S = 0.02
-
-
-@contextlib.contextmanager
-def _node_method_replaced(name: str, replacement: Callable[[Callable], Callable]):
-    """While inside: Ray's Node.<name> is replacement(the original), put back on the way out
-    (ray.init builds its node with them). A private API (ray._private.node.Node): if it is
-    gone, nothing is replaced, and ray.init runs as it is."""
-    try:
-        from ray._private.node import Node
-
-        original = getattr(Node, name)
-    except (ImportError, AttributeError):
-        yield
-        return
-    setattr(Node, name, replacement(original))
-    try:
-        yield
-    finally:
-        setattr(Node, name, original)
-
-
-def _raylet_registration_polled(stop: Callable[[], bool]):
-    """While ray.init starts a node: its raylet's registration with the GCS is awaited by asking
-    the GCS every 20 ms, and given up on as soon as the raylet has ended or stop() is True.
-
-    Ray 2.60 waits in GlobalStateAccessor::GetNode, which asks the GCS, then sleeps a fixed 1 s
-    before it asks again, for up to raylet_start_wait_time_s, 30 s
-    (src/ray/gcs_rpc_client/global_state_accessor.cc): a raylet that died at launch was waited
-    on for the full 30 s, and one that registered just after an ask, up to a second longer
-    than it took (it registers 1-2 s after its launch on 2 cores, most of it waiting for the
-    dashboard agent's ports). After this wait Ray's own finds the node at its first ask.
-    Through Node.start_ray_processes, which starts the raylet."""
-    try:
-        from ray._private import ray_constants
-        from ray._raylet import NodeID
-        from ray.core.generated.gcs_pb2 import GcsNodeInfo
-        from ray.core.generated.gcs_service_pb2 import GetAllNodeInfoRequest
-    except ImportError:
-        return contextlib.nullcontext()
-
-    def registered(node) -> bool:
-        selector = GetAllNodeInfoRequest.NodeSelector(node_id=NodeID.from_hex(node.node_id).binary())
-        return bool(node.get_gcs_client().get_all_node_info(
-            timeout=RAYLET_REGISTRATION_S, node_selectors=[selector],
-            state_filter=GcsNodeInfo.GcsNodeState.ALIVE))
-
-    def awaiting_the_raylet(start_ray_processes):
-        def start_and_await_raylet(node, *args, **kwargs):
-            start_ray_processes(node, *args, **kwargs)
-            raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET) or [None]
-            raylet = getattr(raylets[0], "process", None)
-            deadline = time.monotonic() + RAYLET_REGISTRATION_S
-            while not registered(node):
-                if stop():
-                    raise StartInterrupted("asked to stop while Ray's raylet started")
-                code = raylet.poll() if raylet is not None else None
-                if code is not None:
-                    raise RayletNotRegistered(f"its raylet (pid {raylet.pid}) ended with exit "
-                                              f"code {code} before it registered with the GCS")
-                if time.monotonic() > deadline:
-                    raise RayletNotRegistered(f"its raylet did not register with the GCS within "
-                                              f"{RAYLET_REGISTRATION_S:.0f} s")
-                time.sleep(REGISTRATION_POLL_S)
-        return start_and_await_raylet
-
-    return _node_method_replaced("start_ray_processes", awaiting_the_raylet)
-
-
-def _dashboard_process_skipped(include_dashboard):
-    """While ray.init starts a node: no dashboard process, when include_dashboard is False.
-
-    Ray 2.60 starts it anyway, with only its usage-stats module (which reports nothing unless
-    usage stats are on), and starts the raylet only once the dashboard has written its address
-    (ray/_private/services.py, start_api_server): a median 0.8 s of every ray.init on 2 cores
-    (`python benchmarks/process_startup.py`), one core busy importing it. Through
-    Node.start_api_server."""
-    if include_dashboard is not False:
-        return contextlib.nullcontext()
-    return _node_method_replaced("start_api_server",
-                                 lambda original: lambda node, *args, **kwargs: None)
-
-
-def shutdown_ray() -> None:
-    """ray.shutdown(), less the second it waits on a local Ray's autoscaler monitor.
-
-    Ray 2.60's shutdown stops the GCS first and then sends the monitor SIGTERM, whose handler
-    tries to tell the gone GCS that the autoscaler failed, until Ray kills it after a fixed 1 s
-    (ray/_private/node.py, _kill_process_impl): 1.0 of the 1.45 s that ray.shutdown() took
-    (`python benchmarks/process_startup.py`). Killed first, the monitor ends at once and
-    reports nothing. Only the monitor of a Ray this process started: a driver that joined a
-    cluster has none of the cluster's processes. Through a private API: if it changes, this is
-    a plain ray.shutdown()."""
-    import ray
-
-    with contextlib.suppress(Exception):
-        from ray._private import ray_constants, worker
-
-        node = worker._global_node
-        for info in (node.all_processes if node is not None else {}).get(
-                ray_constants.PROCESS_TYPE_MONITOR, []):
-            if info.process.poll() is None:
-                info.process.kill()
-                info.process.wait(timeout=5)
-    ray.shutdown()
-
-
-def _new_session(temp_dir: Path, since: float) -> Path | None:
-    """The session directory this process's ray.init made since `since`, if any. Ray names a
-    new head's session after the pid that started it ("session_<date>_<pid>",
-    ray/_private/node.py). Its "session_latest" link is shared by every Ray on the machine: it
-    may name a `ray start` head that began meanwhile, and the failed start's own processes
-    would be left running."""
-    sessions = []
-    for path in temp_dir.glob(f"session_*_{os.getpid()}"):
-        with contextlib.suppress(OSError):
-            if (mtime := path.stat().st_mtime) >= since - 1:
-                sessions.append((mtime, path))
-    return max(sessions)[1] if sessions else None
-
-
-def _failed_start_logs(session: Path | None, temp_dir: Path) -> str:
-    """Where a failed start's session keeps its logs, and which of the GCS and the raylet never
-    got as far as opening its own."""
-    if session is None:
-        return f"no new session directory under {temp_dir}"
-    logs = session / "logs"
-    if not (logs / "gcs_server.out").exists():  # Ray starts the raylet only after its GCS
-        return f"logs in {logs}: no gcs_server.out, the GCS ended or hung before opening its log"
-    if not (logs / "raylet.out").exists():
-        return f"logs in {logs}: no raylet.out, the raylet ended or hung before opening its log"
-    return f"logs in {logs} (see gcs_server.out and raylet.out)"
-
-
-def _stop_children_of_session(session: Path, grace_s: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL, this process's children that belong to a session (their command
-    lines name its directory): what a failed ray.init started and no ray.shutdown() can reach."""
-    import psutil
-
-    children = []
-    for child in psutil.Process().children(recursive=True):
-        with contextlib.suppress(psutil.Error):
-            if str(session) in " ".join(child.cmdline()):
-                child.terminate()
-                children.append(child)
-    _kill_survivors(children, wait_s=grace_s)
-
-
-def _kill_survivors(procs: list, wait_s: float) -> None:
-    """Wait up to wait_s for psutil processes to end; SIGKILL the rest and wait for them too."""
-    import psutil
-
-    alive = _until_ended(procs, wait_s)
-    for p in alive:
-        with contextlib.suppress(psutil.Error):
-            p.kill()
-    _until_ended(alive, 5.0)
-
-
-def _until_ended(procs: list, timeout_s: float) -> list:
-    """Wait up to timeout_s for psutil processes to end; returns those still running. A zombie
-    has ended: one that is not this process's child waits for init to reap it, which some
-    inits do only every second or two."""
-    import psutil
-
-    deadline = time.monotonic() + timeout_s
-    while True:
-        still = set(running([p.pid for p in procs]))
-        alive = [p for p in procs if p.pid in still]
-        # After the look: a child of ours that ended before it is reaped here, not left a zombie.
-        psutil.wait_procs(procs, timeout=0)
-        if not alive or time.monotonic() >= deadline:
-            return alive
-        time.sleep(0.05)
 
 
 def node_table(dashboard_url: str, timeout_s: float = 30.0) -> list[dict]:
@@ -832,7 +553,7 @@ def _settle_priority(node: Node, session_nice: int) -> None:
 
 def _start_reaper(state_file: Path) -> subprocess.Popen:
     """A process that stops the cluster's nodes once this process is gone, however it ended."""
-    code = f"from distrl.cluster import reap; reap({os.getpid()}, {str(state_file)!r})"
+    code = f"from distrl.cluster.local import reap; reap({os.getpid()}, {str(state_file)!r})"
     return subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
@@ -1020,8 +741,8 @@ def _node_processes(leader: int) -> _NodeProcesses:
 
 def _is_ray_start(cmdline: list[str]) -> bool:
     """`ray start ...` (Ray's CLI script, run by its python or on its own), or the same
-    through `python -m distrl.loopback start ...`."""
-    return any((Path(a).name == "ray" or a == "distrl.loopback")
+    through `python -m distrl.ray_runtime start ...`."""
+    return any((Path(a).name == "ray" or a == "distrl.ray_runtime")
                and cmdline[i + 1:i + 2] == ["start"] for i, a in enumerate(cmdline))
 
 
@@ -1066,18 +787,6 @@ def _kill_group(process: subprocess.Popen, sig: int, wait_s: float) -> None:
         os.killpg(process.pid, sig)
     with contextlib.suppress(subprocess.TimeoutExpired):
         process.wait(wait_s)
-
-
-def use_token_auth() -> None:
-    """Talk to the cluster with token authentication, also when `ray` was imported before
-    (Ray caches the mode; re-reading its config is what Ray itself does when it turns token
-    auth on). A cluster this process later starts with ray.init() has it on by default anyway."""
-    if os.environ.get("RAY_AUTH_MODE") != "token":
-        os.environ["RAY_AUTH_MODE"] = "token"
-        with contextlib.suppress(ImportError, AttributeError):
-            from ray._raylet import Config
-
-            Config.initialize("")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -145,7 +145,7 @@ class ApexConfig:
     run_id: str | None = None
     """rl.run.id on every metric point and span (None: a new id per run)"""
     peak_flops: float | None = None
-    """the learner device's peak FLOP/s for rl.train.mfu (None: the table in distrl.telemetry)"""
+    """the learner device's peak FLOP/s for rl.train.mfu (None: the table in distrl.otel.conventions)"""
 
     # --- outputs ---
     output_dir: str | None = None

@@ -22,7 +22,7 @@ which exporters retry.
 With http_port, the same store also takes OTLP/HTTP with protobuf bodies (POST /v1/metrics,
 /v1/traces: what GKE's managed collector documents on its port 4318).
 
-The gRPC port answers the part of Cloud Monitoring's MetricService API that distrl.monitoring
+The gRPC port answers the part of Cloud Monitoring's MetricService API that distrl.otel.monitoring
 documents, so google-cloud-monitoring's own client reads what was stored.
 """
 
@@ -60,8 +60,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from distrl import monitoring
-from distrl.config import field_help
+from distrl.otel import monitoring
+from distrl.rl.config import field_help
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MiB = 2**20
@@ -946,7 +946,8 @@ class _Readers:
         context = multiprocessing.get_context("spawn")  # a fork would copy gRPC's threads
         conn, child = context.Pipe()
         process = context.Process(target=monitoring.reader_main, daemon=True,
-                                  args=(child, self.db_path, self.limits, READ_NICE),
+                                  args=(child, functools.partial(CollectorStore, self.db_path,
+                                                                 limits=self.limits), READ_NICE),
                                   name="collector-reader")
         process.start()
         child.close()
@@ -1381,7 +1382,7 @@ class LocalCollector:
         if self.running:
             return self
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
-        cmd = [sys.executable, "-m", "distrl.collector", "--db", str(self.db_path),
+        cmd = [sys.executable, "-m", "distrl.otel.collector", "--db", str(self.db_path),
                "--host", self.host, "--port", str(self.port)]
         if self.http_port is not None:
             cmd += ["--http-port", str(self.http_port)]

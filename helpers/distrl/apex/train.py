@@ -1,4 +1,4 @@
-"""Command line: `python -m distrl.train --env CartPole-v1 --num-actors 4 ...`.
+"""Command line: `python -m distrl.apex.train --env CartPole-v1 --num-actors 4 ...`.
 
 Every ApexConfig field is an option (`--help` shows each field's docstring and default).
 """
@@ -10,8 +10,8 @@ import dataclasses
 import sys
 import typing
 
-from distrl.config import ApexConfig, field_help
-from distrl.faults import StopFlag, catch_sigterm, restore_sigterm
+from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
+from distrl.rl.config import ApexConfig, field_help
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -36,7 +36,7 @@ def _bool(text: str) -> bool:
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """The options; defaults=False leaves unset options out of the result (for --resume)."""
     parser = argparse.ArgumentParser(
-        prog="python -m distrl.train",
+        prog="python -m distrl.apex.train",
         description="Train Ape-X DQN on Ray. Writes results.json, TensorBoard logs and "
                     "checkpoints to --output-dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -64,7 +64,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
 def resumed_config(explicit: dict) -> ApexConfig:
     """--resume: the checkpoint's config, with the options given on this command line on top."""
-    from distrl.learner import find_resume
+    from distrl.rl.learner import find_resume
 
     output_dir = explicit.get("output_dir")
     checkpoint_dir = explicit.get("checkpoint_dir") or (f"{output_dir}/checkpoints"
@@ -96,7 +96,7 @@ def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
             config = resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
         else:
             config = ApexConfig(**args)
-        from distrl.apex import ApeX
+        from distrl.apex.driver import ApeX
 
         apex = ApeX(config)
     except (ValueError, FileNotFoundError) as err:

@@ -17,9 +17,9 @@ import time
 import gymnasium as gym
 import numpy as np
 
-from distrl.config import ApexConfig, epsilons
-from distrl.network import numpy_q_values
-from distrl.replay import Transitions
+from distrl.rl.config import ApexConfig, epsilons
+from distrl.rl.network import numpy_q_values
+from distrl.rl.replay import Transitions
 
 # gym.make imports an env's module on its first use. Two threads importing a package and one
 # of its submodules at once (classic_control and classic_control.acrobot) can each find the

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl import dashboard as dash
-from distrl import telemetry as otel
-from distrl.dashboard import PREFIX
-from distrl.gke import check_project_id
+from distrl.gke.settings import check_project_id
+from distrl.otel import conventions as otel
+from distrl.otel import dashboard as dash
+from distrl.otel.dashboard import PREFIX
+from distrl.otel.monitoring import bucket_percentile
 
 LOCAL_PROJECT = "local"
 
@@ -51,30 +52,6 @@ def latest_per_series(points: list[dict]) -> list[dict]:
         if key not in latest or p["time_ns"] >= latest[key]["time_ns"]:
             latest[key] = p
     return list(latest.values())
-
-
-def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float:
-    """The q-quantile (0..1) of an explicit-bucket histogram, interpolating inside the bucket
-    (the first bucket starts at 0, the overflow bucket is reported at its lower bound)."""
-    if not 0 <= q <= 1:
-        raise ValueError(f"q={q!r} is invalid: expected a quantile in [0, 1]")
-    if len(counts) != len(bounds) + 1:
-        raise ValueError(f"{len(counts)} bucket counts for {len(bounds)} bounds; expected "
-                         f"{len(bounds) + 1}")
-    total = sum(counts)
-    if total == 0:
-        return float("nan")
-    rank = q * total
-    cumulative = 0.0
-    for i, count in enumerate(counts):
-        if count and cumulative + count >= rank:
-            lower = 0.0 if i == 0 else bounds[i - 1]
-            if i == len(bounds):
-                return float(lower)
-            upper = bounds[i]
-            return float(lower + (upper - lower) * (rank - cumulative) / count)
-        cumulative += count
-    return float(bounds[-1])
 
 
 def latency_percentiles(store, name: str, by: str = "rl.loop", quantiles=(0.5, 0.95, 0.99),

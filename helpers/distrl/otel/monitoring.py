@@ -68,7 +68,9 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import numpy as np
@@ -92,6 +94,30 @@ _pb = {name: getattr(monitoring_v3, name).pb() for name in (
     "ListTimeSeriesRequest", "ListTimeSeriesResponse", "ListMetricDescriptorsRequest",
     "ListMetricDescriptorsResponse", "GetMetricDescriptorRequest", "TimeSeries", "Aggregation")}
 
+
+
+def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float:
+    """The q-quantile (0..1) of an explicit-bucket histogram, interpolating inside the bucket
+    (the first bucket starts at 0, the overflow bucket is reported at its lower bound)."""
+    if not 0 <= q <= 1:
+        raise ValueError(f"q={q!r} is invalid: expected a quantile in [0, 1]")
+    if len(counts) != len(bounds) + 1:
+        raise ValueError(f"{len(counts)} bucket counts for {len(bounds)} bounds; expected "
+                         f"{len(bounds) + 1}")
+    total = sum(counts)
+    if total == 0:
+        return float("nan")
+    rank = q * total
+    cumulative = 0.0
+    for i, count in enumerate(counts):
+        if count and cumulative + count >= rank:
+            lower = 0.0 if i == 0 else bounds[i - 1]
+            if i == len(bounds):
+                return float(lower)
+            upper = bounds[i]
+            return float(lower + (upper - lower) * (rank - cumulative) / count)
+        cumulative += count
+    return float(bounds[-1])
 
 class _Enum:
     """A protobuf enum with its values as plain attributes (Value and Name as before): each
@@ -132,7 +158,7 @@ def _invalid(message: str) -> Refused:
 
 def _unimplemented(message: str) -> Refused:
     return Refused(grpc.StatusCode.UNIMPLEMENTED, f"{message} (the local collector answers "
-                   "the subset of Cloud Monitoring that distrl.monitoring documents)")
+                   "the subset of Cloud Monitoring that distrl.otel.monitoring documents)")
 
 
 # ---- filters ----
@@ -332,7 +358,6 @@ class Dist:
         return Dist(self.count, self.sum, bounds, counts)
 
     def percentile(self, q: float) -> float:
-        from distrl.explore import bucket_percentile
         return bucket_percentile(list(self.bounds), list(self.counts), q)
 
 
@@ -1242,16 +1267,15 @@ class _ReadDeadline:
         raise Refused(code, message)
 
 
-def reader_main(conn, db_path: str, limits, nice: int) -> None:
+def reader_main(conn, open_store: Callable[[], Any], nice: int) -> None:
     """A reader process (collector._Readers): at a lower priority, answers the calls that
-    come through conn with answer_bytes until it gets None or conn closes."""
+    come through conn with answer_bytes until it gets None or conn closes. open_store (picklable:
+    the process is spawned) opens the collector's store read-only in this process."""
     import os
-
-    from distrl.collector import CollectorStore
 
     global _READER
     os.nice(nice)
-    _READER = MetricService(CollectorStore(db_path, limits=limits))
+    _READER = MetricService(open_store())
     while True:
         try:
             call = conn.recv()

@@ -2,7 +2,7 @@
 
     result = ApeX(ApexConfig(env_id="CartPole-v1", num_actors=2)).train()
 
-The data flows (none of them through the driver; the processes are in distrl.workers):
+The data flows (none of them through the driver; the processes are in distrl.apex.workers):
 
     actors --blocks of n-step transitions + priorities--> replay
     replay --prioritized batches (prefetched)-----------> learner
@@ -15,7 +15,7 @@ REPORT_INTERVAL_S, and never waits without a deadline: start-up counts against m
 SIGTERM ends the run at any moment with a final checkpoint (if the learner exists) and
 results.json (always).
 
-Nodes come and go (distrl.faults): the processes are created at once, so actors that no node
+Nodes come and go (distrl.apex.faults): the processes are created at once, so actors that no node
 can host yet are the demand an autoscaler reacts to; training starts as soon as the learner and
 one actor run, and the others join as nodes arrive. A lost actor is restarted by Ray wherever a
 CPU is free, and the run goes on with fewer actors meanwhile. If no actor runs for actor_wait_s
@@ -27,9 +27,7 @@ from the newest checkpoint. With replay_shards > 1 several replay processes shar
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
 import tempfile
 import time
 import uuid
@@ -39,10 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.actor import env_spec, slot_epsilons
-from distrl.cluster import StartInterrupted, init_local_ray, ray_temp_dir, shutdown_ray
-from distrl.config import ApexConfig
-from distrl.faults import (
+from distrl.apex.faults import (
     ActorFleet,
     Deadline,
     StopFlag,
@@ -53,10 +48,8 @@ from distrl.faults import (
     ray_keeps_our_sigterm_handler,
     restore_sigterm,
 )
-from distrl.loopback import join_ray
-from distrl.network import NetworkSpec
-from distrl.process_telemetry import IterationTraces, ProcessTelemetry
-from distrl.workers import (
+from distrl.apex.process_telemetry import IterationTraces, ProcessTelemetry
+from distrl.apex.workers import (
     ActorWorker,
     EvaluatorWorker,
     LearnerWorker,
@@ -64,6 +57,18 @@ from distrl.workers import (
     initial_weights,
     network_spec,
 )
+from distrl.ray_runtime import (
+    DASHBOARD_FAILURES,
+    StartInterrupted,
+    init_local_ray,
+    join_ray,
+    node_groups,
+    process_age_s,
+    shutdown_ray,
+)
+from distrl.rl.actor import env_spec, slot_epsilons
+from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
@@ -232,7 +237,7 @@ class ApeX:
         # process starts.
         self.resume = None
         if config.resume is not None:
-            from distrl.learner import check_checkpoint_network, find_resume
+            from distrl.rl.learner import check_checkpoint_network, find_resume
 
             self.resume = find_resume(config.resume, config.checkpoint_dir
                                       or str(self.output_dir / "checkpoints"))
@@ -341,7 +346,7 @@ class ApeX:
         and a local start gives up at its next wait once it is set."""
         import signal
 
-        notes_before = len(_DASHBOARD_FAILURES.notes)
+        notes_before = len(DASHBOARD_FAILURES.notes)
         options = dict(include_dashboard=False, logging_level="warning", log_to_driver=True)
         try:
             with ray_keeps_our_sigterm_handler():
@@ -356,7 +361,7 @@ class ApeX:
                 raise
             self.sigterm.set()
         catch_sigterm(self.sigterm)
-        self.startup_notes += _DASHBOARD_FAILURES.notes[notes_before:]
+        self.startup_notes += DASHBOARD_FAILURES.notes[notes_before:]
 
     def _train(self, ray, plan: dict | None, t_start: float) -> TrainingResult:
         c = self.config
@@ -389,39 +394,6 @@ class ApeX:
                             "--resume auto to continue")
 
 
-class _DashboardStartFailure(logging.Filter):
-    """ray.init starts Ray's dashboard head even with include_dashboard=False (it then serves
-    only usage stats); init_local_ray leaves it out, but only through a private API, and a
-    plain ray.init still starts it. If that process dies during start-up, Ray logs four ERROR
-    lines and carries on (ray/_private/services.py, start_api_server, in 2.60). Nothing here
-    uses it, so the first line becomes one warning that says so and the rest, about the same
-    failure, are dropped. Installed on import, so it covers every ray.init in a process that
-    imports this module: ApeX's and the notebooks' own."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.notes: list[str] = []
-        self.following = False  # the last record was about a dashboard failure
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        text = record.getMessage()
-        if text.startswith("Failed to start the dashboard"):
-            m = re.search(r"return code (-?\d+)", text)
-            note = (f"Ray's dashboard process exited while ray.init started it (return code "
-                    f"{m.group(1) if m else 'unknown'}; its log, if it wrote one: "
-                    f"dashboard.log under {ray_temp_dir()}/session_latest/logs); with "
-                    "include_dashboard=False nothing uses it, so Ray goes on without it")
-            self.notes.append(note)
-            record.msg, record.args = note, ()
-            record.levelno, record.levelname = logging.WARNING, "WARNING"
-            self.following = True
-            return True
-        self.following = self.following and "dashboard" in text
-        return not self.following
-
-
-_DASHBOARD_FAILURES = _DashboardStartFailure()
-logging.getLogger("ray._private.services").addFilter(_DASHBOARD_FAILURES)
 
 
 def _check_output_dir(path: Path) -> None:
@@ -847,38 +819,6 @@ class _Run:
             config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result
-
-
-def process_age_s() -> float:
-    """Seconds since this process started. On Linux from the kernel's own clock: psutil's
-    create_time adds the boot time, which /proc/stat rounds down to a whole second (0.6 s too
-    old on the machine this was measured on)."""
-    try:
-        with open("/proc/self/stat") as f:  # field 22, after the parenthesised command name
-            started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/uptime") as f:
-            return float(f.read().split()[0]) - started_ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        import psutil
-
-        return time.time() - psutil.Process().create_time()
-
-
-def node_groups() -> list[dict]:
-    """The node groups an autoscaler publishes to Ray (Ray's autoscaler v2 on KubeRay, or
-    distrl.autoscale locally): resources per node, min and max count. [] when none does: the
-    cluster is taken as fixed-size unless ApexConfig.autoscaling says otherwise. Ray Data reads
-    the same record (ray._private.state.get_cluster_config) to tell whether a cluster scales."""
-    try:
-        from ray._private.state import state
-
-        config = state.get_cluster_config()
-    except Exception:  # noqa: BLE001 - a private API: no record is the safe answer
-        return []
-    if config is None:
-        return []
-    return [{"name": g.name, "resources": dict(g.resources), "min_count": g.min_count,
-             "max_count": g.max_count} for g in config.node_group_configs]
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:

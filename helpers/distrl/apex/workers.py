@@ -15,19 +15,19 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl import telemetry as otel
-from distrl.actor import Actor, env_spec, evaluate_greedy
-from distrl.config import ApexConfig
-from distrl.faults import ask_learner_to_checkpoint, on_sigterm
-from distrl.network import NetworkSpec, init_weights
-from distrl.process_telemetry import (
+from distrl.apex.faults import ask_learner_to_checkpoint, on_sigterm
+from distrl.apex.process_telemetry import (
     TRAFFIC_FLUSH_BLOCKS,
     ProcessTelemetry,
     TrafficTally,
     carrier_of,
     step_sample,
 )
-from distrl.replay import ReplayService, SampledBatch
+from distrl.otel import conventions as otel
+from distrl.rl.actor import Actor, env_spec, evaluate_greedy
+from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec, init_weights
+from distrl.rl.replay import ReplayService, SampledBatch
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).
 PEER_TIMEOUT_S = 60.0
@@ -155,7 +155,7 @@ class LearnerWorker:
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
-        from distrl.learner import Learner, configure_tensorflow
+        from distrl.rl.learner import Learner, configure_tensorflow
 
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
                                          xla_cache=config.xla_cache and config.jit_compile)
@@ -293,7 +293,7 @@ class LearnerWorker:
                                  self._publish_attrs)
 
     def save_checkpoint(self) -> str:
-        from distrl.learner import write_checkpoint
+        from distrl.rl.learner import write_checkpoint
 
         with self._update_lock:  # copy a whole state; write it while training goes on
             snapshot = self.learner.snapshot({"progress": dict(self.progress),

@@ -1,0 +1,287 @@
+"""What a GKE cluster for Ape-X is: GkeSettings (every name, size and endpoint derives from it),
+the constants the plan, the manifests, the preflight checks and the cost estimate share, and the
+machine shapes they size pods with. The bottom of distrl.gke: it imports nothing of the package
+but its version.
+
+    settings = GkeSettings(project_id="my-project", gpu_type="nvidia-l4", max_actor_nodes=4)
+    settings.cluster, settings.image, settings.otlp_endpoint   # the names everything else uses
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from distrl import __version__
+
+# The checkout that holds the Dockerfile (the package is installed editable from it).
+REPO_ROOT = Path(__file__).resolve().parents[3]
+RAY_VERSION = "2.60.0"  # tests check it against requirements.lock, the Dockerfile and k8s/
+GPU_TYPES = ("nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-p4", "none")
+MODES = ("standard", "autopilot")
+APIS = ("container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
+        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage")
+# Roles a pod needs to write metrics and traces (the Telemetry API role for OTLP to Google).
+TELEMETRY_ROLES = ("roles/monitoring.metricWriter", "roles/cloudtrace.agent",
+                   "roles/telemetry.metricsWriter")
+MANAGED_OTEL_SCOPE = "COLLECTION_AND_INSTRUMENTATION_COMPONENTS"
+# Managed OpenTelemetry's in-cluster endpoint. The concept page documents OTLP/HTTP on 4318
+# (cloud.google.com/kubernetes-engine/docs/concepts/managed-otel-gke); gRPC export is stated
+# only from GKE 1.37.1-gke.1697000 (docs/how-to/managed-otel-gke, Requirements), so HTTP is the
+# default and the plan checks the Service's ports and the GKE version before anything uses them.
+MANAGED_OTEL_NAMESPACE = "gke-managed-otel"
+MANAGED_OTEL_HOST = f"opentelemetry-collector.{MANAGED_OTEL_NAMESPACE}.svc.cluster.local"
+OTLP_PORTS = {"http/protobuf": 4318, "grpc": 4317}
+SYSTEM_MACHINE = "e2-standard-4"  # the default pool's one node, for GKE's system pods
+DISK_GB = 50  # every node's pd-balanced boot disk (GKE's default is 100 GB): the image is ~8 GB
+# `gcloud builds submit`: gcloud documents 10 minutes when its builds/timeout property is unset
+# (the Build API's own default is 60), short for the image (Ray, TensorFlow and ~2.5 GB of CUDA
+# wheels): the plan says how long, explicitly. BUILD_MINUTES is the cost box's estimate.
+BUILD_TIMEOUT = "7200s"
+BUILD_MINUTES = 30
+# Projects created since mid-2024 build as the Compute Engine default service account, which
+# may hold no roles at all (cloud.google.com/build/docs/cloud-build-service-account-updates):
+# the plan builds as its own account holding exactly these.
+BUILD_LOG_ROLE = "roles/logging.logWriter"
+BUILD_PUSH_ROLE = "roles/artifactregistry.writer"
+# A build that writes its logs to a user-created bucket needs Storage Admin on it for the build's
+# service account (cloud.google.com/build/docs/securing-builds/store-manage-build-logs).
+BUILD_BUCKET_ROLE = "roles/storage.admin"
+# "Some projects may be restricted to using Cloud Build only in specific regions" (Cloud Build
+# locations, cloud.google.com/build/docs/locations: these six); elsewhere such a project's build
+# fails with FAILED_PRECONDITION. The image is built in one of them and pushed to the
+# repository in the cluster's region (a push crosses regions).
+BUILD_REGIONS = ("us-central1", "us-west2", "europe-west1", "asia-east1", "australia-southeast1",
+                 "southamerica-east1")
+# Nodes run as their own service account: in organizations created since 2024-05-03
+# iam.automaticIamGrantsForDefaultServiceAccounts is enforced and the Compute Engine default
+# account holds no roles, so nodes running as it cannot pull the image
+# (cloud.google.com/artifact-registry/docs/integrate-gke). A node account needs
+# roles/container.defaultNodeServiceAccount on the project ("configure node service accounts",
+# cloud.google.com/kubernetes-engine/docs/how-to/service-accounts) and Artifact Registry Reader
+# on the repository to pull (image pulls use the node's account even with Workload Identity).
+NODE_ROLE = "roles/container.defaultNodeServiceAccount"
+NODE_PULL_ROLE = "roles/artifactregistry.reader"
+# `gcloud container clusters get-credentials` names its kubeconfig context
+# gke_PROJECT_LOCATION_CLUSTER; every kubectl command names it, so a teardown after switching
+# clusters never deletes on the other one.
+KUBE_CONTEXT = "gke_{project}_{location}_{cluster}"
+# Check steps that read what the cluster's add-ons install (the managed collector's Service,
+# KubeRay's CRD) ask again for this long: create returns before every add-on has rolled out.
+ADDON_ROLLOUT_S = 300.0
+# How long a new Ray pod may take to be ready: a node to start and an image of about 8 GB to be
+# pulled (with a GPU, the driver install too). The plan waits this long for the head; notebook 04
+# gives a job on GKE this much more than a local one, for its Spot actor nodes.
+NODE_READY_S = 900.0
+
+# GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
+# cloud.google.com/compute/docs/regions-zones, GKE cluster names).
+PROJECT_ID_RE = re.compile(r"[a-z][a-z0-9-]{4,28}[a-z0-9]")
+_REGION_RE = re.compile(r"[a-z]+-[a-z]+[0-9]+")
+_ZONE_RE = re.compile(r"([a-z]+-[a-z]+[0-9]+)-[a-z]")
+# The prefix names the cluster, pools, repository, service accounts and namespace; 20
+# characters keep every derived name inside its own limit (service accounts: 30).
+_PREFIX_RE = re.compile(r"[a-z](?:[a-z0-9-]{0,18}[a-z0-9])?")
+
+
+def check_project_id(project_id) -> str:
+    """The project id if it follows GCP's rules, else ValueError naming it."""
+    if not isinstance(project_id, str) or not PROJECT_ID_RE.fullmatch(project_id):
+        raise ValueError(f"project_id={project_id!r} is invalid: expected a Google Cloud project "
+                         "id (6-30 lowercase letters, digits or hyphens, starting with a letter)")
+    return project_id
+
+
+# GPU node machine: L4 comes built into g2-*; T4 and P4 attach to n1-*.
+GPU_MACHINES = {"nvidia-l4": "g2-standard-8", "nvidia-tesla-t4": "n1-standard-8",
+                "nvidia-tesla-p4": "n1-standard-8", "none": "n2-standard-8"}
+
+
+@dataclass(frozen=True)
+class GkeSettings:
+    """What the reader chooses for the cluster; checked against GCP's naming rules on creation."""
+
+    project_id: str
+    region: str = "us-central1"
+    zone: str = "us-central1-a"
+    prefix: str = "distrl"
+    gpu_type: str = "nvidia-l4"
+    max_actor_nodes: int = 4
+    actor_machine_type: str = "e2-standard-8"
+    mode: str = "standard"
+    image_tag: str = f"{__version__}-ray{RAY_VERSION}"
+    otlp_protocol: str = "http/protobuf"
+    operator_namespace: str = ""
+    # Where pods may open HTTPS (TCP 443): Google APIs (checkpoints in a bucket) and, for the
+    # head's autoscaler, the Kubernetes API server. Google publishes no fixed range for its
+    # public API addresses, so the default is any address, on 443 only; with Private Google
+    # Access, give e.g. "199.36.153.8/30,<control plane endpoint>/32" (private.googleapis.com).
+    https_egress_cidrs: str = "0.0.0.0/0"
+
+    def __post_init__(self):
+        problems = []
+        if not isinstance(self.project_id, str) or not PROJECT_ID_RE.fullmatch(self.project_id):
+            problems.append(f"project_id={self.project_id!r}: 6-30 characters, lowercase letters, "
+                            "digits and hyphens, starting with a letter, not ending with a hyphen")
+        elif "google" in self.project_id:
+            problems.append(f"project_id={self.project_id!r}: may not contain 'google'")
+        if not isinstance(self.region, str) or not _REGION_RE.fullmatch(self.region):
+            problems.append(f"region={self.region!r}: a GCP region such as 'us-central1'")
+        zone = _ZONE_RE.fullmatch(self.zone) if isinstance(self.zone, str) else None
+        if not zone:
+            problems.append(f"zone={self.zone!r}: a GCP zone such as 'us-central1-a'")
+        elif zone.group(1) != self.region:
+            problems.append(f"zone={self.zone!r} is not in region={self.region!r}")
+        if not isinstance(self.prefix, str) or not _PREFIX_RE.fullmatch(self.prefix):
+            problems.append(f"prefix={self.prefix!r}: 1-20 characters, lowercase letters, digits "
+                            "and hyphens, starting with a letter, not ending with a hyphen")
+        if self.gpu_type not in GPU_TYPES:
+            problems.append(f"gpu_type={self.gpu_type!r}: one of {', '.join(GPU_TYPES)}")
+        if not (isinstance(self.max_actor_nodes, int) and not isinstance(self.max_actor_nodes, bool)
+                and 1 <= self.max_actor_nodes <= 1000):
+            problems.append(f"max_actor_nodes={self.max_actor_nodes!r}: an integer from 1 to 1000")
+        if not isinstance(self.actor_machine_type, str) or \
+                self.actor_machine_type not in MACHINES:
+            problems.append(f"actor_machine_type={self.actor_machine_type!r}: one of "
+                            f"{', '.join(sorted(MACHINES))} (the machine types these settings know)")
+        if self.mode not in MODES:
+            problems.append(f"mode={self.mode!r}: one of {', '.join(MODES)}")
+        if not isinstance(self.image_tag, str) or \
+                not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", self.image_tag):
+            problems.append(f"image_tag={self.image_tag!r}: a Docker tag (letters, digits, _ . -)")
+        if self.otlp_protocol not in OTLP_PORTS:
+            problems.append(f"otlp_protocol={self.otlp_protocol!r}: one of "
+                            f"{', '.join(OTLP_PORTS)} (how pods export to Managed OpenTelemetry)")
+        if not isinstance(self.operator_namespace, str) or (
+                self.operator_namespace and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?",
+                                                             self.operator_namespace)):
+            problems.append(f"operator_namespace={self.operator_namespace!r}: a Kubernetes "
+                            "namespace name, or '' to admit the dashboard port from any source")
+        try:
+            cidrs = [ipaddress.ip_network(c.strip()) for c in self.https_egress_cidrs.split(",")]
+            if not cidrs:
+                raise ValueError
+        except (AttributeError, ValueError):
+            problems.append(f"https_egress_cidrs={self.https_egress_cidrs!r}: comma-separated "
+                            "CIDRs such as '0.0.0.0/0' or '199.36.153.8/30,34.1.2.3/32'")
+        if problems:
+            raise ValueError("invalid GKE settings: " + "; ".join(problems))
+
+    # Every name derives from the prefix.
+    @property
+    def cluster(self) -> str:
+        return f"{self.prefix}-cluster"
+
+    @property
+    def head_pool(self) -> str:
+        return f"{self.prefix}-head"
+
+    @property
+    def actor_pool(self) -> str:
+        return f"{self.prefix}-actors"
+
+    @property
+    def repository(self) -> str:
+        return f"{self.prefix}-images"
+
+    @property
+    def namespace(self) -> str:
+        return self.prefix
+
+    @property
+    def service_account(self) -> str:
+        """Both the Kubernetes service account and the Google service account's id."""
+        return f"{self.prefix}-ray"
+
+    @property
+    def build_service_account(self) -> str:
+        return f"{self.prefix}-build"
+
+    @property
+    def build_email(self) -> str:
+        return f"{self.build_service_account}@{self.project_id}.iam.gserviceaccount.com"
+
+    @property
+    def node_service_account(self) -> str:
+        return f"{self.prefix}-nodes"
+
+    @property
+    def node_email(self) -> str:
+        return f"{self.node_service_account}@{self.project_id}.iam.gserviceaccount.com"
+
+    @property
+    def build_region(self) -> str:
+        """Where Cloud Build runs: the region itself if every project may build there."""
+        return self.region if self.region in BUILD_REGIONS else BUILD_REGIONS[0]
+
+    @property
+    def location(self) -> str:
+        """Standard clusters are zonal (one free-tier credit covers one), Autopilot regional."""
+        return self.zone if self.mode == "standard" else self.region
+
+    @property
+    def kube_context(self) -> str:
+        return KUBE_CONTEXT.format(project=self.project_id, location=self.location,
+                                   cluster=self.cluster)
+
+    def kubectl(self, *args: str) -> tuple[str, ...]:
+        """A kubectl argv that names this cluster's context."""
+        return ("kubectl", f"--context={self.kube_context}", *args)
+
+    @property
+    def build_bucket(self) -> str:
+        """Cloud Build's source and logs; bucket names are global, hence the project id."""
+        return f"{self.project_id}-{self.prefix}-build"
+
+    @property
+    def otlp_endpoint(self) -> str:
+        return f"http://{MANAGED_OTEL_HOST}:{OTLP_PORTS[self.otlp_protocol]}"
+
+    @property
+    def gsa_email(self) -> str:
+        return f"{self.service_account}@{self.project_id}.iam.gserviceaccount.com"
+
+    @property
+    def image(self) -> str:
+        return (f"{self.region}-docker.pkg.dev/{self.project_id}/{self.repository}/distrl:"
+                f"{self.image_tag}")
+
+    @property
+    def head_machine_type(self) -> str:
+        return GPU_MACHINES[self.gpu_type]
+
+    @property
+    def labels(self) -> dict[str, str]:
+        """GCP resource labels (lowercase keys and values, no dots or slashes)."""
+        return {"app": "distrl", "distrl-prefix": self.prefix}
+
+    @property
+    def location_flag(self) -> str:
+        return f"--zone={self.zone}" if self.mode == "standard" else f"--region={self.region}"
+
+
+@dataclass(frozen=True)
+class MachineType:
+    vcpus: int
+    memory_gib: float
+
+
+# The machine types the settings accept, and their shapes (cloud.google.com/compute/docs/
+# general-purpose-machines, /accelerator-optimized-machines); their prices are in cost.PRICES.
+MACHINES = {
+    "e2-standard-4": MachineType(4, 16),
+    "e2-standard-8": MachineType(8, 32),
+    "e2-standard-16": MachineType(16, 64),
+    "e2-standard-32": MachineType(32, 128),
+    "n2-standard-8": MachineType(8, 32),
+    "n2-standard-32": MachineType(32, 128),
+    "n1-standard-8": MachineType(8, 30),
+    "g2-standard-8": MachineType(8, 32),
+}
+
+
+def machine(name: str) -> MachineType:
+    """The shape of a machine type the settings accept (KeyError for another)."""
+    return MACHINES[name]
