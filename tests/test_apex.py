@@ -215,6 +215,15 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, in
     assert joined, "no trace has sample, reward and train spans under its loop span"
     components = {s["resource"]["service.component"] for t in joined for s in t}
     assert components == {"driver", "actor", "learner", "replay"}
+    # Each span's parent, across processes: the context travels with the remote calls.
+    by_id = {s["span_id"]: s for s in spans}
+    parents: dict = {}
+    for s in spans:
+        if s["parent_span_id"] in by_id:
+            parents.setdefault(s["name"], set()).add(by_id[s["parent_span_id"]]["name"])
+    assert parents["rl.sample"] == parents["rl.reward"] == parents["rl.train"] == {"rl.loop"}
+    assert parents["replay.insert"] == {"rl.reward"}, parents
+    assert parents["replay.sample"] == {"rl.train"}, parents
     sync = [s for s in spans if s["name"] == "rl.sync"]
     assert any(s["attributes"].get("rl.sync.bytes", 0) > 0 for s in sync)
     assert {s["attributes"]["rl.sync.source"] for s in sync} == {"learner"}

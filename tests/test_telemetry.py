@@ -340,3 +340,62 @@ def test_a_forked_child_does_not_revive_a_shut_down_exporter(collector):
     out = run_program(program, {})
     assert out.returncode == 0, out.stderr
     assert "already shutdown" not in out.stderr
+
+
+# --- the Ape-X processes' telemetry (distrl.apex.process_telemetry) ----------------------------
+
+def test_a_traced_method_runs_under_its_callers_context_which_ray_sees_as_a_keyword():
+    import inspect
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from distrl.apex.process_telemetry import TRACE_KWARG, current_carrier, traced
+
+    class Worker:
+        @traced
+        def work(self, x, y=2):
+            """Adds."""
+            return x + y, current_carrier()
+
+    # Ray checks a call against inspect.signature(inspect.unwrap(method)).
+    params = inspect.signature(inspect.unwrap(Worker.work)).parameters
+    assert list(params) == ["self", "x", "y", TRACE_KWARG]
+    assert params[TRACE_KWARG].kind is inspect.Parameter.KEYWORD_ONLY
+    assert Worker.work.__doc__ == "Adds."
+    with TracerProvider().get_tracer("test").start_as_current_span("caller") as span:
+        carrier = otel.inject_context()
+    trace_id = format(span.get_span_context().trace_id, "032x")
+    total, seen = Worker().work(1, trace_context=carrier)
+    assert total == 3 and seen["traceparent"].split("-")[1] == trace_id
+    assert Worker().work(1, 5) == (6, None)  # no caller's context, no trace
+    assert current_carrier() is None  # the caller's context ended with the call
+    with pytest.raises(TypeError, match="trace"):
+        Worker().work(1, trace=carrier)
+
+
+def test_telemetry_off_is_opentelemetrys_no_op_instruments_and_tracer():
+    from opentelemetry import trace
+
+    from distrl.apex.process_telemetry import IterationTraces, LearnerMetrics, ProcessTelemetry
+    from distrl.rl.config import ApexConfig
+
+    config = ApexConfig(telemetry=False)
+    tel = ProcessTelemetry(config, "learner")
+    assert tel.telemetry is None and tel.step_durations() is None
+    tel.rl.duration("rl.train.duration", 1.0, tel.attrs)  # records nothing, raises nothing
+    with tel.unit(), tel.span("rl.train", {"rl.train.steps": 1}) as span:
+        assert span is trace.INVALID_SPAN
+        span.set_attribute("rl.train.steps", 2)
+    traces = IterationTraces(ProcessTelemetry(config, "driver"), config)
+    assert traces.next_iteration() is None  # nothing to send the workers
+    traces.record_rates(100.0)
+    traces.end()
+    metrics = LearnerMetrics(tel, tensorboard=None, flops_per_update=1e6, peak_flops=1e12)
+    metrics.ready()
+    metrics.waited(0.5)
+    metrics.write({"updates": 7, "steps": 7, "loss": 0.1, "mean_q": 1.0, "grad_norm": 0.2,
+                   "beta": 0.4, "wait_s": 0.01, "update_s": 0.02, "train_s": 0.03})
+    stats = metrics.snapshot()
+    assert stats["updates"] == 7 and stats["wait_s"] == pytest.approx(0.51)
+    assert stats["train_s"] == pytest.approx(0.03) and stats["first_update_time"] is not None
+    tel.shutdown()

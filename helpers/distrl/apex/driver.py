@@ -54,8 +54,6 @@ from distrl.apex.workers import (
     EvaluatorWorker,
     LearnerWorker,
     ReplayWorker,
-    initial_weights,
-    network_spec,
 )
 from distrl.ray_runtime import (
     DASHBOARD_FAILURES,
@@ -68,7 +66,8 @@ from distrl.ray_runtime import (
 )
 from distrl.rl.actor import env_spec, slot_epsilons
 from distrl.rl.config import ApexConfig
-from distrl.rl.network import NetworkSpec
+from distrl.rl.learner import check_checkpoint_network, find_resume
+from distrl.rl.network import NetworkSpec, init_weights
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
@@ -163,6 +162,13 @@ class Topology:
         self.evaluator.set_learner.remote(self.learner)
 
 
+def network_spec(config: ApexConfig, obs_shape: tuple, num_actions: int) -> NetworkSpec:
+    """The Q-network of this config for an environment's observation shape and action count:
+    the learner's, and the one each actor's first life initialises itself (init_weights is
+    seeded, so they start from the same weights)."""
+    return NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
+
+
 def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape, weights,
                     output_dir: str, checkpoint_dir: str, resume_path: str | None) -> Topology:
     """Who runs where. Replay, learner and evaluator (created once the learner runs:
@@ -191,7 +197,7 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape
                                   resume_path)
     actors = [ray.remote(ActorWorker).options(
         max_concurrency=4, max_restarts=c.max_actor_restarts, scheduling_strategy="SPREAD",
-        **plan["actor"]).remote(c, i, replay_names[i % c.replay_shards], f"{prefix}-learner")
+        **plan["actor"]).remote(c, i, spec, replay_names[i % c.replay_shards], f"{prefix}-learner")
         for i in range(c.num_actors)]
     for r in replays:  # who to ask for a checkpoint on SIGTERM
         r.set_learner.remote(learner)
@@ -229,7 +235,7 @@ class ApeX:
         self.config = config
         # Refuse an unusable environment before any process starts.
         self.obs_shape, self.num_actions = env_spec(config.env_id)
-        self.spec = network_spec(config)  # the same the actors' initial_weights build
+        self.spec = network_spec(config, self.obs_shape, self.num_actions)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
         _check_output_dir(self.output_dir)
@@ -237,8 +243,6 @@ class ApeX:
         # process starts.
         self.resume = None
         if config.resume is not None:
-            from distrl.rl.learner import check_checkpoint_network, find_resume
-
             self.resume = find_resume(config.resume, config.checkpoint_dir
                                       or str(self.output_dir / "checkpoints"))
             check_checkpoint_network(self.resume.arrays, self.spec, self.resume.path)
@@ -367,7 +371,7 @@ class ApeX:
         c = self.config
         self.output_dir.mkdir(parents=True, exist_ok=True)
         checkpoint_dir = c.checkpoint_dir or str(self.output_dir / "checkpoints")
-        weights = initial_weights(c)  # what first-life actors compute for themselves
+        weights = init_weights(self.spec, c.seed)  # what first-life actors compute themselves
         resume_path, resumed = None, None
         if self.resume is not None:
             resume_path, resumed = self.resume.path, self.resume.meta
@@ -517,7 +521,7 @@ class _Run:
         carrier = self.traces.next_iteration()
         fleet.ask(carrier)
         if self.learner_ref is None:
-            self.learner_ref = t.learner.stats.remote(carrier)
+            self.learner_ref = t.learner.stats.remote(trace_context=carrier)
         asked = set(self.replay_refs.values())
         self.replay_refs |= {r.stats.remote(): s for s, r in enumerate(t.replays)
                              if s not in asked}

@@ -200,7 +200,7 @@ class ActorFleet:
         asked = set(self.stats_refs.values())
         for i, actor in enumerate(self.actors):
             if i not in asked and i not in self.retired:
-                self.stats_refs[actor.stats.remote(carrier)] = i
+                self.stats_refs[actor.stats.remote(trace_context=carrier)] = i
 
     def outstanding(self) -> list:
         return [*self.run_refs, *self.stats_refs]

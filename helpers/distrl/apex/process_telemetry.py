@@ -1,81 +1,137 @@
-"""Telemetry adapters of the Ape-X processes: one ProcessTelemetry per Ray process, the
-driver's per-iteration traces, and the actors' batched traffic counters.
+"""Telemetry of the Ape-X processes: one ProcessTelemetry per Ray process, the trace context
+that travels between them, the driver's per-iteration traces, the learner's metrics writer and
+the actors' batched traffic counters.
 
-Every method is a cheap no-op when telemetry is off, so the workers call them unconditionally.
+With telemetry off, ProcessTelemetry holds OpenTelemetry's own no-op meter and tracer: the
+workers record and trace unconditionally, and every call does nothing.
+
+Traces: the driver opens one `rl.loop` span per iteration and sends its context with the next
+stats() call; each worker then traces its next unit of work (one block, one learner step) under
+it, so one trace shows the iteration across processes. Between processes the context travels
+in one place: call() adds it to a remote call as the keyword `trace_context`, and a method
+marked @traced runs under it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import os
 import socket
+import threading
 import time
 
 import numpy as np
+from opentelemetry import context as otel_context
+from opentelemetry import metrics, trace
 
 from distrl.otel import conventions as otel
 from distrl.rl.config import ApexConfig
 
+TRACE_KWARG = "trace_context"
+
+
+def current_carrier() -> dict | None:
+    """The current span's context as a W3C carrier, or None when no unit is being traced."""
+    if not trace.get_current_span().get_span_context().is_valid:
+        return None
+    return otel.inject_context()
+
+
+def call(method, *args, **kwargs):
+    """method.remote(*args, **kwargs) for a @traced method of another process, carrying the
+    current trace context (None when nothing is traced)."""
+    return method.remote(*args, **kwargs, **{TRACE_KWARG: current_carrier()})
+
+
+def traced(method):
+    """Marks a Ray actor method that call() invokes: it runs under the caller's trace context,
+    which arrives as the keyword `trace_context` and is not one of its own parameters. The
+    signature Ray checks calls against gains that keyword."""
+    signature = inspect.signature(method)
+    extra = inspect.Parameter(TRACE_KWARG, inspect.Parameter.KEYWORD_ONLY, default=None)
+
+    @functools.wraps(method)
+    def run_under_callers_context(self, *args, trace_context: dict | None = None, **kwargs):
+        with in_context(trace_context):
+            return method(self, *args, **kwargs)
+
+    # Ray reads an actor method's signature from inspect.unwrap(method): without __wrapped__
+    # it finds this one (ray/util/tracing/tracing_helper.py does the same for _ray_trace_ctx).
+    del run_under_callers_context.__wrapped__
+    run_under_callers_context.__signature__ = signature.replace(
+        parameters=[*signature.parameters.values(), extra])
+    return run_under_callers_context
+
+
+@contextlib.contextmanager
+def in_context(carrier: dict | None):
+    """While inside: the context of `carrier` (another process's span) is the current one."""
+    if not carrier:
+        yield
+        return
+    token = otel_context.attach(otel.extract_context(carrier))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
+
 
 class ProcessTelemetry:
-    """The telemetry of one Ape-X process; every method is a cheap no-op when it is off.
-
-    Traces: the driver opens one `rl.loop` span per iteration and hands its context to every
-    worker with the next stats() call; each worker then traces its next unit of work (one
-    block, one learner fetch) under it, so one trace shows the iteration across processes.
-    """
+    """The telemetry of one Ape-X process: its RL instruments (`rl`), its tracer, and the
+    driver's context for its next traced unit of work."""
 
     def __init__(self, config: ApexConfig, role: str, index: int | None = None):
-        self.enabled = config.telemetry
         self.role = role if index is None else f"{role}-{index}"
-        self._carrier: dict | None = None
-        if not self.enabled:
-            return
-        interval = (None if config.metric_export_interval_s is None
-                    else int(config.metric_export_interval_s * 1000))
-        self.telemetry = otel.setup_telemetry(
-            instance_id=f"{self.role}-{os.getpid()}@{socket.gethostname()}",
-            endpoint=config.otlp_endpoint, export_interval_ms=interval,
-            resource_attributes={"service.component": role})
-        self.tracer = self.telemetry.tracer
-        self.rl = otel.RLInstruments(self.telemetry.meter, otel.common_attributes(
+        self._next_unit: dict | None = None
+        if config.telemetry:
+            interval = (None if config.metric_export_interval_s is None
+                        else int(config.metric_export_interval_s * 1000))
+            self.telemetry = otel.setup_telemetry(
+                instance_id=f"{self.role}-{os.getpid()}@{socket.gethostname()}",
+                endpoint=config.otlp_endpoint, export_interval_ms=interval,
+                resource_attributes={"service.component": role})
+            meter, self.tracer = self.telemetry.meter, self.telemetry.tracer
+        else:
+            self.telemetry = None
+            meter, self.tracer = metrics.NoOpMeter("distrl"), trace.NoOpTracer()
+        self.rl = otel.RLInstruments(meter, otel.common_attributes(
             run_id=config.run_id or "unset", algorithm="apex-dqn", environment=config.env_id,
             model=model_name(config)))
         self.attrs = self.rl.attrs({otel.RL_LOOP: role})
 
-    def set_carrier(self, carrier: dict | None) -> None:
-        if carrier:
-            self._carrier = carrier
+    def keep_for_next_unit(self) -> None:
+        """Called under the driver's iteration context (a @traced stats()): the next unit of
+        work is traced under it."""
+        if (carrier := current_carrier()) is not None:
+            self._next_unit = carrier
 
-    def take_carrier(self) -> dict | None:
-        """The driver's current iteration context, once: only one unit per iteration is traced."""
-        carrier, self._carrier = self._carrier, None
-        return carrier
+    def unit(self):
+        """Around one unit of work: the driver's iteration context, taken once, so only one
+        unit per iteration is traced."""
+        carrier, self._next_unit = self._next_unit, None
+        return in_context(carrier)
 
-    def span(self, name: str, carrier: dict | None, attributes: dict | None = None,
-             start_time_ns: int | None = None):
-        """A span under `carrier` when one is given (a traced unit), else nothing."""
-        if not self.enabled or carrier is None:
-            return contextlib.nullcontext(None)
-        return otel.span(self.tracer, name, carrier, {**self.attrs, **(attributes or {})},
-                         start_time_ns)
+    def span(self, name: str, attributes: dict | None = None, start_time_ns: int | None = None):
+        """A span, current while inside, when a unit is being traced; else a no-op span."""
+        if not trace.get_current_span().get_span_context().is_valid:
+            return contextlib.nullcontext(trace.INVALID_SPAN)
+        return self.tracer.start_as_current_span(
+            name, attributes={**self.attrs, **(attributes or {})}, start_time=start_time_ns)
+
+    def step_durations(self) -> list[float] | None:
+        """The list an actor appends every env step's time to; None (no timing) when off."""
+        return [] if self.telemetry is not None else None
 
     def shutdown(self) -> None:
-        if self.enabled:
+        if self.telemetry is not None:
             self.telemetry.shutdown(timeout_s=3.0)
 
 
 def model_name(config: ApexConfig) -> str:
     head = "dueling-" if config.dueling else ""
     return f"{head}mlp-{'x'.join(map(str, config.hidden_sizes))}"
-
-
-def carrier_of(current_span) -> dict | None:
-    if current_span is None:
-        return None
-    from opentelemetry import trace
-
-    return otel.inject_context(trace.set_span_in_context(current_span))
 
 
 # Each SDK call costs ~10 us; counters and gauges are summed over this many actor blocks
@@ -143,19 +199,18 @@ class IterationTraces:
         self.started = 0.0
 
     def next_iteration(self) -> dict | None:
-        """End the last iteration's span, open the next one; returns its context carrier."""
-        if not self.tel.enabled:
-            return None
+        """End the last iteration's span, open the next one; returns its context carrier (None
+        when telemetry is off: the no-op tracer's span has no context to carry)."""
         self.end()
         self.iteration += 1
         self.started = time.perf_counter()
         self.root = self.tel.tracer.start_span(
             otel.SPAN_LOOP, attributes={**self.tel.attrs, otel.RL_LOOP_ITERATION: self.iteration})
-        return carrier_of(self.root)
+        if not self.root.get_span_context().is_valid:
+            return None
+        return otel.inject_context(trace.set_span_in_context(self.root))
 
     def record_rates(self, env_steps_per_s: float) -> None:
-        if not self.tel.enabled:
-            return
         rl, attrs = self.tel.rl, self.tel.attrs
         rl.set("rl.samples.rate", env_steps_per_s, attrs)
         if self.config.num_gpus > 0:
@@ -169,3 +224,60 @@ class IterationTraces:
             self.root = None
 
 
+TENSORBOARD_EVERY = 100  # learner updates between two TensorBoard points
+
+
+class LearnerMetrics:
+    """The one writer the learner's steps leave through, as Acme's learners write to a logger:
+    each step's measurements go to the driver's stats, the RL instruments and (every
+    TENSORBOARD_EVERY updates) TensorBoard, from the same dict."""
+
+    def __init__(self, tel: ProcessTelemetry, tensorboard, flops_per_update: float,
+                 peak_flops: float):
+        self.tel, self.tensorboard = tel, tensorboard
+        self.flops_per_update, self.peak_flops = flops_per_update, peak_flops
+        self._lock = threading.Lock()
+        # ready_time and first_update_time: time.time(), for the driver's timeline (the driver
+        # is another process, maybe on another node).
+        self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
+                       "wait_s": 0.0, "train_s": 0.0, "ready_time": None,
+                       "first_update_time": None}
+
+    def ready(self) -> None:
+        self._stats["ready_time"] = time.time()
+
+    def waited(self, seconds: float) -> None:
+        """Time the learner waited for replay without training (warm-up, the rate limiter)."""
+        with self._lock:
+            self._stats["wait_s"] += seconds
+
+    def write(self, m: dict) -> None:
+        """One learner step: updates (the count after it), steps (updates it made), loss,
+        mean_q, grad_norm, beta, wait_s, update_s (in the graph) and train_s (the whole step)."""
+        with self._lock:
+            s = self._stats
+            s.update(updates=m["updates"], loss=m["loss"], mean_q=m["mean_q"])
+            s["wait_s"] += m["wait_s"]
+            s["train_s"] += m["train_s"]
+            if s["first_update_time"] is None:
+                s["first_update_time"] = time.time()
+        rl, attrs, steps = self.tel.rl, self.tel.attrs, m["steps"]
+        per_update_ms = m["update_s"] * 1e3 / steps  # the convention: one update's duration
+        for _ in range(steps):
+            rl.duration("rl.train.duration", per_update_ms, attrs)
+        loop_s = m["wait_s"] + m["train_s"]
+        rl.duration("rl.loop.duration", loop_s * 1e3, attrs)
+        rl.add("rl.train.steps", steps, attrs)
+        rl.set("rl.train.loss", m["loss"], attrs)
+        rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, steps / max(loop_s, 1e-9),
+                                        self.peak_flops), attrs)
+        if m["updates"] // TENSORBOARD_EVERY > (m["updates"] - steps) // TENSORBOARD_EVERY:
+            import tensorflow as tf
+
+            with self.tensorboard.as_default(step=m["updates"]):
+                for name in ("loss", "mean_q", "grad_norm", "beta"):
+                    tf.summary.scalar(f"learner/{name}", m[name])
+
+    def snapshot(self) -> dict:
+        with self._lock:
+            return dict(self._stats)

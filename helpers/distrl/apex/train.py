@@ -12,6 +12,7 @@ import typing
 
 from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
 from distrl.rl.config import ApexConfig, field_help
+from distrl.rl.learner import find_resume
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -64,8 +65,6 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
 
 def resumed_config(explicit: dict) -> ApexConfig:
     """--resume: the checkpoint's config, with the options given on this command line on top."""
-    from distrl.rl.learner import find_resume
-
     output_dir = explicit.get("output_dir")
     checkpoint_dir = explicit.get("checkpoint_dir") or (f"{output_dir}/checkpoints"
                                                         if output_dir else None)

@@ -18,14 +18,19 @@ import numpy as np
 from distrl.apex.faults import ask_learner_to_checkpoint, on_sigterm
 from distrl.apex.process_telemetry import (
     TRAFFIC_FLUSH_BLOCKS,
+    LearnerMetrics,
     ProcessTelemetry,
     TrafficTally,
-    carrier_of,
+    call,
+    current_carrier,
+    in_context,
     step_sample,
+    traced,
 )
 from distrl.otel import conventions as otel
-from distrl.rl.actor import Actor, env_spec, evaluate_greedy
+from distrl.rl.actor import Actor, evaluate_greedy
 from distrl.rl.config import ApexConfig
+from distrl.rl.learner import Learner, configure_tensorflow, write_checkpoint
 from distrl.rl.network import NetworkSpec, init_weights
 from distrl.rl.replay import ReplayService, SampledBatch
 
@@ -48,47 +53,47 @@ class ReplayWorker(ReplayService):
         self.tel = ProcessTelemetry(config, "replay")
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "replay"))
-        if self.tel.enabled:
-            rl = self.tel.rl
-            self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
-            self._sync_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SYNC_SOURCE: "learner",
-                                         otel.RL_SYNC_DESTINATION: "replay"})
+        rl = self.tel.rl
+        self._sample_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SAMPLE: "replay"})
+        self._sync_attrs = rl.attrs({otel.RL_LOOP: "replay", otel.RL_SYNC_SOURCE: "learner",
+                                     otel.RL_SYNC_DESTINATION: "replay"})
 
-    def add(self, block, timeout: float | None = 1.0, trace_carrier: dict | None = None) -> bool:
-        with self.tel.span("replay.insert", trace_carrier, {otel.RL_SAMPLE_BATCH_SIZE: len(block)}):
+    @traced
+    def add(self, block, timeout: float | None = 1.0) -> bool:
+        with self.tel.span("replay.insert", {otel.RL_SAMPLE_BATCH_SIZE: len(block)}):
             return super().add(block, timeout)
 
+    @traced
     def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
-               num_batches: int = 1, trace_carrier: dict | None = None):
+               num_batches: int = 1):
         start = time.perf_counter()
-        with self.tel.span("replay.sample", trace_carrier,
-                           {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
+        with self.tel.span("replay.sample", {otel.RL_SAMPLE_BATCH_SIZE: batch_size * num_batches}):
             stack = super().sample(batch_size, beta, timeout, num_batches)
-        if self.tel.enabled and stack is not None:
+        if stack is not None:
             self.tel.rl.duration("rl.sample.duration", (time.perf_counter() - start) * 1e3,
                                  self._sample_attrs)
         return stack
 
-    def update_priorities(self, keys, td_abs, trace_carrier: dict | None = None) -> int:
+    @traced
+    def update_priorities(self, keys, td_abs) -> int:
         start = time.perf_counter()
         size = int(np.asarray(keys).nbytes + np.asarray(td_abs).nbytes)
-        with self.tel.span(otel.SPAN_SYNC, trace_carrier, {
-                otel.RL_SYNC_BYTES: size, otel.RL_SYNC_SOURCE: "learner",
-                otel.RL_SYNC_DESTINATION: "replay"}):
+        with self.tel.span(otel.SPAN_SYNC, {otel.RL_SYNC_BYTES: size, otel.RL_SYNC_SOURCE: "learner",
+                                            otel.RL_SYNC_DESTINATION: "replay"}):
             live = super().update_priorities(keys, td_abs)
-        if self.tel.enabled:
-            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
-                                 self._sync_attrs)
+        self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                             self._sync_attrs)
         return live
 
     def set_learner(self, learner) -> None:
         """The learner to ask for a checkpoint when this process gets SIGTERM."""
         self.learner = learner
 
+    @traced
     def sample_with_total(self, batch_size: int, beta: float, timeout: float | None = 1.0,
-                          num_batches: int = 1, trace_carrier: dict | None = None):
+                          num_batches: int = 1):
         """sample() plus this shard's priority mass, which decides the learner's next draws."""
-        stack = self.sample(batch_size, beta, timeout, num_batches, trace_carrier)
+        stack = self.sample(batch_size, beta, timeout, num_batches)
         with self._lock:
             return stack, self.replay.tree.total
 
@@ -116,14 +121,12 @@ class ReplayShards:
         self.totals = np.ones(len(self.shards))
         self.rng = np.random.default_rng(seed)
 
-    def request(self, batch_size: int, beta: float, num_batches: int,
-                trace_carrier: dict | None = None) -> list[tuple[int, object]]:
+    def request(self, batch_size: int, beta: float, num_batches: int) -> list[tuple[int, object]]:
         n = len(self.shards)
         mass = self.totals.sum()
         p = self.totals / mass if mass > 0 else np.full(n, 1.0 / n)
         counts = self.rng.multinomial(num_batches, p) if n > 1 else [num_batches]
-        return [(s, self.shards[s].sample_with_total.remote(
-                    batch_size, beta, num_batches=int(k), trace_carrier=trace_carrier))
+        return [(s, call(self.shards[s].sample_with_total, batch_size, beta, num_batches=int(k)))
                 for s, k in enumerate(counts) if k]
 
     def collect(self, pending: list[tuple[int, object]]) -> SampledBatch | None:
@@ -138,15 +141,12 @@ class ReplayShards:
                     got.transitions, got.keys * n + s, got.weights, got.probabilities))
         return None if not stacks else stacks[0] if len(stacks) == 1 else SampledBatch.concat(stacks)
 
-    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray,
-                          trace_carrier: dict | None = None) -> list:
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> list:
         n = len(self.shards)
         if n == 1:
-            return [self.shards[0].update_priorities.remote(keys, td_abs,
-                                                            trace_carrier=trace_carrier)]
+            return [call(self.shards[0].update_priorities, keys, td_abs)]
         shard, local = keys % n, keys // n
-        return [self.shards[s].update_priorities.remote(local[mine], td_abs[mine],
-                                                        trace_carrier=trace_carrier)
+        return [call(self.shards[s].update_priorities, local[mine], td_abs[mine])
                 for s in range(n) if (mine := shard == s).any()]
 
 
@@ -155,8 +155,6 @@ class LearnerWorker:
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
-        from distrl.rl.learner import Learner, configure_tensorflow
-
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
                                          xla_cache=config.xla_cache and config.jit_compile)
         if config.num_gpus > 0 and not self.gpus:
@@ -177,28 +175,24 @@ class LearnerWorker:
         self.progress: dict = {}  # the driver's counters, saved with each checkpoint
         self.events: list[dict] = []
         self._update_lock = threading.Lock()  # a checkpoint never sees half an update
-        self.writer = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
+        self.tensorboard = tf.summary.create_file_writer(str(self.output_dir / "tensorboard"))
         self._lock = threading.Lock()
         self._published = (self.learner.updates, weights)
         self._stop = threading.Event()
-        # When this process was ready to train and when its first update returned, for the
-        # driver's timeline: time.time(), as the driver is another process, maybe on another
-        # node (ready_time is set once __init__ is done, below).
-        self._stats = {"updates": 0, "loss": float("nan"), "mean_q": float("nan"),
-                       "wait_s": 0.0, "train_s": 0.0, "ready_time": None,
-                       "first_update_time": None}
+        self._next_batches: list = []  # asked of replay, not yet collected
+        self._priority_refs: deque = deque()  # priority updates in flight
         self.checkpoint: str | None = None
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner")
-        if self.tel.enabled:
-            self._publish_attrs = self.tel.rl.attrs({
-                otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
-            # One update: three forward passes (online and target on s', online on s) and a
-            # backward pass (about two forward passes) over the batch.
-            self.flops_per_update = 5 * spec.forward_flops(config.batch_size)
-            self.peak_flops = config.peak_flops or otel.peak_flops_for(self._gpu_names(),
-                                                                  config.learner_cpus)
-        self._stats["ready_time"] = time.time()
+        self._publish_attrs = self.tel.rl.attrs({
+            otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
+        # One update: three forward passes (online and target on s', online on s) and a backward
+        # pass (about two forward passes) over the batch.
+        self.metrics = LearnerMetrics(
+            self.tel, self.tensorboard, flops_per_update=5 * spec.forward_flops(config.batch_size),
+            peak_flops=config.peak_flops or otel.peak_flops_for(self._gpu_names(),
+                                                                config.learner_cpus))
+        self.metrics.ready()
 
     def _gpu_names(self) -> list[str]:
         import tensorflow as tf
@@ -211,76 +205,56 @@ class LearnerWorker:
 
     def run(self) -> dict:
         """Train until stop() or max_learner_updates; returns the final stats."""
-        import tensorflow as tf
-
-        c, tel = self.config, self.tel
-        learner = self.learner
-        fetch = c.batches_per_fetch
-        next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
-        priority_refs: deque = deque()
+        c = self.config
+        self._next_batches = self.replay.request(c.batch_size, self.learner.beta(),
+                                                 c.batches_per_fetch)
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
-            t0 = time.monotonic()
-            stack = self.replay.collect(next_batches)
-            carrier = tel.take_carrier() if stack is not None else None
-            t1 = time.monotonic()
-            if stack is None:  # rate limiter or replay warm-up: ask again
-                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch)
-                with self._lock:
-                    self._stats["wait_s"] += t1 - t0
-                continue
-            num = len(stack.transitions)
-            with tel.span(otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: num,
-                                                otel.RL_TRAIN_BATCH_SIZE: c.batch_size}) as train_span:
-                child = carrier_of(train_span)
-                # Prefetch: replay prepares the next batches while these train.
-                next_batches = self.replay.request(c.batch_size, learner.beta(), fetch,
-                                                   trace_carrier=child)
-                u0 = time.perf_counter()
-                before = learner.updates
-                with self._update_lock:  # all the fetched batches in one call into the graph
-                    losses, td_abs, diag = learner.update_many(stack)
-                if self._stats["first_update_time"] is None:
-                    with self._lock:
-                        self._stats["first_update_time"] = time.time()
-                if tel.enabled:  # the duration of one update, as the convention has it
-                    per_update_ms = (time.perf_counter() - u0) * 1e3 / num
-                    for _ in range(num):
-                        tel.rl.duration("rl.train.duration", per_update_ms, tel.attrs)
-                loss, mean_q = float(losses[-1]), float(diag["mean_q"][-1])
-                if learner.updates // c.weight_publish_period > before // c.weight_publish_period:
-                    self._publish()
-                if learner.updates // 100 > before // 100:
-                    with self.writer.as_default(step=learner.updates):
-                        tf.summary.scalar("learner/loss", loss)
-                        tf.summary.scalar("learner/mean_q", mean_q)
-                        tf.summary.scalar("learner/grad_norm", float(diag["grad_norm"][-1]))
-                        tf.summary.scalar("learner/beta", learner.beta())
-                priority_refs.extend(self.replay.update_priorities(
-                    stack.keys.ravel(), td_abs.ravel(), trace_carrier=child))
-            while len(priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
-                _get(priority_refs.popleft())
-            t2 = time.monotonic()
-            with self._lock:
-                s = self._stats
-                s.update(updates=learner.updates, loss=loss, mean_q=mean_q)
-                s["wait_s"] += t1 - t0
-                s["train_s"] += t2 - t1
-            if tel.enabled:
-                tel.rl.duration("rl.loop.duration", (t2 - t0) * 1e3, tel.attrs)
-                tel.rl.add("rl.train.steps", num, tel.attrs)
-                tel.rl.set("rl.train.loss", loss, tel.attrs)
-                tel.rl.set("rl.train.mfu", otel.mfu(self.flops_per_update, num
-                                               / max(t2 - t0, 1e-9), self.peak_flops), tel.attrs)
+            metrics = self.step()
+            if metrics is not None:
+                self.metrics.write(metrics)
             if time.monotonic() - last_checkpoint >= c.checkpoint_interval_s:
                 self.save_checkpoint()
                 last_checkpoint = time.monotonic()
-            if c.max_learner_updates and learner.updates >= c.max_learner_updates:
+            if c.max_learner_updates and self.learner.updates >= c.max_learner_updates:
                 break
-        for ref in priority_refs:
+        for ref in self._priority_refs:
             _get(ref)
         self._publish()
         return self.stats()
+
+    def step(self) -> dict | None:
+        """One learner step: the batches replay sent train the network (one update each, in one
+        call into the graph), their new priorities go back, and the next batches are asked for
+        while these train. None when replay sent nothing (warm-up, the rate limiter): the wait
+        is counted and the batches asked for again."""
+        c, learner = self.config, self.learner
+        t0 = time.monotonic()
+        stack = self.replay.collect(self._next_batches)
+        t1 = time.monotonic()
+        if stack is None:
+            self._next_batches = self.replay.request(c.batch_size, learner.beta(),
+                                                     c.batches_per_fetch)
+            self.metrics.waited(t1 - t0)
+            return None
+        with self.tel.unit(), self.tel.span(otel.SPAN_TRAIN, {
+                otel.RL_TRAIN_STEPS: len(stack.transitions), otel.RL_TRAIN_BATCH_SIZE: c.batch_size}):
+            self._next_batches = self.replay.request(c.batch_size, learner.beta(),
+                                                     c.batches_per_fetch)
+            before, u0 = learner.updates, time.perf_counter()
+            with self._update_lock:
+                losses, td_abs, diag = learner.update_many(stack)
+            update_s = time.perf_counter() - u0
+            if learner.updates // c.weight_publish_period > before // c.weight_publish_period:
+                self._publish()
+            self._priority_refs.extend(self.replay.update_priorities(stack.keys.ravel(),
+                                                                     td_abs.ravel()))
+        while len(self._priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
+            _get(self._priority_refs.popleft())
+        return {"updates": learner.updates, "steps": learner.updates - before,
+                "loss": float(losses[-1]), "mean_q": float(diag["mean_q"][-1]),
+                "grad_norm": float(diag["grad_norm"][-1]), "beta": learner.beta(),
+                "wait_s": t1 - t0, "update_s": update_s, "train_s": time.monotonic() - t1}
 
     def _publish(self) -> None:
         """Make the current weights the version actors and the evaluator pull."""
@@ -288,13 +262,10 @@ class LearnerWorker:
         weights = self.learner.get_weights()
         with self._lock:
             self._published = (self.learner.updates, weights)
-        if self.tel.enabled:
-            self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
-                                 self._publish_attrs)
+        self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - start) * 1e3,
+                             self._publish_attrs)
 
     def save_checkpoint(self) -> str:
-        from distrl.rl.learner import write_checkpoint
-
         with self._update_lock:  # copy a whole state; write it while training goes on
             snapshot = self.learner.snapshot({"progress": dict(self.progress),
                                               "saved_at": time.time()})
@@ -318,19 +289,19 @@ class LearnerWorker:
             version, weights = self._published
         return None if version == have_version else (version, weights)
 
-    def stats(self, trace_carrier: dict | None = None) -> dict:
-        self.tel.set_carrier(trace_carrier)
-        with self._lock:
-            return dict(self._stats, checkpoint=self.checkpoint, cpu_s=time.process_time(),
-                        pid=os.getpid(), events=list(self.events))
+    @traced
+    def stats(self) -> dict:
+        self.tel.keep_for_next_unit()
+        return dict(self.metrics.snapshot(), checkpoint=self.checkpoint,
+                    cpu_s=time.process_time(), pid=os.getpid(), events=list(self.events))
 
     def log_scalars(self, scalars: dict, step: int) -> None:
         import tensorflow as tf
 
-        with self.writer.as_default(step=step):
+        with self.tensorboard.as_default(step=step):
             for name, value in scalars.items():
                 tf.summary.scalar(name, value)
-        self.writer.flush()
+        self.tensorboard.flush()
 
     def stop(self) -> None:
         self._stop.set()
@@ -338,7 +309,7 @@ class LearnerWorker:
     def close(self) -> str:
         """Write the final checkpoint, flush TensorBoard and telemetry."""
         path = self.save_checkpoint()
-        self.writer.flush()
+        self.tensorboard.flush()
         self.tel.shutdown()
         return path
 
@@ -346,7 +317,8 @@ class LearnerWorker:
 class ActorWorker:
     """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
 
-    def __init__(self, config: ApexConfig, index: int, replay_name: str, learner_name: str):
+    def __init__(self, config: ApexConfig, index: int, spec: NetworkSpec, replay_name: str,
+                 learner_name: str):
         # The peers come by name, not as handles: Ray keeps handles passed to the constructor
         # of a restartable actor in the object store and logs an error line about it (a
         # restart would fail if they went out of scope, ray-project/ray#53727).
@@ -356,7 +328,7 @@ class ActorWorker:
             # A first life starts from the run's initial weights, which it computes itself
             # (init_weights is seeded, the learner starts from the same): it steps at once
             # instead of waiting for the learner to import TensorFlow.
-            version, weights = 0, initial_weights(config)
+            version, weights = 0, init_weights(spec, config.seed)
         else:
             # The learner's newest weights: a restarted actor (a lost node, a killed process)
             # picks up where training is, and nothing large sits in the object store for
@@ -375,81 +347,75 @@ class ActorWorker:
         self.transitions_sent = 0
         self.tel = ProcessTelemetry(config, "actor", index)
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, f"actor {index}"))
-        if self.tel.enabled:
-            rl = self.tel.rl
-            self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
-            self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
-                                         otel.RL_SYNC_DESTINATION: "actor"})
+        rl = self.tel.rl
+        self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
+        self._sync_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SYNC_SOURCE: "learner",
+                                     otel.RL_SYNC_DESTINATION: "actor"})
 
     def run(self) -> dict:
         c, actor, tel = self.config, self.actor, self.tel
+        rl, attrs = tel.rl, self._sample_attrs
         steps = c.actor_block_steps
         in_flight = None          # (block ref, add ref): one block travels while the next is made
-        weights_request = None    # (ref, start time, trace carrier)
+        weights_request = None    # (ref, start time, trace context, start time in ns)
         steps_since_sync = 0
         sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
         traffic = TrafficTally()
-        if tel.enabled:
-            traffic.start(tel.rl, self._sample_attrs)
+        traffic.start(rl, attrs)
         while not self._stop.is_set():
-            carrier = tel.take_carrier()
-            t0 = time.perf_counter()
-            step_ms = [] if tel.enabled else None  # every env.step's own time
-            with tel.span(otel.SPAN_SAMPLE, carrier, {otel.RL_SAMPLE_STEPS: steps,
-                                                 otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as sample_span:
-                steps_before = actor.env_steps
-                actor.step(steps, step_ms)
-                if sample_span is not None:
-                    sample_span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
-            t1 = time.perf_counter()
-            with tel.span(otel.SPAN_REWARD, carrier) as reward_span:
-                block = actor.fold()
-                if reward_span is not None:
-                    reward_span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
-            t2 = time.perf_counter()
-            steps_since_sync += steps
-            if in_flight is not None:
-                self._deliver(*in_flight)
-            block_ref = _put(block)
-            in_flight = (block_ref, self.replay.add.remote(
-                block_ref, trace_carrier=carrier_of(reward_span)), len(block))
-            if weights_request is None and steps_since_sync >= c.weight_sync_period:
-                weights_request = (self.learner.get_weights.remote(actor.weights_version),
-                                   time.perf_counter(), carrier, time.time_ns())
-                steps_since_sync = 0
+            with tel.unit():
+                t0 = time.perf_counter()
+                step_ms = tel.step_durations()  # every env.step's own time (None: not timed)
+                with tel.span(otel.SPAN_SAMPLE, {otel.RL_SAMPLE_STEPS: steps,
+                                                 otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as span:
+                    steps_before = actor.env_steps
+                    actor.step(steps, step_ms)
+                    span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
+                t1 = time.perf_counter()
+                with tel.span(otel.SPAN_REWARD) as span:
+                    block = actor.fold()
+                    span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
+                    insert_context = current_carrier()  # replay.insert is the fold's child
+                t2 = time.perf_counter()
+                steps_since_sync += steps
+                if in_flight is not None:
+                    self._deliver(*in_flight)
+                block_ref = _put(block)
+                with in_context(insert_context):
+                    in_flight = (block_ref, call(self.replay.add, block_ref), len(block))
+                if weights_request is None and steps_since_sync >= c.weight_sync_period:
+                    weights_request = (self.learner.get_weights.remote(actor.weights_version),
+                                       time.perf_counter(), current_carrier(), time.time_ns())
+                    steps_since_sync = 0
             if weights_request is not None and _ready(weights_request[0]):
-                ref, started, sync_carrier, started_ns = weights_request
+                ref, started, sync_context, started_ns = weights_request
                 weights_request = None
                 update = _get(ref)
                 if update is not None:
                     actor.set_weights(update[1], update[0])
-                if tel.enabled:
-                    size = sum(w.nbytes for w in update[1]) if update is not None else 0
-                    elapsed_ms = (time.perf_counter() - started) * 1e3
-                    # From the request to the new weights in use (the pull is asynchronous).
-                    with tel.span(otel.SPAN_SYNC, sync_carrier,
-                                  {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
-                        pass
-                    tel.rl.duration("rl.sync.duration", elapsed_ms, self._sync_attrs)
+                size = sum(w.nbytes for w in update[1]) if update is not None else 0
+                # From the request to the new weights in use (the pull is asynchronous).
+                with in_context(sync_context), tel.span(
+                        otel.SPAN_SYNC, {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
+                    pass
+                rl.duration("rl.sync.duration", (time.perf_counter() - started) * 1e3,
+                            self._sync_attrs)
             returns, lengths = actor.pop_episode_stats()
             with self._lock:
                 self._returns += returns
                 self._lengths += lengths
-            if tel.enabled:
-                rl, attrs = tel.rl, self._sample_attrs
-                rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
-                for ms in step_sample(step_ms):
-                    rl.duration("rl.step.duration", ms, attrs)
-                rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
-                rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
-                # The env steps made: a vectorised env's reset steps are none (EnvBatch).
-                traffic.add(actor.env_steps - steps_before, returns, lengths)
-                if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
-                    traffic.flush(rl, attrs)
+            rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
+            for ms in step_sample(step_ms or []):
+                rl.duration("rl.step.duration", ms, attrs)
+            rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
+            rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
+            # The env steps made: a vectorised env's reset steps are none (EnvBatch).
+            traffic.add(actor.env_steps - steps_before, returns, lengths)
+            if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
+                traffic.flush(rl, attrs)
         if in_flight is not None:
             self._deliver(*in_flight)
-        if tel.enabled:
-            traffic.flush(tel.rl, self._sample_attrs)
+        traffic.flush(rl, attrs)
         tel.shutdown()
         return self.stats()
 
@@ -462,8 +428,9 @@ class ActorWorker:
         self.blocks_sent += 1
         self.transitions_sent += size
 
-    def stats(self, trace_carrier: dict | None = None) -> dict:
-        self.tel.set_carrier(trace_carrier)
+    @traced
+    def stats(self) -> dict:
+        self.tel.keep_for_next_unit()
         with self._lock:
             returns, lengths = self._returns, self._lengths
             self._returns, self._lengths = [], []
@@ -497,10 +464,9 @@ class EvaluatorWorker:
         self.count += 1
         returns, lengths = evaluate_greedy(self.config.env_id, weights,
                                            self.config.eval_episodes, seed, self.config.dueling)
-        if self.tel.enabled:
-            self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
-            self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
-                            self.tel.attrs)
+        self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
+        self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
+                        self.tel.attrs)
         return {"weights_version": version, "returns": returns.tolist(),
                 "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
 
@@ -518,17 +484,6 @@ def _get(ref, timeout_s: float = PEER_TIMEOUT_S):
         return ray.get(ref, timeout=timeout_s)
     except GetTimeoutError as e:
         raise PeerTimeout(f"no answer from a peer process within {timeout_s:g}s") from e
-
-
-def network_spec(config: ApexConfig) -> NetworkSpec:
-    """The Q-network of this config's environment (raises for an unusable environment)."""
-    obs_shape, num_actions = env_spec(config.env_id)
-    return NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
-
-
-def initial_weights(config: ApexConfig) -> list[np.ndarray]:
-    """The weights every run of this config starts from (the driver gives the learner these)."""
-    return init_weights(network_spec(config), config.seed)
 
 
 def _restarted() -> bool:

@@ -37,9 +37,12 @@ from importlib import resources
 from pathlib import Path
 from typing import NamedTuple
 
+from distrl.cluster.autoscale import LocalAutoscaler, NodeGroup
 from distrl.ray_runtime import (
+    DEFAULT_TOKEN_FILE,
     LOOPBACK_ENV,
     ClusterError,
+    ensure_auth_token,
     kill_survivors,
     ray_gave_up,
     ray_temp_dir,
@@ -83,8 +86,6 @@ def pick_head_ports(port: int, dashboard_port: int) -> tuple[int, int]:
 
 def node_env(extra: dict | None = None) -> dict:
     """Environment of every node process: this Python's bin first on PATH, token auth on."""
-    from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ensure_auth_token
-
     ensure_auth_token(DEFAULT_TOKEN_FILE)
     env = dict(os.environ)
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"
@@ -160,8 +161,6 @@ class LocalCluster:
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             raise ValueError(f"log_dir={str(self.log_dir)!r}: exists and is not a directory")
-        from distrl.cluster.autoscale import NodeGroup
-
         if self.autoscale is not None and not isinstance(self.autoscale, NodeGroup):
             raise ValueError(f"autoscale={self.autoscale!r}: expected None or a "
                              "distrl.cluster.autoscale.NodeGroup")
@@ -173,8 +172,6 @@ class LocalCluster:
                          max_workers: int | None = None, **kwargs) -> LocalCluster:
         """A head plus the manifest's `actors` group, autoscaled from its minReplicas to its
         maxReplicas, with CPUs scaled down to this machine."""
-        from distrl.cluster.autoscale import NodeGroup
-
         group = NodeGroup.from_ray_cluster(ray_cluster, cpus=cpus_per_worker,
                                            max_nodes=max_workers)
         return cls(num_workers=0, cpus_per_worker=cpus_per_worker, head_cpus=head_cpus,
@@ -215,8 +212,6 @@ class LocalCluster:
                 self.join(lambda i=i: self.add_worker(name=f"worker-{i + 1}"))
             self._wait_for_jobs_api()
             if self.autoscale is not None:
-                from distrl.cluster.autoscale import LocalAutoscaler
-
                 self.autoscaler = LocalAutoscaler(self, self.autoscale,
                                                   on_event=self.on_event).start()
         except BaseException:

@@ -24,7 +24,9 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from distrl.cluster.local import LocalCluster, _node_ports, pick_head_ports
+from distrl.cluster.local import LocalCluster, _node_ports, _start_reaper, pick_head_ports
+from distrl.gke.manifests import RUNS_DIR
+from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ClusterError, ensure_auth_token, use_token_auth
 
 
 @dataclass
@@ -134,8 +136,6 @@ class ManifestRehearsal(LocalCluster):
         return out
 
     def _rewrite_argv(self, argv: list[str], head: bool, index: int) -> list[str]:
-        from distrl.gke.manifests import RUNS_DIR
-
         out = []
         for arg in argv:
             if arg == "--dashboard-host=0.0.0.0":
@@ -150,8 +150,6 @@ class ManifestRehearsal(LocalCluster):
 
     def plan_pods(self) -> list[PodCommand]:
         """The head and worker pods' commands and env, rewritten for this machine."""
-        from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ensure_auth_token
-
         spec = self.ray_cluster["spec"]
         auth = spec.get("authOptions", {})
         token_secret = auth.get("secretName") if auth.get("mode") == "token" else None
@@ -177,8 +175,6 @@ class ManifestRehearsal(LocalCluster):
         import atexit
         import tempfile
 
-        from distrl.cluster.local import _start_reaper
-        from distrl.ray_runtime import ClusterError, use_token_auth
 
         if self.nodes:
             raise ClusterError("this cluster is already started; stop() it first")
@@ -206,7 +202,5 @@ class ManifestRehearsal(LocalCluster):
     def entrypoint(self, ray_job: dict, extra_args: list[str] = ()) -> str:
         """A RayJob's entrypoint with the run volume's path rewritten, plus extra arguments
         (argparse takes the last of a repeated option, so they override)."""
-        from distrl.gke.manifests import RUNS_DIR
-
         command = ray_job["spec"]["entrypoint"].replace(RUNS_DIR, str(self.runs_dir))
         return command + "".join(f" {shlex.quote(a)}" for a in extra_args)

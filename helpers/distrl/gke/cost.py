@@ -15,6 +15,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors, pod_sizes
+from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE
+
 PRICES = {
     "date": "2026-11",
     "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing, "
@@ -125,9 +128,6 @@ def _load(prices) -> dict:
 def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
     """Cost per hour of the cluster the plan creates: from idle (no actor node) to every actor
     node busy. Includes the nodes' boot disks and the free tier's credit for the fee."""
-    from distrl.gke.manifests import pod_sizes  # the pods' requests decide Autopilot's price
-    from distrl.gke.settings import DISK_GB, SYSTEM_MACHINE
-
     prices = _load(prices)
     s = settings
     fee = prices["cluster_fee"]
@@ -182,9 +182,6 @@ def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
     """What runs beside the nodes, per month: metric samples (series x exports), spans, image
     builds, image storage, the run volume and alerting conditions. The ranges run from the
     free allotments to none left."""
-    from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors
-    from distrl.gke.settings import BUILD_MINUTES
-
     prices = _load(prices)
     actors = num_actors(settings)
     per_export = SAMPLES_PER_EXPORT_RUN + SAMPLES_PER_EXPORT_ACTOR * actors

@@ -24,8 +24,10 @@ import functools
 import sys
 from pathlib import Path
 
+from distrl.gke import manifests as k8s
 from distrl.gke import preflight
 from distrl.gke.cost import estimate_cost, monthly_costs
+from distrl.gke.manifests import head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
 from distrl.gke.settings import (
@@ -264,8 +266,6 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
 
 
 def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
-    from distrl.gke.manifests import head_pod_request
-
     loc, labels = s.location_flag, _labels_flag(s)
     head_accel = () if s.gpu_type == "none" else (
         f"--accelerator=type={s.gpu_type},count=1,gpu-driver-version=latest",)
@@ -435,7 +435,6 @@ def main(argv: list[str] | None = None) -> int:
     """`distrl gke plan|create|teardown|cost ...`: the plan from the command line."""
     import argparse
 
-    from distrl.gke import manifests as k8s
 
     parser = argparse.ArgumentParser(prog="distrl gke", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["plan", "create", "teardown", "cost", "render"])

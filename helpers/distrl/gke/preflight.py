@@ -17,7 +17,9 @@ import re
 import shutil
 from dataclasses import dataclass, field
 
+from distrl.gke.manifests import pod_sizes
 from distrl.gke.runner import capture
+from distrl.gke.settings import APIS, DISK_GB, SYSTEM_MACHINE, machine
 
 # Managed OpenTelemetry for GKE: the flag is GA in `gcloud container clusters create` from
 # gcloud 576.0.0 (cloud.google.com/sdk/docs/release-notes, 576.0.0: "Promoted
@@ -253,9 +255,6 @@ def quota_needs(settings, quotas: dict[str, dict]) -> list[QuotaNeed]:
     metric: a machine family's own CPU metric (N2_CPUS, ...) counts when the region lists one,
     else CPUS; Spot VMs count against PREEMPTIBLE_CPUS when it is granted (cloud.google.com/
     compute/docs/instances/create-use-spot), else like on-demand VMs."""
-    from distrl.gke.manifests import pod_sizes
-    from distrl.gke.settings import DISK_GB, SYSTEM_MACHINE, machine
-
     s = settings
     needs: dict[str, QuotaNeed] = {}
 
@@ -397,8 +396,6 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
     gcloud's version, the login, the project, and for creating (not for a teardown, which must
     work whatever the quotas) billing, the APIs and, once the Compute Engine API is on, the
     quotas. Raises PrerequisiteError listing every problem with its fix."""
-    from distrl.gke.settings import APIS
-
     project = f"--project={settings.project_id}"
     problems = [f"{tool} is not on PATH: {fix}" for tool, fix in TOOLS.items()
                 if shutil.which(tool) is None]

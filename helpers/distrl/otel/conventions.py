@@ -26,6 +26,8 @@ import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+from distrl import __version__
+
 # --- RL semantic conventions: attribute keys -----------------------------------------------
 RL_SYSTEM = "rl.system"
 RL_SYSTEM_VERSION = "rl.system.version"
@@ -162,14 +164,10 @@ class Telemetry:
 
     @property
     def meter(self):
-        from distrl import __version__
-
         return self.meter_provider.get_meter("distrl", __version__)
 
     @property
     def tracer(self):
-        from distrl import __version__
-
         return self.tracer_provider.get_tracer("distrl", __version__)
 
     def shutdown(self, timeout_s: float = 5.0) -> None:
@@ -415,8 +413,6 @@ def _fork_safe_reader_class():
 def common_attributes(*, run_id: str, algorithm: str, environment: str, model: str,
                       system: str = "distrl", system_version: str | None = None) -> dict:
     """The rl.* attributes every metric point carries."""
-    from distrl import __version__
-
     return {RL_SYSTEM: system, RL_SYSTEM_VERSION: system_version or __version__,
             RL_RUN_ID: run_id, RL_ALGORITHM: algorithm, RL_ENVIRONMENT_NAME: environment,
             RL_MODEL_NAME: model}

@@ -1,0 +1,121 @@
+"""The package's layout: every import runs down the series' layers, none in a circle, and the
+two entry points that must stay light load only what they use."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "helpers" / "distrl"
+
+# A module may import modules of its own layer or below, never above. Layer 0 imports nothing of
+# the package but its version.
+LAYERS = {
+    0: ["distrl", "distrl.ray_runtime", "distrl.otel.conventions", "distrl.gke.settings",
+        "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.replay"],
+    1: ["distrl.rl.actor", "distrl.rl.learner", "distrl.gke.manifests", "distrl.otel.monitoring",
+        "distrl.cluster.autoscale", "distrl.cluster.jobs", "distrl.apex.faults"],
+    2: ["distrl.apex.process_telemetry", "distrl.gke.cost", "distrl.gke.preflight",
+        "distrl.otel.collector", "distrl.otel.dashboard", "distrl.cluster.local"],
+    3: ["distrl.apex.workers", "distrl.gke.create", "distrl.otel.explore",
+        "distrl.cluster.rehearsal"],
+    4: ["distrl.apex.driver"],
+    5: ["distrl.apex.train"],
+    6: ["distrl.cli", "distrl.tutorial"],
+}
+LAYER = {module: layer for layer, modules in LAYERS.items() for module in modules}
+SUBPACKAGES = {"distrl.rl", "distrl.apex", "distrl.otel", "distrl.gke", "distrl.cluster"}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for path in PACKAGE.rglob("*.py"):
+        name = ".".join(("distrl", *path.relative_to(PACKAGE).with_suffix("").parts))
+        found[name.removesuffix(".__init__")] = path
+    return found
+
+
+def package_imports(path: Path) -> set[str]:
+    """Every distrl module a file imports, at its top or inside a function."""
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "distrl":
+            if node.module == "distrl" or node.module in SUBPACKAGES:  # from distrl.gke import cost
+                imported |= {f"{node.module}.{a.name}" for a in node.names if a.name != "__version__"}
+                imported |= {"distrl"} if node.module == "distrl" else set()
+            else:
+                imported.add(node.module)
+        elif isinstance(node, ast.Import):
+            imported |= {a.name for a in node.names if a.name.split(".")[0] == "distrl"}
+    return imported
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    return {name: {m for m in package_imports(path) if m != name} for name, path in found.items()}
+
+
+def test_every_module_has_a_layer_and_no_import_runs_upward():
+    graph = import_graph()
+    unplaced = sorted(set(graph) - set(LAYER) - SUBPACKAGES)
+    assert not unplaced, f"modules without a layer in LAYERS: {unplaced}"
+    upward = [f"{name} (layer {LAYER[name]}) imports {dep} (layer {LAYER[dep]})"
+              for name, deps in graph.items() if name in LAYER
+              for dep in deps if dep in LAYER and LAYER[dep] > LAYER[name]]
+    assert not upward, "\n".join(upward)
+    unknown = sorted({dep for deps in graph.values() for dep in deps} - set(graph))
+    assert not unknown, f"imports of modules that do not exist: {unknown}"
+
+
+def test_no_import_circle():
+    graph = import_graph()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph.get(name, ())):
+            if state.get(dep) == 1:
+                pytest.fail("import circle: " + " -> ".join([*path[path.index(dep):], dep]))
+            if dep not in state:
+                visit(dep, [*path, dep])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_the_subpackages_hold_no_code_and_the_rl_core_no_infrastructure():
+    """Subpackage __init__s are docstrings (importing distrl.gke.settings loads no plan), and
+    distrl.rl imports no Ray, OpenTelemetry or cloud library."""
+    for sub in SUBPACKAGES:
+        tree = ast.parse((PACKAGE / sub.split(".")[1] / "__init__.py").read_text())
+        assert len(tree.body) == 1 and isinstance(tree.body[0], ast.Expr), sub
+    for path in (PACKAGE / "rl").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            for name in names:
+                assert name.split(".")[0] not in {"ray", "opentelemetry", "google"}, (path, name)
+
+
+def loaded_by(code: str) -> set[str]:
+    """The distrl modules a fresh interpreter has loaded after running code."""
+    out = subprocess.run(
+        [sys.executable, "-c", f"{code}\nimport sys\n"
+         "print(' '.join(m for m in sys.modules if m.startswith('distrl')))"],
+        capture_output=True, text=True, timeout=120, check=True).stdout
+    return set(out.split())
+
+
+def test_the_collector_command_loads_no_cloud_module_and_the_driver_no_cluster_cli():
+    collector = loaded_by("from distrl.cli import main\n"
+                          "try:\n    main(['collector', '--help'])\nexcept SystemExit:\n    pass")
+    assert "distrl.otel.collector" in collector
+    assert not {m for m in collector if m.startswith(("distrl.gke", "distrl.cluster", "distrl.apex"))}, \
+        collector
+    driver = loaded_by("import distrl.apex.driver")
+    heavy = ("distrl.cluster", "distrl.gke", "distrl.otel.collector")
+    assert not {m for m in driver if m.startswith(heavy)}, driver
