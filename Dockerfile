@@ -1,6 +1,8 @@
 # The image GKE runs (built by `gcloud builds submit`, see notebook 03).
 # Ray and Python come from the Ray image whose versions equal requirements.lock's (a test
 # checks); every Python package comes from requirements.lock, the one list of exact pins.
+# Its Python is gke.settings.IMAGE_PYTHON (a test checks the tag against it), one of those the
+# lock supports; the check below stops a build from a base image with another.
 FROM rayproject/ray:2.60.0-py311
 
 # The Ray image's user `ray` (uid 1000, group users = 100) owns its Python: no root needed.
@@ -10,6 +12,9 @@ WORKDIR /home/ray/distrl
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
     TF_CPP_MIN_LOG_LEVEL=2
+
+RUN python -c 'import sys; v = "%d.%d" % sys.version_info[:2]; \
+    assert v == "3.11", f"the base image runs Python {v}, gke.settings.IMAGE_PYTHON says 3.11"'
 
 COPY --chown=1000:100 requirements.lock ./
 # The "# gpu:" lines of the lock pin TensorFlow's CUDA wheels: TensorFlow finds them and uses

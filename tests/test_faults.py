@@ -347,6 +347,22 @@ def _saved_checkpoint(directory, updates: int, config: ApexConfig) -> str:
                             keep=10)
 
 
+def test_a_pod_whose_python_is_not_the_images_refuses_to_train(tmp_path, capsys, monkeypatch):
+    """DISTRL_IMAGE_PYTHON (the manifests set it in every Ray pod) names the image's Python;
+    `distrl train` stops before anything starts when it runs on another. Unset: any Python."""
+    from distrl.apex.train import main
+
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    monkeypatch.setenv("DISTRL_IMAGE_PYTHON", "3.9")
+    assert main(["--output-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert f"DISTRL_IMAGE_PYTHON='3.9', but this pod runs Python {running}" in err
+    assert not (tmp_path / "run").exists()  # refused before the run's directory was made
+    monkeypatch.setenv("DISTRL_IMAGE_PYTHON", running)  # agrees: on to the next check
+    assert main(["--env", "NoSuchEnv-v0"]) == 2
+    assert "NoSuchEnv-v0" in capsys.readouterr().err
+
+
 def test_resume_skips_a_checkpoint_cut_short_and_refuses_bad_ones_in_one_line(tmp_path, capsys,
                                                                               monkeypatch):
     """A truncated checkpoint gave a BadZipFile traceback with no fallback to the older ones

@@ -14,10 +14,12 @@ import tomllib
 from pathlib import Path
 
 import pytest
+import yaml
+from packaging.specifiers import SpecifierSet
 
 from distrl.cluster.local import forget_cluster
 from distrl.gke import manifests as m
-from distrl.gke.settings import RAY_VERSION, GkeSettings
+from distrl.gke.settings import IMAGE_PYTHON, IMAGE_PYTHON_ENV, RAY_VERSION, GkeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -270,22 +272,133 @@ def test_validation_rejects_broken_core_objects():
         m.validate({"metadata": {}})
 
 
+# --- comments: why each non-obvious field of the RayCluster and RayJob is set -----------------
+
+COMMENTED = {"cluster/30-raycluster.yaml": m.ray_cluster, "job/rayjob.yaml": m.ray_job}
+MIN_COMMENT_LINES = 40  # each file has 44-46 besides the 2 header lines
+
+
+def _field_line(root: yaml.Node, path: tuple) -> int:
+    """The line (0-based) where the field at path starts: its key, or its list item."""
+    node = line_node = root
+    for step in path:
+        if isinstance(node, yaml.MappingNode):
+            line_node, node = next((k, v) for k, v in node.value if k.value == step)
+        else:
+            line_node = node = node.value[step]
+    return line_node.start_mark.line
+
+
+def _comment_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.lstrip().startswith("#")]
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_every_comment_lands_on_the_line_above_its_field(variant):
+    s = VARIANTS[variant]
+    for build in COMMENTED.values():
+        doc = build(s)
+        notes = m.comments(doc)
+        text = m.dump([doc])
+        lines, root = text.splitlines(), yaml.compose(text, Loader=yaml.SafeLoader)
+        for path, note in notes.items():
+            assert 0 < len(note) <= 100 and "\n" not in note, (path, note)
+            at = _field_line(root, path)
+            indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+            assert lines[at - 1] == f"{indent}# {note}", (path, lines[at - 1], lines[at])
+        assert len(_comment_lines(text)) == len(notes)  # nothing else, nothing lost
+
+
+def test_a_comment_for_a_field_that_is_not_there_fails_loudly():
+    with pytest.raises(KeyError, match="minReplica"):
+        m.commented({"minReplicas": 0}, {"minReplica": "a typo"})
+    with pytest.raises(ValueError, match="one non-empty line"):
+        m.commented({"replicas": 0}, {"replicas": "two\nlines"})
+    text = m.dump([m.ray_cluster(m.DEFAULTS)])
+    with pytest.raises(ValueError, match="spec.workerGroupSpecs.0.minSize"):
+        m.with_comments(text, {("spec", "workerGroupSpecs", 0, "minSize"): "why"})
+    with pytest.raises(ValueError, match="spec.workerGroupSpecs.1"):
+        m.with_comments(text, {("spec", "workerGroupSpecs", 1, "replicas"): "why"})
+    # A field renamed after its comment was written: the render refuses, the comment is not lost.
+    cluster = m.ray_cluster(m.DEFAULTS)
+    group = cluster["spec"]["workerGroupSpecs"][0]
+    group["minSize"] = group.pop("minReplicas")
+    with pytest.raises(ValueError, match="spec.workerGroupSpecs.0.minReplicas"):
+        m.dump([cluster])
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_commented_yaml_loads_to_what_the_spec_functions_return(variant):
+    s = VARIANTS[variant]
+    for build in COMMENTED.values():
+        doc = build(s)
+        assert m.comments(doc)
+        assert yaml.safe_load(m.dump([doc])) == doc
+    for rel, build in COMMENTED.items():
+        assert yaml.safe_load((K8S / rel).read_text()) == build(m.DEFAULTS)
+
+
+def test_the_shipped_raycluster_and_rayjob_say_why_their_fields_are_set():
+    for rel, build in COMMENTED.items():
+        text = (K8S / rel).read_text()
+        body = _comment_lines(text)[len(m.HEADER.splitlines()):]
+        assert len(body) >= MIN_COMMENT_LINES, f"k8s/{rel}: {len(body)} comment lines"
+        assert len(body) == len(m.comments(build(m.DEFAULTS)))
+    # The fields a reader of KubeRay manifests asks about
+    head, actors = ("spec", "headGroupSpec", "template", "spec"), ("spec", "workerGroupSpecs", 0)
+    cluster = m.comments(m.ray_cluster(m.DEFAULTS))
+    for path in [("spec", "enableInTreeAutoscaling"), ("spec", "authOptions"),
+                 ("spec", "autoscalerOptions", "upscalingMode"),
+                 ("spec", "autoscalerOptions", "idleTimeoutSeconds"),
+                 ("spec", "headGroupSpec", "rayStartParams", "num-cpus"),
+                 (*actors, "replicas"), (*actors, "minReplicas"), (*actors, "maxReplicas"),
+                 (*actors, "template", "spec", "nodeSelector"),
+                 (*actors, "template", "spec", "terminationGracePeriodSeconds"),
+                 (*actors, "template", "spec", "containers", 0, "lifecycle"),
+                 (*head, "automountServiceAccountToken"), (*head, "securityContext"),
+                 (*head, "containers", 0, "resources", "requests", "nvidia.com/gpu")]:
+        assert path in cluster, path
+    job = m.comments(m.ray_job(m.DEFAULTS))
+    for field in ["shutdownAfterJobFinishes", "ttlSecondsAfterFinished", "activeDeadlineSeconds",
+                  "submissionMode", "rayClusterSpec"]:
+        assert ("spec", field) in job, field
+
+
 def test_lock_dockerfile_and_manifests_agree_on_ray_and_python():
     ray = locked("ray")
     dockerfile = (ROOT / "Dockerfile").read_text()
     base = re.search(r"^FROM rayproject/ray:(\S+)-py(\d)(\d+)(?:-\S+)?$", dockerfile, re.M)
     assert base, "the Dockerfile must start from a rayproject/ray:<version>-py<XY> image"
     assert base.group(1) == ray == RAY_VERSION
+    # The image's Python: stated once (IMAGE_PYTHON), the base image's tag, checked when the image
+    # is built and in every Ray pod; one the lock supports. The reader's own Python may differ.
     python = f"{base.group(2)}.{base.group(3)}"
-    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    assert pyproject["project"]["requires-python"] == f">={python},<3.{int(base.group(3)) + 1}"
-    assert f"python={python}" in (ROOT / "environment.yml").read_text()
-    assert f"{sys.version_info.major}.{sys.version_info.minor}" == python
+    assert python == IMAGE_PYTHON
+    assert f'assert v == "{IMAGE_PYTHON}"' in dockerfile
+    requires = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert SpecifierSet(requires).contains(f"{IMAGE_PYTHON}.99"), requires
+    assert f"python{requires}" in (ROOT / "environment.yml").read_text().replace(" ", "")
+    ray_containers = 0
     for _, doc in m.load_dir(K8S):
         if doc["kind"] == "RayCluster":
             assert doc["spec"]["rayVersion"] == ray
         if doc["kind"] == "RayJob":
             assert doc["spec"]["rayClusterSpec"]["rayVersion"] == ray
+        for container in _containers(doc):
+            if container["name"].startswith("ray"):
+                ray_containers += 1
+                assert {"name": IMAGE_PYTHON_ENV, "value": IMAGE_PYTHON} in container["env"], doc
+    assert ray_containers >= 6  # the RayCluster's two groups, the RayJob's, the plain ones
+
+
+def _containers(doc: dict) -> list[dict]:
+    found = []
+    for key, value in doc.items() if isinstance(doc, dict) else enumerate(doc):
+        if key == "containers" and isinstance(value, list):
+            found += value
+        elif isinstance(value, (dict, list)):
+            found += _containers(value)
+    return found
 
 
 def test_dockerfile_installs_from_the_lock_file_as_a_non_root_user():

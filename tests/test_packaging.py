@@ -45,15 +45,18 @@ def _unmet(available_core: set[str], available_extras: dict[str, set[str]]) -> l
     """The package's imports that none of the available distributions provides."""
     providers = importlib.metadata.packages_distributions()
     missing = []
-    for path in sorted(PACKAGE.glob("*.py")):
-        available = (available_extras[EXTRA_MODULES[path.name]] if path.name in EXTRA_MODULES
+    paths = sorted(PACKAGE.rglob("*.py"))
+    assert len(paths) > 30, paths  # every subpackage's modules, not only the top level's
+    for path in paths:
+        module = path.relative_to(PACKAGE).as_posix()
+        available = (available_extras[EXTRA_MODULES[module]] if module in EXTRA_MODULES
                      else available_core)
         for name in sorted(_imports(path)):
             candidates = {_normal(d) for d in providers.get(name, [])}
             if name in BUNDLED:
                 candidates.add(BUNDLED[name])
             if not candidates & available:
-                missing.append(f"{path.name} imports {name} (from {sorted(candidates) or '?'})")
+                missing.append(f"{module} imports {name} (from {sorted(candidates) or '?'})")
     return missing
 
 
@@ -127,3 +130,57 @@ def test_children_started_beside_a_live_grpc_channel_all_run():
                             env={**probe.clean_env(), "GRPC_ENABLE_FORK_SUPPORT": "1"},
                             capture_output=True, text=True, timeout=120)
     assert chosen.stdout.strip() == "1", chosen.stderr[-2000:]  # the reader's own choice stands
+
+
+def _supported_pythons() -> list[str]:
+    """The minor versions pyproject.toml's requires-python admits."""
+    from packaging.specifiers import SpecifierSet
+
+    requires = SpecifierSet(tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+                            ["requires-python"])
+    return [f"3.{minor}" for minor in range(8, 20) if requires.contains(f"3.{minor}.99")]
+
+
+def _pins(text: str) -> set[str]:
+    """name==version of every pin, names normalised, markers left out."""
+    return {_normal(line.split("==")[0]) + "==" + line.split("==")[1].split(" ;")[0].strip()
+            for line in text.splitlines() if line[:1].isalnum()}
+
+
+def test_make_test_versions_runs_the_unit_layer_on_every_other_supported_python():
+    """`make test` runs on 3.11 (CI's Python); `make test-versions` runs `make test-fast` on the
+    others that requires-python admits, each in a venv of its own."""
+    makefile = (ROOT / "Makefile").read_text()
+    others = re.search(r"^OTHER_PYTHONS := (.*)$", makefile, re.M).group(1).split()
+    assert ["3.11", *others] == _supported_pythons() == ["3.11", "3.12", "3.13"]
+    target = makefile.split("\ntest-versions:", 1)[1].split("\n\n", 1)[0]
+    assert "test-fast PYTHON=python$$v VENV=.venv-$$v" in target
+
+
+@pytest.mark.slow
+@pytest.mark.waits  # on the package index: a second of CPU in a minute
+@pytest.mark.timeout(600)
+def test_the_lock_pins_everything_each_supported_python_installs(tmp_path):
+    """Resolved for each supported Python on Linux and macOS, requirements.lock brings no
+    package and no version it does not pin: one lock for every version, nothing left to the
+    day of the install."""
+    uv = str(Path(sys.executable).with_name("uv"))
+    pinned = _pins((ROOT / "requirements.lock").read_text())
+    floor = re.search(r">=\s*([\d.]+)", tomllib.loads((ROOT / "pyproject.toml").read_text())
+                      ["project"]["requires-python"]).group(1)
+    def resolve(version: str, platform: str) -> str:
+        out = tmp_path / f"{version}-{platform}.txt"
+        proc = subprocess.run([uv, "pip", "compile", "--quiet", "--cache-dir", str(cache),
+                               "--python-version", version, "--python-platform", platform,
+                               str(ROOT / "requirements.lock"), "-o", str(out)],
+                              capture_output=True, text=True, timeout=240)
+        assert proc.returncode == 0, f"Python {version} on {platform}:\n{proc.stderr[-2000:]}"
+        unpinned = _pins(out.read_text()) - pinned
+        return f"Python {version} on {platform} installs, unpinned: {unpinned}" if unpinned else ""
+
+    targets = [(floor if floor.startswith(python + ".") else python, platform)
+               for python in _supported_pythons()
+               for platform in ("x86_64-manylinux_2_28", "aarch64-apple-darwin")]
+    cache = tmp_path / "uv-cache"  # the first resolution fetches the metadata, the rest reuse it
+    problems = [p for p in map(lambda t: resolve(*t), targets) if p]
+    assert not problems, "\n".join(problems)

@@ -202,11 +202,11 @@ def _raylet_registration_polled(stop: Callable[[], bool]):
 
     Ray 2.60 waits in GlobalStateAccessor::GetNode, which asks the GCS, then sleeps a fixed 1 s
     before it asks again, for up to raylet_start_wait_time_s, 30 s
-    (src/ray/gcs_rpc_client/global_state_accessor.cc): a raylet that died at launch was waited
+    (src/ray/gcs_rpc_client/global_state_accessor.cc): a raylet that died at launch is waited
     on for the full 30 s, and one that registered just after an ask, up to a second longer
-    than it took (it registers 1-2 s after its launch on 2 cores, most of it waiting for the
-    dashboard agent's ports). After this wait Ray's own finds the node at its first ask.
-    Through Node.start_ray_processes, which starts the raylet."""
+    than it took. After this wait Ray's own finds the node at its first ask
+    (`python benchmarks/process_startup.py` measures the start). Through
+    Node.start_ray_processes, which starts the raylet."""
     try:
         from ray._private import ray_constants
         from ray._raylet import NodeID
@@ -248,9 +248,9 @@ def _dashboard_process_skipped(include_dashboard):
 
     Ray 2.60 starts it anyway, with only its usage-stats module (which reports nothing unless
     usage stats are on), and starts the raylet only once the dashboard has written its address
-    (ray/_private/services.py, start_api_server): a median 0.8 s of every ray.init on 2 cores
-    (`python benchmarks/process_startup.py`), one core busy importing it. Through
-    Node.start_api_server."""
+    (ray/_private/services.py, start_api_server): every ray.init waits for that process to
+    start, with one core busy importing it (`python benchmarks/process_startup.py` measures
+    it). Through Node.start_api_server."""
     if include_dashboard is not False:
         return contextlib.nullcontext()
     return _node_method_replaced("start_api_server",
@@ -262,11 +262,11 @@ def shutdown_ray() -> None:
 
     Ray 2.60's shutdown stops the GCS first and then sends the monitor SIGTERM, whose handler
     tries to tell the gone GCS that the autoscaler failed, until Ray kills it after a fixed 1 s
-    (ray/_private/node.py, _kill_process_impl): 1.0 of the 1.45 s that ray.shutdown() took
-    (`python benchmarks/process_startup.py`). Killed first, the monitor ends at once and
-    reports nothing. Only the monitor of a Ray this process started: a driver that joined a
-    cluster has none of the cluster's processes. Through a private API: if it changes, this is
-    a plain ray.shutdown()."""
+    (ray/_private/node.py, _kill_process_impl): a second of every ray.shutdown() spent waiting
+    on nothing (`python benchmarks/process_startup.py` measures it). Killed first, the monitor
+    ends at once and reports nothing. Only the monitor of a Ray this process started: a driver
+    that joined a cluster has none of the cluster's processes. Through a private API: if it
+    changes, this is a plain ray.shutdown()."""
     import ray
 
     with contextlib.suppress(Exception):
@@ -397,8 +397,8 @@ DASHBOARD_FAILURES = _DashboardStartFailure()
 
 def process_age_s() -> float:
     """Seconds since this process started. On Linux from the kernel's own clock: psutil's
-    create_time adds the boot time, which /proc/stat rounds down to a whole second (0.6 s too
-    old on the machine this was measured on)."""
+    create_time adds the boot time, which /proc/stat rounds down to a whole second (an age up
+    to a second too old)."""
     try:
         with open("/proc/self/stat") as f:  # field 22, after the parenthesised command name
             started_ticks = int(f.read().rsplit(")", 1)[1].split()[19])

@@ -155,9 +155,9 @@ class Topology:
 
     def start_evaluator(self, ray, c: ApexConfig) -> None:
         """The greedy evaluator, created once the learner runs: it has nothing to do before the
-        first update. Created with the others, it was a fifth process starting in the same
-        second as the actors and the learner, and on 2 cores the first env step came 0.3-0.4 s
-        later (`benchmarks/time_to_solve.py --no-baseline`, both ways)."""
+        first update. Created with the others, it would be a fifth process starting in the same
+        second as the actors and the learner, taking the CPU they need for their first env
+        step (`python benchmarks/time_to_solve.py --no-baseline` measures when it comes)."""
         self.evaluator = ray.remote(EvaluatorWorker).options(**self.evaluator_options).remote(c)
         self.evaluator.set_learner.remote(self.learner)
 
@@ -581,8 +581,8 @@ class _Run:
 
     def waiting_line(self, now: float) -> str:
         """The fleet's line on its actors that do not run, each starting or waiting for a CPU,
-        then the learner's while it does not run (on a busy node its TensorFlow start-up can
-        take a minute, and without this line the run looks stuck)."""
+        then the learner's while it does not run (on a busy node its TensorFlow start-up is
+        slow, and without this line the run looks stuck)."""
         fleet, learner = self.fleet, self.topology.learner
         waiting = [i for i, _ in fleet.waiting(now)]
         learner_waits = self.learner_stats is None

@@ -154,8 +154,8 @@ def ray_keeps_our_sigterm_handler():
 def in_a_process(actors: list, indices) -> set[int]:
     """Of these actors (by index), those Ray has given a process: still in __init__, not
     waiting for a CPU. In Ray's GCS actor table an actor placed on a worker is PENDING_CREATION
-    with its pid, one queued for resources has pid 0 (measured on Ray 2.60; the worker's own
-    boot, a second or two, also shows pid 0). One call for every pending actor of the cluster;
+    with its pid, one queued for resources has pid 0 (as Ray 2.60 records them; a worker still
+    in its own boot also shows pid 0). One call for every pending actor of the cluster;
     a private API (ray._private.state, as node_groups reads): on any error none counts."""
     try:
         from ray._private import state
@@ -321,8 +321,9 @@ class ActorFleet:
     def finish(self, seconds: float) -> dict[int, dict]:
         """The final stats of every actor whose run() returns within `seconds`. Not waited for:
         an actor that never ran and that Ray has given no process (in_a_process), queued for a
-        CPU. It has not begun its run(), and waiting on it spent 10 s of every run that ended
-        with an actor short of a node. One that ran and went silent may still answer."""
+        CPU. It has not begun its run(), and waiting on it would take the whole of `seconds`
+        in every run that ends with an actor short of a node. One that ran and went silent may
+        still answer."""
         import ray
 
         never_ran = [i for i in self.run_refs.values() if self.seen[i] is None]

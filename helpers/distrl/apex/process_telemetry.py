@@ -134,14 +134,14 @@ def model_name(config: ApexConfig) -> str:
     return f"{head}mlp-{'x'.join(map(str, config.hidden_sizes))}"
 
 
-# Each SDK call costs ~10 us; counters and gauges are summed over this many actor blocks
-# (~40 ms) and recorded once, which halves the actor's telemetry cost. Latency histograms
-# still get one observation per block.
+# Every SDK call has a fixed cost, so counters and gauges are summed over this many actor
+# blocks and recorded once. Latency histograms still get one observation per block.
+# `python benchmarks/telemetry_overhead.py` measures the actor's telemetry cost.
 TRAFFIC_FLUSH_BLOCKS = 8
 # rl.step.duration: every env step is timed, and a uniform sample of them per block is
-# recorded. Recording all (512 a block at defaults) cost more than the steps themselves
-# (benchmarks/telemetry_overhead.py: 11 ms of recording per 9.5-ms block); a uniform sample
-# keeps the distribution, so its p95/p99 still show the slow steps a block average hid.
+# recorded. Recording all (512 a block at defaults) would cost more than the steps themselves
+# (`python benchmarks/telemetry_overhead.py` measures both); a uniform sample keeps the
+# distribution, so its p95/p99 still show the slow steps a block average hid.
 STEP_SAMPLES_PER_BLOCK = 4
 
 

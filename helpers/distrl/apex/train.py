@@ -7,10 +7,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import typing
 
 from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
+from distrl.gke.settings import IMAGE_PYTHON_ENV
 from distrl.rl.config import ApexConfig, field_help
 from distrl.rl.learner import find_resume
 
@@ -77,6 +79,17 @@ def resumed_config(explicit: dict) -> ApexConfig:
         **(explicit | {"resume": resume.path}))
 
 
+def check_image_python() -> None:
+    """In a pod (DISTRL_IMAGE_PYTHON set by the manifests): this Python is the one the image was
+    built for, so every process of the job (driver, actors, learner) runs the lock's wheels."""
+    expected = os.environ.get(IMAGE_PYTHON_ENV)
+    running = f"{sys.version_info.major}.{sys.version_info.minor}"
+    if expected is not None and expected != running:
+        raise ValueError(f"{IMAGE_PYTHON_ENV}={expected!r}, but this pod runs Python {running}: the "
+                         "image and the manifests disagree; rebuild the image from the Dockerfile "
+                         "or render the manifests with the image's Python (gke.settings.IMAGE_PYTHON)")
+
+
 def main(argv: list[str] | None = None) -> int:
     # SIGTERM (a Spot notice, `ray job stop`) is honoured from here on, start-up included: the
     # run then ends at once with results.json (and a checkpoint if the learner exists).
@@ -91,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
 def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
     args = vars(build_parser().parse_args(argv))
     try:
+        check_image_python()
         if args["resume"] is not None:
             config = resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
         else:

@@ -396,14 +396,15 @@ class LocalCluster:
             with contextlib.suppress(psutil.NoSuchProcess):
                 procs.append(psutil.Process(pid))
         # The worker nodes, then the head (the first node: start() joins it first), STOP_GRACE_S
-        # each; an idle node drains and exits in about a second. Then SIGKILL to what is left:
-        # `ray start` handles SIGTERM only between steps of its own start-up.
+        # each; an idle node drains and exits well within it (`python benchmarks/cluster_stop.py`
+        # measures the stop). Then SIGKILL to what is left: `ray start` handles SIGTERM only
+        # between steps of its own start-up.
         stop_groups([node.process.pid for node in self.nodes], self.port, STOP_GRACE_S)
         for node in self.nodes:  # the `ray start` processes are this process's children
             with contextlib.suppress(subprocess.TimeoutExpired):
                 node.process.wait(5.0)
         # Anything that left the process groups (the dashboard's multiprocessing children,
-        # which end on their own about 1.5 s later): its node is gone, so at once.
+        # which end on their own only later): its node is gone, so at once.
         kill_survivors(procs, wait_s=0)
         _remove_dirs(leftovers)
         self.nodes = []
@@ -511,9 +512,9 @@ def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
 # Once the node has joined, it goes back to normal priority (LocalCluster.settle), and a worker
 # node's session to a lower weight than the head's: the head's session holds the driver, learner,
 # replay, evaluator and Ray's GCS, which on GKE have a machine of their own, while each worker
-# node's holds an actor or two. At equal weights two busy actor nodes left the head a third of
-# the CPU, and notebook 04's learner took 41-57 s to start on 2 cores; at nice 5 (a weight of a
-# third of nice 0's, and raising a nice value needs no privilege) the head gets 60%.
+# node's holds an actor or two. At equal weights two busy actor nodes leave the head a third of
+# the CPU, and the learner (notebook 04's) is slow to start; at nice 5 (a weight of a third of
+# nice 0's, and raising a nice value needs no privilege) the head gets 60%.
 START_NICE = -15
 WORKER_NICE = 5
 STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), before SIGKILL
@@ -653,7 +654,7 @@ def stop_groups(groups: list[int], port: int, grace_s: float,
 
     Workers first: a worker's `ray start` drains its node through the head's GCS on SIGTERM,
     and signalled together with the head it could wait for a GCS that was already gone until
-    the grace ran out (`distrl cluster down` took 10 s, not 1-2, in 3 of 14 downs)."""
+    the grace ran out (`python benchmarks/cluster_stop.py` measures the stop)."""
     forget_cluster(port)
     head = groups[:1]
     if created is not None:

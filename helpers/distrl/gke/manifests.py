@@ -13,6 +13,9 @@ Layout (the same under k8s/, which holds the defaults, and under a rendered dire
 
 No Service is of type LoadBalancer: the Ray dashboard (and its Jobs API, which runs any code
 it is sent) and TensorBoard are reached with `kubectl port-forward` only.
+
+Why a field is set travels with it: the code that builds a mapping marks its non-obvious keys with
+a one-line comment (commented()), and dump() writes each as a `# ...` line above its key.
 """
 
 from __future__ import annotations
@@ -24,7 +27,15 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from distrl.gke.settings import MANAGED_OTEL_NAMESPACE, OTLP_PORTS, RAY_VERSION, GkeSettings, machine
+from distrl.gke.settings import (
+    IMAGE_PYTHON,
+    IMAGE_PYTHON_ENV,
+    MANAGED_OTEL_NAMESPACE,
+    OTLP_PORTS,
+    RAY_VERSION,
+    GkeSettings,
+    machine,
+)
 
 KUBERNETES_VERSION = "1.34.0"  # schemas to validate against (GKE rapid channel or older)
 RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 8080}
@@ -76,6 +87,40 @@ def head_pod_request(settings: GkeSettings) -> tuple[float, float]:
     return sum(p.cpu for p in parts), sum(p.memory_gib for p in parts)
 
 
+class Commented(dict):
+    """A mapping whose keys may carry a comment each, `comments` (key -> one line saying why the
+    field is set). It is the plain dict to everything else (==, JSON, validation); dump() writes
+    the comments into the YAML."""
+
+    comments: dict[str, str]  # set by commented()
+
+
+def commented(mapping: dict, why: dict[str, str]) -> Commented:
+    """mapping (a copy) with why's comments on its keys; a comment for a key it lacks is an error,
+    so a renamed field cannot silently lose its comment."""
+    if missing := [key for key in why if key not in mapping]:
+        raise KeyError(f"comments for fields that are not there: {missing} (fields: {list(mapping)})")
+    if bad := [line for line in why.values() if not line or "\n" in line]:
+        raise ValueError(f"a comment is one non-empty line: {bad}")
+    out = Commented(mapping)
+    out.comments = {**getattr(mapping, "comments", {}), **why}
+    return out
+
+
+def comments(doc, path: tuple = ()) -> dict[tuple, str]:
+    """The comments of a document's Commented mappings, by the path of their field (keys and list
+    indices): what dump() writes above each field."""
+    found = {}
+    if isinstance(doc, dict):
+        found |= {(*path, key): line for key, line in getattr(doc, "comments", {}).items()}
+        for key, value in doc.items():
+            found |= comments(value, (*path, key))
+    elif isinstance(doc, list):
+        for i, value in enumerate(doc):
+            found |= comments(value, (*path, i))
+    return found
+
+
 def _labels(s: GkeSettings, component: str) -> dict[str, str]:
     return {"app.kubernetes.io/name": "distrl", "app.kubernetes.io/instance": s.prefix,
             "app.kubernetes.io/component": component}
@@ -98,9 +143,14 @@ def _quantity(value: float, unit: str = "") -> str:
 
 def _resources(size: PodSize) -> dict:
     amounts = {"cpu": _quantity(size.cpu), "memory": _quantity(size.memory_gib, "Gi")}
-    if size.gpus:
-        amounts["nvidia.com/gpu"] = str(size.gpus)
-    return {"requests": dict(amounts), "limits": dict(amounts)}
+    if not size.gpus:
+        return {"requests": dict(amounts), "limits": dict(amounts)}
+    amounts["nvidia.com/gpu"] = str(size.gpus)
+    # No tolerations: GKE taints its GPU nodes and tolerates the taint for pods that request a GPU
+    # (the ExtendedResourceToleration admission controller).
+    requests = commented(amounts, {"nvidia.com/gpu": "GKE adds the toleration of its GPU nodes' "
+                                                     "taint to pods that request one"})
+    return {"requests": requests, "limits": dict(amounts)}
 
 
 def token_secret_name(s: GkeSettings) -> str:
@@ -110,21 +160,31 @@ def token_secret_name(s: GkeSettings) -> str:
 def _env(s: GkeSettings) -> list[dict]:
     """The seed's OTEL_* variables pointed at GKE's managed collector. KubeRay adds the Ray
     token (RAY_AUTH_MODE, RAY_AUTH_TOKEN) to every container from spec.authOptions."""
+    def var(name: str, why: str | None = None, **value) -> dict:
+        item = {"name": name, **value}
+        return commented(item, {"name": why}) if why else item
+
     return [
-        {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "OTEL_EXPORTER_OTLP_ENDPOINT", "value": s.otlp_endpoint},
-        {"name": "OTEL_EXPORTER_OTLP_PROTOCOL", "value": s.otlp_protocol},
-        {"name": "OTEL_SERVICE_NAME", "value": "rl-training-service"},
+        var("POD_NAME", "for k8s.pod.name in OTEL_RESOURCE_ATTRIBUTES",
+            valueFrom={"fieldRef": {"fieldPath": "metadata.name"}}),
+        var("OTEL_EXPORTER_OTLP_ENDPOINT", "GKE's managed collector: the one place the egress "
+            "policy lets telemetry go", value=s.otlp_endpoint),
+        var("OTEL_EXPORTER_OTLP_PROTOCOL", value=s.otlp_protocol),
+        var("OTEL_SERVICE_NAME", value="rl-training-service"),
         # gcp.project_id: the Telemetry API refuses OTLP whose resource lacks it (reported by
         # several users; Google's own OTLP examples add it with a resource processor,
         # cloud.google.com/stackdriver/docs/otlp-logs/migrate-to-otlp). Harmless if the
         # managed collector adds it too.
-        {"name": "OTEL_RESOURCE_ATTRIBUTES",
-         "value": f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
-                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id}"},
-        # Cloud Monitoring bills by samples; 30 s keeps the golden signals fresh enough.
-        {"name": "OTEL_METRIC_EXPORT_INTERVAL", "value": "30000"},
-        {"name": "TF_CPP_MIN_LOG_LEVEL", "value": "2"},
+        var("OTEL_RESOURCE_ATTRIBUTES", "gcp.project_id: the Telemetry API refuses OTLP whose "
+            "resource lacks it",
+            value=f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
+                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id}"),
+        var("OTEL_METRIC_EXPORT_INTERVAL", "ms; Cloud Monitoring bills by the sample, 30 s is "
+            "fresh enough", value="30000"),
+        var("TF_CPP_MIN_LOG_LEVEL", "keeps TensorFlow's C++ info and warning lines out of the "
+            "pod logs", value="2"),
+        var(IMAGE_PYTHON_ENV, "distrl train refuses to run on another Python than the image's",
+            value=IMAGE_PYTHON),
     ]
 
 
@@ -156,6 +216,21 @@ _TMP_MOUNT = {"name": "tmp", "mountPath": "/tmp"}
 # RayCluster, the RayJob) only ever injects it as RAY_AUTH_TOKEN (kuberay v1.6 pod.go).
 TOKEN_DIR = "/var/run/secrets/ray-token"
 _STOP_RAY = {"preStop": {"exec": {"command": ["/bin/sh", "-c", "ray stop"]}}}
+# Comments shared by the Ray containers and pods (see commented()).
+_WHY_RAY_CONTAINER = {
+    "securityContext": "restricted Pod Security Standard, read-only root: Ray writes only to /tmp",
+    "lifecycle": "`ray stop` first: the node leaves Ray cleanly, not by failing health checks",
+}
+_WHY_POD = {
+    "serviceAccountName": "Workload Identity: bound to the Google service account of the same name",
+    "securityContext": "restricted Pod Security Standard; fsGroup: the `ray` user's group owns "
+                       "the volumes",
+}
+
+
+def _why_token(autoscaler: bool) -> str:
+    return ("KubeRay's autoscaler sidecar calls the Kubernetes API" if autoscaler
+            else "no container of this pod calls the Kubernetes API")
 
 
 def _head_pod_spec(s: GkeSettings, command: list[str] | None = None,
@@ -166,47 +241,63 @@ def _head_pod_spec(s: GkeSettings, command: list[str] | None = None,
         selector["cloud.google.com/gke-nodepool"] = s.head_pool
     elif s.gpu_type != "none":
         selector["cloud.google.com/gke-accelerator"] = s.gpu_type
-    ray_head = {
+    ray_head = commented({
         "name": "ray-head", "image": s.image, "imagePullPolicy": "IfNotPresent",
         "ports": [{"name": n, "containerPort": p} for n, p in RAY_PORTS.items()],
         "env": _env(s), "resources": _resources(size), "securityContext": _SECURITY,
         "lifecycle": _STOP_RAY,
         "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR}, _TMP_MOUNT],
-    }
+    }, {**_WHY_RAY_CONTAINER,
+        "resources": f"requests = limits (Ray sizes itself by them); {HEAD_RESERVED_CPUS} CPUs "
+                     "left to GKE and the sidecars"})
     if command:
         ray_head["command"] = command
-    tensorboard = {
+    tensorboard = commented({
         "name": "tensorboard", "image": s.image, "imagePullPolicy": "IfNotPresent",
         "command": ["tensorboard", f"--logdir={RUNS_DIR}", "--host=0.0.0.0",
                     f"--port={TENSORBOARD_PORT}"],
         "ports": [{"name": "tensorboard", "containerPort": TENSORBOARD_PORT}],
         "resources": _resources(TENSORBOARD_SIZE), "securityContext": _SECURITY,
         "volumeMounts": [{"name": "runs", "mountPath": RUNS_DIR, "readOnly": True}, _TMP_MOUNT],
-    }
+    }, {"name": "beside the head: only pods on its node can mount the ReadWriteOnce run volume",
+        "resources": "part of the head pod's request, which the plan checks against the head node"})
     # Only KubeRay's autoscaler sidecar talks to the Kubernetes API; without it no container
     # of the pod gets the service account's token.
     spec = {"serviceAccountName": s.service_account, "automountServiceAccountToken": autoscaler,
             "securityContext": _POD_SECURITY, "containers": [ray_head, tensorboard],
             "volumes": [{"name": "runs", "persistentVolumeClaim": {"claimName": f"{s.prefix}-runs"}},
                         _TMP_VOLUME]}
+    why = {**_WHY_POD, "automountServiceAccountToken": _why_token(autoscaler),
+           "volumes": "runs: checkpoints and TensorBoard logs outlive the pods; tmp: Ray's files"}
     if selector:
         spec["nodeSelector"] = selector
-    return spec
+        why["nodeSelector"] = ("the head's on-demand pool: a preemption never takes the replay memory"
+                               if s.mode == "standard" else "Autopilot makes a node with this GPU")
+    return commented(spec, why)
 
 
 def _actor_pod_spec(s: GkeSettings, container: dict) -> dict:
     """Actor pods: Spot nodes only, gone before the node is (SPOT_GRACE_S < 30 s notice)."""
-    return {"serviceAccountName": s.service_account, "automountServiceAccountToken": False,
-            "securityContext": _POD_SECURITY,
-            "nodeSelector": dict(SPOT_SELECTOR), "terminationGracePeriodSeconds": SPOT_GRACE_S,
-            "containers": [container], "volumes": [_TMP_VOLUME]}
+    return commented({
+        "serviceAccountName": s.service_account, "automountServiceAccountToken": False,
+        "securityContext": _POD_SECURITY,
+        "nodeSelector": dict(SPOT_SELECTOR), "terminationGracePeriodSeconds": SPOT_GRACE_S,
+        "containers": [container], "volumes": [_TMP_VOLUME],
+    }, {**_WHY_POD, "automountServiceAccountToken": _why_token(False),
+        "nodeSelector": "Spot VMs only: actors are stateless and restartable",
+        "terminationGracePeriodSeconds": "Spot VMs get about 30 s notice: the pod must be gone "
+                                         "before the node is"})
 
 
 def _actor_container(s: GkeSettings, mounts: tuple[dict, ...] = (), **extra) -> dict:
-    return {"name": "ray-worker", "image": s.image, "imagePullPolicy": "IfNotPresent",
-            "env": _env(s), "resources": _resources(pod_sizes(s)["actor"]),
-            "securityContext": _SECURITY, "lifecycle": _STOP_RAY,
-            "volumeMounts": [_TMP_MOUNT, *mounts], **extra}
+    return commented({
+        "name": "ray-worker", "image": s.image, "imagePullPolicy": "IfNotPresent",
+        "env": _env(s), "resources": _resources(pod_sizes(s)["actor"]),
+        "securityContext": _SECURITY, "lifecycle": _STOP_RAY,
+        "volumeMounts": [_TMP_MOUNT, *mounts], **extra,
+    }, {**_WHY_RAY_CONTAINER,
+        "resources": f"requests = limits (Ray sizes itself by them); one pod a node, "
+                     f"{ACTOR_RESERVED_CPUS} CPUs left to GKE"})
 
 
 def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
@@ -217,36 +308,58 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
     """
     sizes = pod_sizes(s)
     head_params = {"dashboard-host": "0.0.0.0", "num-cpus": str(sizes["head"].cpu)}
+    why_head_params = {
+        "dashboard-host": "beyond the pod's localhost: for kubectl port-forward and KubeRay's job client",
+        "num-cpus": "= the CPU request, all for the learner: actors go to the Spot pods"}
     if sizes["head"].gpus:
         head_params["num-gpus"] = str(sizes["head"].gpus)
+        why_head_params["num-gpus"] = "the learner's GPU, the cluster's only one"
+    actors = commented({
+        "groupName": "actors",
+        "replicas": 0 if autoscale else s.max_actor_nodes,
+        "minReplicas": 0 if autoscale else s.max_actor_nodes,
+        "maxReplicas": s.max_actor_nodes,
+        "rayStartParams": commented({"num-cpus": str(sizes["actor"].cpu)},
+                                    {"num-cpus": "= the CPU request: one Ape-X actor per CPU"}),
+        "template": {"metadata": {"labels": _labels(s, "ray-actors")},
+                     "spec": _actor_pod_spec(s, _actor_container(s))},
+    }, {"replicas": "the autoscaler's to change: no actor pod until Ray asks for one" if autoscale
+        else "every actor pod from the start: the run needs them all",
+        "minReplicas": "no Spot node is kept while no actor runs" if autoscale
+        else "= maxReplicas: a fixed-size cluster",
+        "maxReplicas": "the Spot pool's max_actor_nodes: one actor pod fills one node"})
     spec = {
         "rayVersion": RAY_VERSION,
         "enableInTreeAutoscaling": autoscale,
-        "headGroupSpec": {
+        "headGroupSpec": commented({
             "serviceType": "ClusterIP",
-            "rayStartParams": head_params,
+            "rayStartParams": commented(head_params, why_head_params),
             "template": {"metadata": {"labels": _labels(s, "ray-head")},
                          "spec": _head_pod_spec(s, autoscaler=autoscale)},
-        },
-        "workerGroupSpecs": [{
-            "groupName": "actors",
-            "replicas": 0 if autoscale else s.max_actor_nodes,
-            "minReplicas": 0 if autoscale else s.max_actor_nodes,
-            "maxReplicas": s.max_actor_nodes,
-            "rayStartParams": {"num-cpus": str(sizes["actor"].cpu)},
-            "template": {"metadata": {"labels": _labels(s, "ray-actors")},
-                         "spec": _actor_pod_spec(s, _actor_container(s))},
-        }],
+        }, {"serviceType": "never LoadBalancer: the Jobs API runs any code; use kubectl port-forward"}),
+        "workerGroupSpecs": [actors],
     }
+    why = {"rayVersion": "the image's Ray (requirements.lock); KubeRay checks it: token auth needs 2.52+",
+           "enableInTreeAutoscaling": "KubeRay's autoscaler sidecar grows the actors group as Ray "
+                                      "asks for CPUs" if autoscale
+           else "no autoscaler: the run needs all its actors from the start"}
     if autoscale:
-        spec["autoscalerOptions"] = {"upscalingMode": "Default", "idleTimeoutSeconds": 60,
-                                     "resources": _resources(AUTOSCALER_SIZE),
-                                     "securityContext": _SIDECAR_SECURITY}
+        spec["autoscalerOptions"] = commented({
+            "upscalingMode": "Default", "idleTimeoutSeconds": 60,
+            "resources": _resources(AUTOSCALER_SIZE), "securityContext": _SIDECAR_SECURITY,
+        }, {"upscalingMode": "not rate-limited: every pending actor pod is asked for at once",
+            "idleTimeoutSeconds": "an idle actor pod goes, so that its Spot node can scale down",
+            "resources": "KubeRay's default, set so that head_pod_request() is the head pod's request",
+            "securityContext": "restricted Pod Security Standard; the root stays writable (it "
+                               "shares only /tmp/ray)"})
     # KubeRay >= 1.6 hands the token in this Secret (key auth_token) to the Ray containers,
     # the autoscaler sidecar, the RayJob submitter and its own dashboard client
     # (ray-project/kuberay ray-operator/controllers/ray/common/pod.go, rayjob_controller.go).
     spec["authOptions"] = {"mode": "token", "secretName": token_secret_name(s)}
-    return copy.deepcopy(spec)  # the shared pieces (_SECURITY, ...) stay unchanged by edits
+    why["authOptions"] = ("KubeRay hands this Secret's token to Ray, the autoscaler, the job "
+                          "submitter and itself")
+    # the shared pieces (_SECURITY, ...) stay unchanged by edits
+    return copy.deepcopy(commented(spec, why))
 
 
 def num_actors(s: GkeSettings) -> int:
@@ -372,14 +485,24 @@ def ray_cluster(s: GkeSettings) -> dict:
 
 
 def ray_job(s: GkeSettings) -> dict:
+    spec = commented({
+        "entrypoint": shlex.join(training_command(s)),
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": 600,
+        "activeDeadlineSeconds": 4 * 3600,
+        "submissionMode": "K8sJobMode",
+        "rayClusterSpec": ray_cluster_spec(s, autoscale=False),
+    }, {"entrypoint": "one actor per Spot CPU; the head's CPUs and GPU to the learner "
+                      "(cluster_train_args)",
+        "shutdownAfterJobFinishes": "the cluster bills by the hour; the results are on the run volume",
+        "ttlSecondsAfterFinished": "time to read the pods' logs before KubeRay deletes the cluster",
+        "activeDeadlineSeconds": "the run waits for Spot pods without end: this caps what a stuck "
+                                 "job bills",
+        "submissionMode": "a submitter Job follows the run's log: kubectl logs job/<this RayJob>",
+        "rayClusterSpec": "a cluster of its own on the head pool and run volume: delete the "
+                          "RayCluster first"})
     return {"apiVersion": "ray.io/v1", "kind": "RayJob",
-            "metadata": _meta(s, f"{s.prefix}-train", "ray-job"),
-            "spec": {"entrypoint": shlex.join(training_command(s)),
-                     "shutdownAfterJobFinishes": True,
-                     "ttlSecondsAfterFinished": 600,
-                     "activeDeadlineSeconds": 4 * 3600,
-                     "submissionMode": "K8sJobMode",
-                     "rayClusterSpec": ray_cluster_spec(s, autoscale=False)}}
+            "metadata": _meta(s, f"{s.prefix}-train", "ray-job"), "spec": spec}
 
 
 def wait_for_head_script() -> str:
@@ -450,7 +573,8 @@ def render(s: GkeSettings) -> dict[str, list[dict]]:
 
 
 def dump(docs: list[dict]) -> str:
-    """YAML as people write it: no anchors for shared pieces, scripts as literal blocks."""
+    """YAML as people write it: no anchors for shared pieces, scripts as literal blocks, and the
+    comments of Commented mappings on a line of their own above their field."""
     import yaml
 
     class Dumper(yaml.SafeDumper):
@@ -462,7 +586,41 @@ def dump(docs: list[dict]) -> str:
         return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
     Dumper.add_representer(str, text)
-    return "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False, width=100) for d in docs)
+    Dumper.add_representer(Commented, Dumper.represent_dict)
+    return "---\n".join(with_comments(yaml.dump(d, Dumper=Dumper, sort_keys=False, width=100),
+                                      comments(d)) for d in docs)
+
+
+def with_comments(text: str, notes: dict[tuple, str]) -> str:
+    """text, one YAML document, with a `# note` line above the field at each path of notes
+    (keys and list indices, as comments() gives them), indented like the field's line. A path
+    that is not in the document is an error."""
+    import yaml
+
+    def where(node, path: tuple):
+        """The node that starts the line of the field at path: its key, or a list item."""
+        if not path:
+            return node
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                if key.value == path[0]:
+                    return where(value, path[1:]) if path[1:] else key
+        elif isinstance(node, yaml.SequenceNode) and isinstance(path[0], int) \
+                and 0 <= path[0] < len(node.value):
+            return where(node.value[path[0]], path[1:])
+        return None
+
+    root = yaml.compose(text, Loader=yaml.SafeLoader)
+    lines = text.splitlines(keepends=True)
+    above: dict[int, list[str]] = {}
+    for path, note in notes.items():
+        if (node := where(root, path)) is None:
+            raise ValueError(f"a comment for {'.'.join(map(str, path))}, which the YAML does not "
+                             f"have: {note!r}")
+        line = lines[node.start_mark.line]
+        indent = line[:len(line) - len(line.lstrip(" "))]
+        above.setdefault(node.start_mark.line, []).append(f"{indent}# {note}\n")
+    return "".join("".join(above.get(i, [])) + line for i, line in enumerate(lines))
 
 
 HEADER = ("# Generated by distrl.gke.manifests from GkeSettings(project_id='my-project-id', ...).\n"

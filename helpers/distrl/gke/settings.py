@@ -19,6 +19,12 @@ from distrl import __version__
 # The checkout that holds the Dockerfile (the package is installed editable from it).
 REPO_ROOT = Path(__file__).resolve().parents[3]
 RAY_VERSION = "2.60.0"  # tests check it against requirements.lock, the Dockerfile and k8s/
+# The Python of the image every pod runs: the Ray image's -py311 tag (Dockerfile), checked there
+# when the image is built and by `distrl train` in the pods (DISTRL_IMAGE_PYTHON). The reader's
+# own Python may differ: Ray's Jobs API, which notebook 04 submits through, runs the driver in
+# the pod (docs.ray.io/en/latest/cluster/running-applications/job-submission).
+IMAGE_PYTHON = "3.11"
+IMAGE_PYTHON_ENV = "DISTRL_IMAGE_PYTHON"
 GPU_TYPES = ("nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-p4", "none")
 MODES = ("standard", "autopilot")
 APIS = ("container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",

@@ -78,9 +78,9 @@ class Limits:
     """What bounds a long-running collector's memory and the cost of each read; printed at
     start. Memory stays under memory_bound_bytes() above the baseline of the collector and its
     reader processes: for each Export in flight on either receiver about 8 times its size
-    (wire bytes, the parsed message, the rows; measured with
-    benchmarks/collector_under_load.py), max_read_bytes for each read, and the caches
-    (tests/test_collector.py measures both)."""
+    (wire bytes, the parsed message, the rows; `python benchmarks/collector_under_load.py`
+    measures it), max_read_bytes for each read, and the caches (tests/test_collector.py
+    measures both)."""
 
     # Each docstring is also the help of the field's `distrl collector` option.
     # 4 MiB: gRPC's and the OpenTelemetry Collector's default; an SDK export is kilobytes.
@@ -123,8 +123,8 @@ class Limits:
 
     def memory_bound_bytes(self) -> int:
         # Exports: about 8 times the message for each one stored at once, on either receiver
-        # (measured with benchmarks/collector_under_load.py); a gRPC thread still receiving or
-        # refusing one holds one message. Reads: what each may hold. Then the caches.
+        # (`python benchmarks/collector_under_load.py` measures it); a gRPC thread still
+        # receiving or refusing one holds one message. Reads: what each may hold. Then the caches.
         receiving = self.max_queries + RECEIVING_CALLS
         return ((2 * self.max_exports * 8 + receiving) * self.max_message_bytes
                 + self.max_queries * self.max_read_bytes + self.cache_bytes
@@ -1455,8 +1455,8 @@ def main(argv: list[str] | None = None) -> int:
     add_limit_options(parser)
     args = parser.parse_args(argv)
     # Reads are Python work holding the interpreter lock; a shorter switch interval than the
-    # default 5 ms hands it to the writer and the export threads sooner (export p99 under
-    # query load: benchmarks/collector_under_load.py).
+    # default 5 ms hands it to the writer and the export threads sooner.
+    # `python benchmarks/collector_under_load.py` measures export p99 under query load.
     sys.setswitchinterval(0.001)
     # Handlers first: whoever reads the "listening" line may send SIGTERM at once.
     stopped = threading.Event()

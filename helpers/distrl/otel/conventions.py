@@ -175,7 +175,8 @@ class Telemetry:
 
         Metrics and spans flush side by side. Where every endpoint is on this machine and
         refuses connections, nothing listens: the flush gets one attempt, not the exporter's
-        retries (1 s, 2 s, ... within export_timeout_s, 5 s of every process's stop before).
+        retries (1 s, 2 s, ... within export_timeout_s), which would hold every process's stop
+        for the whole timeout_s.
         Whatever is still exporting when the time is up is stopped, so no thread retries on
         in a process that lives on (a notebook's kernel)."""
         if not self.enabled:

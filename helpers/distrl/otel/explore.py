@@ -337,7 +337,8 @@ def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
     """(step, value) of one scalar in a TensorBoard log directory, by step; [] without it.
 
     Read with TensorBoard's own reader on its TensorFlow-free stub: it would otherwise import
-    TensorFlow, about 5 s in a notebook's kernel, whose C++ start-up lines print to its stderr.
+    TensorFlow, a slow import in a notebook's kernel whose C++ start-up lines print to its
+    stderr (`python benchmarks/process_startup.py` times TensorFlow's import).
     The stub is taken when a `tensorboard.compat.notf` module imports (the marker of
     TensorBoard's own build without TensorFlow, tensorboard/compat/__init__.py); a process that
     has imported TensorFlow already keeps reading with it.

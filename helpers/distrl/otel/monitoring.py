@@ -120,9 +120,9 @@ def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float
     return float(bounds[-1])
 
 class _Enum:
-    """A protobuf enum with its values as plain attributes (Value and Name as before): each
-    attribute lookup on protobuf's enum wrapper costs about 1.6 µs, and reading a query's rows
-    made several a point (9% of a 120,000-point query's time)."""
+    """A protobuf enum with its values as plain attributes (Value and Name as before): an
+    attribute lookup on protobuf's enum wrapper is a slow call, and reading a query's rows
+    makes several a point (`python benchmarks/monitoring_query.py` measures the queries)."""
 
     def __init__(self, wrapper):
         self.__dict__.update(wrapper.items())
@@ -1243,9 +1243,9 @@ def answer(service: MetricService, method: str, request, context):
 
 # ---- answering in a reader process ----
 # Reads are Python work that holds the interpreter lock for seconds; in the collector's own
-# process they made every export wait for it (export p99 30x its value alone,
-# benchmarks/collector_under_load.py). The collector therefore answers reads in processes
+# process every export would wait for it. The collector therefore answers reads in processes
 # of their own, at a lower CPU priority, on read-only connections to the same file (WAL).
+# `python benchmarks/collector_under_load.py` measures export latency beside heavy reads.
 
 _READER: MetricService | None = None
 

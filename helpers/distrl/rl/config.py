@@ -16,7 +16,7 @@ from functools import cache
 
 @dataclass(frozen=True)
 class ApexConfig:
-    """Ape-X DQN settings. Defaults solve CartPole-v1 quickly on a 2-core laptop."""
+    """Ape-X DQN settings. Defaults are tuned for CartPole-v1 on a 2-core laptop."""
 
     # --- environment and seeding ---
     env_id: str = "CartPole-v1"
@@ -71,20 +71,16 @@ class ApexConfig:
     """how far (as a fraction of samples_per_insert) the live ratio may drift before one side waits"""
 
     # --- learner ---
-    # The four learner settings below were chosen with benchmarks/sweep.py, one setting changed
-    # at a time around the defaults, recorded round by round in
-    # benchmarks/results/sweep_cartpole.json. Round 8 re-ran them on this code, seeds 0-2:
-    #   python benchmarks/sweep.py --only batch_size learning_rate hidden_sizes batches_per_fetch \
-    #       --budget-s 60
-    # The defaults solved CartPole-v1 in a median 13.3 s (136k env steps, 8.2k updates), and no
-    # single change was faster (15.1-20.4 s).
+    # The four learner settings below were chosen with `python benchmarks/sweep.py`, one setting
+    # changed at a time around the defaults; no single change solved CartPole-v1 sooner. Each
+    # round is in benchmarks/results/sweep_cartpole.json, and benchmarks/results/config_tuning.md
+    # has the figures behind each default below.
     # 128: at the same samples per insert a smaller batch lets the actors insert less per update:
-    # fresher, less redundant data, and cheaper updates (rounds 4-6; round 8: 512 needed 225k env
-    # steps against 136k).
+    # fresher, less redundant data, and cheaper updates.
     batch_size: int = 128
     """transitions per learner update"""
-    # 4e-3: fewer updates to solve than 1e-3 and 2e-3 (round 3; round 8: 2e-3 needed 9.8k against
-    # 8.2k); 8e-3 was within the seed-to-seed spread (round 8).
+    # 4e-3: fewer updates to solve than 1e-3 and 2e-3; 8e-3 did no better beyond the seed-to-seed
+    # spread.
     learning_rate: float = 4e-3
     """Adam learning rate"""
     adam_epsilon: float = 1e-7
@@ -93,8 +89,8 @@ class ApexConfig:
     """gradients are clipped to this global norm"""
     target_update_period: int = 50
     """learner updates between copies of the online network into the target network"""
-    # (64, 64): the wider networks did not solve sooner (rounds 1-2; round 8: (256, 256) needed
-    # fewer env steps but more time, 20.4 s against 13.3 s), and this one is the cheapest.
+    # (64, 64): the wider networks did not solve sooner (a wider one may need fewer env steps, but
+    # each update costs more), and this one is the cheapest.
     hidden_sizes: tuple[int, ...] = (64, 64)
     """units of the fully connected hidden layers of the Q-network"""
     dueling: bool = True
@@ -103,8 +99,7 @@ class ApexConfig:
     """Huber loss threshold"""
     weight_publish_period: int = 25
     """learner updates between publications of a new weights version for the actors"""
-    # 8: one replay round trip and one XLA call per 8 updates; 4 and 16 solved no sooner (rounds 7
-    # and 8).
+    # 8: one replay round trip and one XLA call per 8 updates; 4 and 16 solved no sooner.
     batches_per_fetch: int = 8
     """batches the learner fetches from replay per request, and priority updates per reply"""
     num_gpus: float = 0.0
@@ -112,9 +107,8 @@ class ApexConfig:
     learner_cpus: float = 1.0
     """CPUs Ray reserves for the learner"""
     # True: XLA fuses the step's many small ops, at the cost of compiling before the first update
-    # (xla_cache keeps it for later starts). `python benchmarks/learner_throughput.py` (one core,
-    # batch 128, (64, 64), 8 batches a call) printed 2,945 updates/s against 1,627 without XLA,
-    # and a first call of 3.09 s against 0.35 s.
+    # (xla_cache keeps it for later starts). `python benchmarks/learner_throughput.py` measures
+    # both, the updates/s and the first call.
     jit_compile: bool = True
     """compile the train steps with XLA"""
     xla_cache: bool = True

@@ -79,8 +79,8 @@ def _quiet_native_stderr():
 
 
 # Keras probes for these when it is imported (pandas for its data adapters, matplotlib.pyplot
-# for its plotting helpers): about 1 s of CPU in a process that only trains, on the learner's
-# path to its first update (`python -X importtime -c "import tensorflow"`).
+# for its plotting helpers): CPU time in a process that only trains, on the learner's path to
+# its first update. `python -X importtime -c "import tensorflow"` measures it.
 KERAS_OPTIONAL = ("pandas", "matplotlib")
 
 
@@ -124,11 +124,10 @@ def _enable_xla_cache(directory: Path) -> Path | None:
 
     TensorFlow's persistent cache (the tf_xla_persistent_cache_directory flag,
     tensorflow/compiler/jit/flags.cc): a learner's first call then loads its compiled train
-    step, 0.4 s on one core here, instead of 1.4-3 s of compiling it
-    (`python benchmarks/learner_throughput.py`). XLA reads its flags at the first compile, so
-    this is set before one. A directory the user already gave XLA in TF_XLA_FLAGS is kept, and
-    left alone: None. Entries beyond XLA_CACHE_MAX_BYTES go, oldest first. OSError if the
-    directory cannot be made or read."""
+    step instead of compiling it again (`python benchmarks/learner_throughput.py` measures
+    both). XLA reads its flags at the first compile, so this is set before one. A directory
+    the user already gave XLA in TF_XLA_FLAGS is kept, and left alone: None. Entries beyond
+    XLA_CACHE_MAX_BYTES go, oldest first. OSError if the directory cannot be made or read."""
     flags = os.environ.get("TF_XLA_FLAGS", "")
     if "tf_xla_persistent_cache_directory" in flags:
         return None
@@ -211,8 +210,8 @@ class Learner:
         """The train steps, traced once for any number of batches of any size: calling the
         concrete function skips tf.function's per-call dispatch on its arguments. Without
         AutoGraph: the loop is an explicit tf.while_loop, so there is no Python source to
-        convert (a tenth of a second of the learner's start-up, and a generated file in the
-        temp folder that a killed learner never deletes)."""
+        convert (time on the learner's start-up, and a generated file in the temp folder that
+        a killed learner never deletes)."""
         import tensorflow as tf
 
         obs = tf.TensorSpec([None, None, self.spec.obs_size], tf.float32)
@@ -272,9 +271,10 @@ class Learner:
         """One gradient step per batch of a stack (PrioritizedReplay.sample_many), in order,
         exactly as that many update() calls (the target network follows the online one at the
         same steps), but in one call into the graph: for a network this small the per-call
-        cost (converting inputs, dispatch) is about as large as the step itself
-        (benchmarks/learner_throughput.py). Returns the losses (num_batches,), new |TD|
-        priorities (num_batches, batch_size) and diagnostics, one value per batch."""
+        cost (converting inputs, dispatch) is a large part of each step, paid once here
+        (`python benchmarks/learner_throughput.py` measures it). Returns the losses
+        (num_batches,), new |TD| priorities (num_batches, batch_size) and diagnostics, one
+        value per batch."""
         import tensorflow as tf
 
         t = stack.transitions
