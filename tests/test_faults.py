@@ -377,7 +377,7 @@ def test_resume_skips_a_checkpoint_cut_short_and_refuses_bad_ones_in_one_line(tm
     def no_ray(*args, **kwargs):
         raise AssertionError("Ray was started for a run that should have been refused")
 
-    for starts_ray in ("distrl.apex.init_local_ray", "distrl.apex.join_ray"):
+    for starts_ray in ("distrl.apex.driver.init_local_ray", "distrl.apex.driver.join_ray"):
         monkeypatch.setattr(starts_ray, no_ray)
     monkeypatch.setattr(ray, "init", no_ray)
     config = ApexConfig(env_id="CartPole-v1", hidden_sizes=(32, 32))

@@ -5,7 +5,7 @@ worker group (up to maxReplicas) and removes pods that stay idle; the Spot node 
 the pods. LocalAutoscaler does the same with `ray start` worker nodes of a LocalCluster, and it
 reads the same demand: the pending resource requests that Ray's GCS keeps for autoscalers
 (Ray's autoscaler v2 API). It also publishes its node group to Ray, as KubeRay's autoscaler v2
-does, so a driver can tell that nodes will come (distrl.apex.node_groups).
+does, so a driver can tell that nodes will come (distrl.ray_runtime.node_groups).
 
     group = NodeGroup.from_ray_cluster(manifests.ray_cluster(settings), cpus=1)
     with LocalCluster(num_workers=0, autoscale=group) as cluster:   # 0 actor nodes at first
