@@ -15,19 +15,20 @@ import time
 
 import psutil
 
+from distrl import ray_runtime
 from distrl.cluster import local as cluster
 
 
-def without_shortcuts() -> dict:
-    """The module's functions as they were before the shortcuts; returns what to put back."""
-    saved = {"_skip_monitor_grace": cluster._skip_monitor_grace,
-             "_until_ended": cluster._until_ended}
+def without_shortcuts() -> list[tuple[object, str, object]]:
+    """The functions as they were before the shortcuts; returns what to put back."""
+    saved = [(cluster, "_skip_monitor_grace", cluster._skip_monitor_grace),
+             (ray_runtime, "until_ended", ray_runtime.until_ended)]
 
     def wait_procs(procs, timeout_s):  # psutil's wait: a zombie still counts as running
         return psutil.wait_procs(procs, timeout=timeout_s)[1]
 
     cluster._skip_monitor_grace = lambda gcs, monitor, wait_s=0.0: None
-    cluster._until_ended = wait_procs
+    ray_runtime.until_ended = wait_procs
     return saved
 
 
@@ -58,8 +59,8 @@ def main() -> None:
         try:
             runs["without the shortcuts"].append(time_stop(args.workers))
         finally:
-            for name, function in saved.items():
-                setattr(cluster, name, function)
+            for module, name, function in saved:
+                setattr(module, name, function)
     for name, times in runs.items():
         print(f"stop(), {name:<22} {statistics.median(times):5.2f} s  "
               f"(runs: {', '.join(f'{t:.2f}' for t in times)})")

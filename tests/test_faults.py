@@ -147,7 +147,7 @@ def test_the_stop_sequence_waits_for_actors_that_ran_or_have_a_process_not_a_que
             self.stopped.wait(120)
             return {"pid": os.getpid(), "env_steps": 7, "transitions_sent": 7}
 
-        def stats(self, carrier):
+        def stats(self, trace_context=None):  # as the driver asks ActorWorker (a @traced method)
             return {"pid": os.getpid(), "env_steps": 3, "transitions_sent": 3}
 
         def stop(self):
@@ -595,8 +595,8 @@ def test_ray_dashboard_dying_at_start_up_is_a_note_not_an_error(tmp_path):
     that API is gone (here: made a no-op), Ray starts it, and here it aborts every time: the run
     goes on, says so once, and prints no ERROR line."""
     abort_dashboard = (
-        "import contextlib, os, sys, runpy, ray._private.services as s, distrl.cluster as c\n"
-        "c._dashboard_process_skipped = contextlib.nullcontext\n"
+        "import contextlib, os, sys, runpy, ray._private.services as s, distrl.ray_runtime as r\n"
+        "r._dashboard_process_skipped = contextlib.nullcontext\n"
         "start = s.start_ray_process\n"
         "def start_ray_process(command, process_type, *args, **kwargs):\n"
         "    if process_type == 'dashboard':\n"

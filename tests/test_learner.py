@@ -1,5 +1,6 @@
 """The Keras network against its numpy twin, and the learner's maths against numpy."""
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -7,7 +8,15 @@ import pytest
 
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
-from distrl.rl.network import NetworkSpec, build_keras_model, get_keras_weights, init_weights, numpy_q_values
+from distrl.rl.network import (
+    NATURE_TORSO,
+    SMALL_TORSO,
+    NetworkSpec,
+    build_keras_model,
+    get_keras_weights,
+    init_weights,
+    numpy_q_values,
+)
 from distrl.rl.replay import SampledBatch, Transitions
 
 configure_tensorflow(num_threads=1)
@@ -23,6 +32,52 @@ def test_numpy_forward_equals_keras(spec):
                                rtol=1e-5, atol=1e-5)
     for a, b in zip(get_keras_weights(model, spec), weights):
         np.testing.assert_array_equal(a, b)
+
+
+IMAGE_SPECS = [
+    # the Nature torso on a frame just large enough for its three kernels, strides included
+    NetworkSpec(36 * 36 * 4, 6, (32,), True, NATURE_TORSO, (36, 36, 4), 1 / 255),
+    NetworkSpec(10 * 10 * 4, 3, (16,), False, SMALL_TORSO, (10, 10, 4)),
+    NetworkSpec(9 * 7 * 2, 2, (8,), True, ((4, 3, 2), (3, 2, 1)), (9, 7, 2)),  # not square
+]
+
+
+@pytest.mark.parametrize("spec", IMAGE_SPECS)
+def test_numpy_forward_of_an_image_network_equals_keras(spec):
+    weights = init_weights(spec, seed=3)
+    model = build_keras_model(spec, weights)
+    rng = np.random.default_rng(0)
+    obs = rng.integers(0, 256 if spec.input_scale != 1 else 2, (5, *spec.image_shape)).astype(np.uint8)
+    expected = model(obs.astype(np.float32)).numpy()
+    np.testing.assert_allclose(spec.q_values(weights, obs), expected, rtol=1e-4, atol=1e-5)
+    assert spec.q_values(weights, obs).dtype == np.float32
+    for a, b in zip(get_keras_weights(model, spec), weights, strict=True):
+        np.testing.assert_array_equal(a, b)
+    convs = sum(int(np.prod(k)) * out[0] * out[1] for _, k, _, out in spec.conv_shapes())
+    dense = sum(i * o for _, i, o in spec.layer_shapes())
+    assert spec.forward_flops(2) == 2 * 2 * (convs + dense)
+    assert model.count_params() == sum(int(np.prod(s)) for s in spec.weight_shapes())
+
+
+def test_the_nature_torso_on_84x84_frames_has_the_papers_shapes():
+    spec = NetworkSpec(84 * 84 * 4, 6, (512,), True, NATURE_TORSO, (84, 84, 4), 1 / 255)
+    assert [out for *_, out in spec.conv_shapes()] == [(20, 20, 32), (9, 9, 64), (7, 7, 64)]
+    assert spec.torso_size() == 3136
+    assert spec.q_values(init_weights(spec), np.zeros((2, 84, 84, 4), np.uint8)).shape == (2, 6)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"conv_layers": SMALL_TORSO}, "needs image observations"),
+    ({"image_shape": (10, 10, 4)}, "needs image observations"),
+    ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10)}, "image_shape=(10, 10) is invalid"),
+    ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10, 4), "obs_size": 100},
+     "image_shape=(10, 10, 4) is invalid: expected (height, width, channels) of obs_size=100"),
+    ({"conv_layers": NATURE_TORSO, "image_shape": (20, 20, 1)}, "does not fit the 20x20 image"),
+])
+def test_an_image_network_that_cannot_be_built_is_refused_naming_the_value(kwargs, message):
+    obs_size = kwargs.pop("obs_size", int(np.prod(kwargs.get("image_shape", (10, 10, 4)))))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        NetworkSpec(obs_size, 3, (16,), True, **kwargs)
 
 
 def test_weights_of_the_wrong_shape_are_refused():

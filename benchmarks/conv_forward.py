@@ -1,0 +1,113 @@
+"""The convolutional Q-network's forward pass on the actors' side: three numpy ways against
+Keras, for the Nature torso on 84x84x4 frames and the small torso on 10x10x4 grids.
+
+    python benchmarks/conv_forward.py [--batch 1 16] [--seconds 2] [--smoke]
+
+im2col: the windows copied into one matrix, then one product (distrl.rl.network.conv2d_relu,
+chosen on this benchmark); offsets: one matrix product per kernel offset over a strided view
+of the input, no copy; einsum: numpy's einsum over the window view. Keras: the learner's model
+called eagerly on the same batch, on one thread, as an actor would call it. Each prints ms per
+batch and its time over im2col's; the three numpy ways must agree with Keras.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from distrl.rl.network import (
+    NATURE_TORSO,
+    SMALL_TORSO,
+    NetworkSpec,
+    conv2d_relu,
+    init_weights,
+    numpy_q_values,
+)
+
+
+def conv_offsets(x, kernel, bias, stride):
+    k, _, _, filters = kernel.shape
+    batch, height, width, _ = x.shape
+    out_h, out_w = (height - k) // stride + 1, (width - k) // stride + 1
+    out = np.empty((batch, out_h, out_w, filters), dtype=np.float32)
+    out[...] = bias
+    for i in range(k):
+        rows = x[:, i:i + stride * (out_h - 1) + 1:stride]
+        for j in range(k):
+            out += rows[:, :, j:j + stride * (out_w - 1) + 1:stride] @ kernel[i, j]
+    return np.maximum(out, 0.0, out=out)
+
+
+def conv_einsum(x, kernel, bias, stride):
+    k = kernel.shape[0]
+    windows = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
+    out = np.einsum("bhwcij,ijcf->bhwf", windows, kernel, optimize=True) + bias
+    return np.maximum(out, 0.0, out=out)
+
+
+WAYS = {"im2col": conv2d_relu, "offsets": conv_offsets, "einsum": conv_einsum}
+
+
+def q_values(conv, spec, weights, obs):
+    h = np.asarray(obs, np.float32) * np.float32(spec.input_scale)
+    for i, (_, _, stride, _) in enumerate(spec.conv_shapes()):
+        h = conv(h, weights[2 * i], weights[2 * i + 1], stride)
+    rest = weights[2 * len(spec.conv_layers):]
+    return numpy_q_values(rest, h.reshape(len(h), -1), spec.dueling)
+
+
+def per_call_ms(fn, seconds: float) -> float:
+    fn()  # warm up
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds or calls < 3:
+        fn()
+        calls += 1
+    return (time.perf_counter() - start) / calls * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--seconds", type=float, default=2.0)
+    parser.add_argument("--smoke", action="store_true",
+                        help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
+    args = parser.parse_args()
+    if args.smoke:
+        args.batch, args.seconds = [2], 0.05
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    from distrl.rl.network import build_keras_model
+
+    torsos = {"nature 84x84x4": (NATURE_TORSO, (84, 84, 4), (512,), 6),
+              "small 10x10x4": (SMALL_TORSO, (10, 10, 4), (128,), 3)}
+    rng = np.random.default_rng(0)
+    print(f"{'torso':<16}{'batch':>6}  " + "".join(f"{w + ' ms':>14}" for w in [*WAYS, "keras"]))
+    for name, (conv_layers, image, hidden, actions) in torsos.items():
+        spec = NetworkSpec(int(np.prod(image)), actions, hidden, True, conv_layers, image, 1 / 255)
+        weights = init_weights(spec, 0)
+        model = build_keras_model(spec, weights)
+        for batch in args.batch:
+            obs = rng.integers(0, 256, (batch, *image), dtype=np.uint8)
+            reference = model(obs.astype(np.float32), training=False).numpy()
+            times = {}
+            for way, conv in WAYS.items():
+                np.testing.assert_allclose(q_values(conv, spec, weights, obs), reference,
+                                           rtol=1e-3, atol=1e-4)
+                times[way] = per_call_ms(
+                    lambda c=conv, s=spec, w=weights, o=obs: q_values(c, s, w, o), args.seconds)
+            as_float = obs.astype(np.float32)
+            times["keras"] = per_call_ms(
+                lambda m=model, o=as_float: m(o, training=False), args.seconds)
+            base = times["im2col"]
+            print(f"{name:<16}{batch:>6}  " + "".join(
+                f"{t:>8.2f} {t / base:>4.1f}x" for t in times.values()))
+
+
+if __name__ == "__main__":
+    main()
