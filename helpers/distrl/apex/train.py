@@ -109,7 +109,7 @@ def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
             config = resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
         else:
             config = ApexConfig(**args)
-        from distrl.apex.driver import ApeX
+        from distrl.apex.driver import ApeX  # Ray and gymnasium load once the options are valid
 
         apex = ApeX(config)
     except (ValueError, FileNotFoundError) as err:
