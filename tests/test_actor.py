@@ -2,6 +2,7 @@
 
 import time
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -12,10 +13,11 @@ from distrl.rl.actor import (
     env_spec,
     evaluate_greedy,
     initial_priorities,
+    network_for,
     slot_epsilons,
 )
 from distrl.rl.config import ApexConfig, epsilons
-from distrl.rl.network import NetworkSpec, init_weights, numpy_q_values
+from distrl.rl.network import SMALL_TORSO, NetworkSpec, init_weights, numpy_q_values
 
 
 def push_episode(folder, rewards, end):
@@ -150,6 +152,54 @@ def test_env_spec_accepts_box_discrete_and_refuses_the_rest():
         env_spec("FrozenLake-v1")
 
 
+class _Observing(gym.Env):
+    """A one-step environment whose observation space is whatever the test registers."""
+
+    def __init__(self, space):
+        self.observation_space, self.action_space = space, gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return self.observation_space.sample(), {}
+
+    def step(self, action):
+        return self.observation_space.sample(), 0.0, True, False, {}
+
+
+@pytest.mark.parametrize("name, space", [
+    ("Dict", gym.spaces.Dict({"position": gym.spaces.Box(-1, 1, (2,))})),
+    ("Text", gym.spaces.Text(8)),
+    ("Rank2", gym.spaces.Box(0, 1, (5, 5))),
+    ("Rank4", gym.spaces.Box(0, 255, (2, 8, 8, 3), np.uint8)),
+])
+def test_observations_the_network_cannot_take_are_refused_naming_the_space(name, space):
+    env_id = f"distrl-test/{name}Obs-v0"
+    if env_id not in gym.registry:
+        gym.register(env_id, entry_point=_Observing, kwargs={"space": space})
+    with pytest.raises(ValueError) as refused:
+        env_spec(env_id)
+    message = str(refused.value)
+    assert f"env_id={env_id!r} has observation space {space}" in message
+    assert "a Box of rank 1 (a vector" in message and "rank 3 (an image" in message
+    # Blackjack's observation is a Tuple: a real environment refused the same way.
+    with pytest.raises(ValueError, match=r"'Blackjack-v1' has observation space Tuple"):
+        env_spec("Blackjack-v1")
+
+
+def test_image_observations_get_a_convolutional_network():
+    """MinAtar's 10x10 grids: the small torso (auto), its bool pixels unscaled; the dense layers
+    as configured; CartPole's vectors: dense layers only."""
+    assert env_spec("MinAtar/Breakout-v1") == ((10, 10, 4), 3)
+    spec = network_for(ApexConfig(env_id="MinAtar/Breakout-v1", hidden_sizes=(128,)))
+    assert spec.conv_layers == SMALL_TORSO and spec.image_shape == (10, 10, 4)
+    assert spec.input_scale == 1.0 and spec.hidden_sizes == (128,) and spec.num_actions == 3
+    with pytest.raises(ValueError, match="conv_1's 4x4 kernel does not fit its 1x1 input.*on a 10x10 image"):
+        network_for(ApexConfig(env_id="MinAtar/Breakout-v1", torso="nature"))
+    assert network_for(ApexConfig()).conv_layers == ()
+    with pytest.raises(ValueError, match="torso='big' is invalid: expected auto, small or nature"):
+        ApexConfig(torso="big")
+
+
 def test_single_envs_reset_in_the_same_step_and_keep_the_final_obs():
     envs = EnvBatch("CartPole-v1", 3, vectorised=False)
     envs.reset(seeds=[0, 1, 2])
@@ -228,7 +278,7 @@ def test_actor_priorities_equal_a_fresh_computation():
     actor = Actor(config, 1, init_weights(spec, 1))
     for _ in range(5):
         block = actor.collect(7)
-        np.testing.assert_allclose(block.priority, initial_priorities(actor.weights, block, True),
+        np.testing.assert_allclose(block.priority, initial_priorities(actor.spec, actor.weights, block),
                                    rtol=1e-5, atol=1e-6)
     assert 0 < actor.env_steps <= 5 * 7 * 8
     assert np.all(block.discount <= config.gamma ** 1 + 1e-6)
@@ -236,7 +286,7 @@ def test_actor_priorities_equal_a_fresh_computation():
 
 def test_greedy_evaluation_runs_every_episode_to_its_end():
     spec = NetworkSpec(4, 2)
-    returns, lengths = evaluate_greedy("CartPole-v1", init_weights(spec, 0), 4, seed=0)
+    returns, lengths = evaluate_greedy("CartPole-v1", init_weights(spec, 0), 4, seed=0, spec=spec)
     assert returns.shape == (4,) and np.all(returns == lengths) and np.all(lengths >= 8)
     q = numpy_q_values(init_weights(spec, 0), np.zeros((1, 4)))
     assert q.shape == (1, 2)

@@ -116,6 +116,22 @@ def test_acrobot_short_run_improves_on_random(local_ray, tmp_path):
     assert result.best_eval_return >= -250
 
 
+def test_minatar_breakout_trains_through_the_convolutional_network(local_ray, tmp_path):
+    """Image observations end to end: MinAtar's 10x10x4 grids through actors (numpy
+    convolutions), replay and the learner (Keras Conv2D), and the greedy evaluator."""
+    config = ApexConfig(env_id="MinAtar/Breakout-v1", hidden_sizes=(128,), num_actors=1,
+                        envs_per_actor=8, min_replay_size=500, max_env_steps=4000,
+                        max_seconds=120, eval_episodes=2, output_dir=str(tmp_path),
+                        progress=False)
+    result = ApeX(config).train()
+    assert result.stop_reason == "max_env_steps", (result.stop_reason, result.stop_detail)
+    assert result.learner_updates > 0 and result.evals, result.evals
+    shapes = [tuple(np.shape(w)) for w in result.weights]
+    assert shapes[:2] == [(3, 3, 4, 16), (16,)]  # the small torso's kernel and bias
+    assert shapes[2] == (8 * 8 * 16, 128)  # its 8x8x16 output into the dense layer
+    assert result.replay_check["ok"], result.replay_check
+
+
 def test_command_line_run_with_no_collector_stops_at_its_budget(local_ray, tmp_path, capsys):
     """The command line with telemetry on and nothing listening at its endpoint: every
     process's exports fail, and the run still trains to its budget."""

@@ -336,12 +336,11 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
 
 def _saved_checkpoint(directory, updates: int, config: ApexConfig) -> str:
     """A checkpoint as a learner writes it (its optimizer left out: no learner reads it here)."""
-    from distrl.apex.driver import network_spec
-    from distrl.rl.actor import env_spec
+    from distrl.rl.actor import network_for
     from distrl.rl.learner import write_checkpoint
     from distrl.rl.network import init_weights
 
-    weights = init_weights(network_spec(config, *env_spec(config.env_id)), config.seed)
+    weights = init_weights(network_for(config), config.seed)
     arrays = {f"{net}_{i}": w for net in ("online", "target") for i, w in enumerate(weights)}
     return write_checkpoint(directory, ({"updates": updates, "config": config.to_dict()}, arrays),
                             keep=10)

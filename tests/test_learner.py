@@ -72,7 +72,8 @@ def test_the_nature_torso_on_84x84_frames_has_the_papers_shapes():
     ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10)}, "image_shape=(10, 10) is invalid"),
     ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10, 4), "obs_size": 100},
      "image_shape=(10, 10, 4) is invalid: expected (height, width, channels) of obs_size=100"),
-    ({"conv_layers": NATURE_TORSO, "image_shape": (20, 20, 1)}, "does not fit the 20x20 image"),
+    ({"conv_layers": NATURE_TORSO, "image_shape": (20, 20, 1)},
+     "conv_2's 3x3 kernel does not fit its 1x1 input"),
 ])
 def test_an_image_network_that_cannot_be_built_is_refused_naming_the_value(kwargs, message):
     obs_size = kwargs.pop("obs_size", int(np.prod(kwargs.get("image_shape", (10, 10, 4)))))

@@ -64,7 +64,7 @@ from distrl.ray_runtime import (
     process_age_s,
     shutdown_ray,
 )
-from distrl.rl.actor import env_spec, slot_epsilons
+from distrl.rl.actor import env_spec, network_for, slot_epsilons
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import check_checkpoint_network, find_resume
 from distrl.rl.network import NetworkSpec, init_weights
@@ -162,13 +162,6 @@ class Topology:
         self.evaluator.set_learner.remote(self.learner)
 
 
-def network_spec(config: ApexConfig, obs_shape: tuple, num_actions: int) -> NetworkSpec:
-    """The Q-network of this config for an environment's observation shape and action count:
-    the learner's, and the one each actor's first life initialises itself (init_weights is
-    seeded, so they start from the same weights)."""
-    return NetworkSpec(int(np.prod(obs_shape)), num_actions, config.hidden_sizes, config.dueling)
-
-
 def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape, weights,
                     output_dir: str, checkpoint_dir: str, resume_path: str | None) -> Topology:
     """Who runs where. Replay, learner and evaluator (created once the learner runs:
@@ -235,7 +228,7 @@ class ApeX:
         self.config = config
         # Refuse an unusable environment before any process starts.
         self.obs_shape, self.num_actions = env_spec(config.env_id)
-        self.spec = network_spec(config, self.obs_shape, self.num_actions)
+        self.spec = network_for(config)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
         _check_output_dir(self.output_dir)

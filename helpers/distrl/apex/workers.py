@@ -28,7 +28,7 @@ from distrl.apex.process_telemetry import (
     traced,
 )
 from distrl.otel import conventions as otel
-from distrl.rl.actor import Actor, evaluate_greedy
+from distrl.rl.actor import Actor, evaluate_greedy, network_for
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import Learner, configure_tensorflow, write_checkpoint
 from distrl.rl.network import NetworkSpec, init_weights
@@ -449,6 +449,7 @@ class EvaluatorWorker:
 
     def __init__(self, config: ApexConfig):
         self.config = config
+        self.spec = network_for(config)
         self.count = 0
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "evaluator"))
@@ -463,7 +464,7 @@ class EvaluatorWorker:
         seed = self.config.seed + 10_000 * (self.count + 1)
         self.count += 1
         returns, lengths = evaluate_greedy(self.config.env_id, weights,
-                                           self.config.eval_episodes, seed, self.config.dueling)
+                                           self.config.eval_episodes, seed, self.spec)
         self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
         self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
                         self.tel.attrs)

@@ -10,6 +10,7 @@ An actor never imports TensorFlow: it acts with a numpy forward pass of the lear
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import threading
 import time
@@ -18,7 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from distrl.rl.config import ApexConfig, epsilons
-from distrl.rl.network import numpy_q_values
+from distrl.rl.network import NATURE_TORSO, SMALL_TORSO, NetworkSpec
 from distrl.rl.replay import Transitions
 
 # gym.make imports an env's module on its first use. Two threads importing a package and one
@@ -28,11 +29,19 @@ from distrl.rl.replay import Transitions
 _FIRST_MAKE = threading.Lock()
 
 
-def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
-    """(observation shape, number of actions) of a gymnasium env, or a ValueError saying why not.
+def register_env(env_id: str) -> None:
+    """Registers the environments that gymnasium finds only once asked: MinAtar's
+    (`minatar.gym.register_envs`; gymnasium 1.x runs no plugin entry point that would)."""
+    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+        from minatar.gym import register_envs
 
-    Ape-X DQN needs a Box observation space and a Discrete action space.
-    """
+        register_envs()
+
+
+@functools.cache
+def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
+    """The observation and action spaces of env_id, from one env made per process and id."""
+    register_env(env_id)
     if env_id not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -41,16 +50,46 @@ def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
     with _FIRST_MAKE:
         env = gym.make(env_id)
     try:
-        obs_space, act_space = env.observation_space, env.action_space
+        return env.observation_space, env.action_space
     finally:
         env.close()
+
+
+ACCEPTED_OBSERVATIONS = ("a Box of rank 1 (a vector: the dense layers) or rank 3 (an image, "
+                         "height x width x channels: convolutions first)")
+
+
+def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
+    """(observation shape, number of actions) of a gymnasium env, or a ValueError saying why not.
+
+    Ape-X DQN needs a Discrete action space, and observations the Q-network takes: a vector, or
+    an image (height, width, channels).
+    """
+    obs_space, act_space = _spaces(env_id)
     if not isinstance(act_space, gym.spaces.Discrete):
         raise ValueError(f"env_id={env_id!r} has action space {act_space}; DQN needs a Discrete "
                          "action space (e.g. CartPole-v1, Acrobot-v1, LunarLander-v3)")
-    if not isinstance(obs_space, gym.spaces.Box):
-        raise ValueError(f"env_id={env_id!r} has observation space {obs_space}; this Ape-X "
-                         "needs a Box observation space")
+    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+        raise ValueError(f"env_id={env_id!r} has observation space {obs_space}; the Q-network "
+                         f"takes {ACCEPTED_OBSERVATIONS}")
     return tuple(obs_space.shape), int(act_space.n)
+
+
+def network_for(config: ApexConfig) -> NetworkSpec:
+    """The Q-network of config for its environment: dense layers for vector observations, a
+    convolutional torso first for images (config.torso), whose uint8 pixels are scaled to
+    [0, 1]. The learner's, and the one each actor's first life initialises itself (init_weights
+    is seeded, so they start from the same weights)."""
+    obs_shape, num_actions = env_spec(config.env_id)
+    size = int(np.prod(obs_shape))
+    if len(obs_shape) == 1:
+        return NetworkSpec(size, num_actions, config.hidden_sizes, config.dueling)
+    torso = config.torso
+    if torso == "auto":
+        torso = "small" if min(obs_shape[:2]) < 36 else "nature"
+    scale = 1 / 255 if _spaces(config.env_id)[0].dtype == np.uint8 else 1.0
+    return NetworkSpec(size, num_actions, config.hidden_sizes, config.dueling,
+                       SMALL_TORSO if torso == "small" else NATURE_TORSO, obs_shape, scale)
 
 
 def slot_epsilons(config: ApexConfig, actor_index: int) -> np.ndarray:
@@ -182,12 +221,12 @@ def _empty_transitions(obs_shape: tuple[int, ...]) -> Transitions:
                        priority=np.zeros(0, np.float32))
 
 
-def initial_priorities(weights, block: Transitions, dueling: bool) -> np.ndarray:
+def initial_priorities(spec: NetworkSpec, weights, block: Transitions) -> np.ndarray:
     """|R + discount * max_a Q(s', a) - Q(s, a)| with the actor's own copy of the network."""
     if len(block) == 0:
         return np.zeros(0, np.float32)
-    q = numpy_q_values(weights, block.obs, dueling)
-    q_next = numpy_q_values(weights, block.next_obs, dueling)
+    q = spec.q_values(weights, block.obs)
+    q_next = spec.q_values(weights, block.next_obs)
     target = block.reward + block.discount * q_next.max(axis=1)
     return np.abs(target - q[np.arange(len(block)), block.action]).astype(np.float32)
 
@@ -212,6 +251,7 @@ class EnvBatch:
     def __init__(self, env_id: str, num_envs: int, vectorised: bool | None = None):
         """vectorised: None uses gymnasium's vectorised env where there is one; False never."""
         self.num_envs = num_envs
+        register_env(env_id)
         self.vector = _vector_env(env_id, num_envs) if vectorised is not False else None
         if vectorised and self.vector is None:
             raise ValueError(f"vectorised=True: gymnasium has no vectorised {env_id} "
@@ -302,7 +342,7 @@ class Actor:
         self.config = config
         self.index = actor_index
         self.obs_shape, self.num_actions = env_spec(config.env_id)
-        self.dueling = config.dueling
+        self.spec = network_for(config)
         self.epsilons = slot_epsilons(config, actor_index)
         k = config.envs_per_actor
         seeds = np.random.SeedSequence([config.seed, actor_index]).generate_state(k + 1)
@@ -322,7 +362,7 @@ class Actor:
         self.weights, self.weights_version = weights, version
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        return numpy_q_values(self.weights, obs, self.dueling)
+        return self.spec.q_values(self.weights, obs)
 
     def act(self, q_values: np.ndarray) -> np.ndarray:
         """Epsilon-greedy actions from Q-values, one epsilon per slot."""
@@ -375,8 +415,9 @@ class Actor:
 
 
 def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed: int,
-                    dueling: bool = True) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` greedy (epsilon = 0) episodes, stepped together."""
+                    spec: NetworkSpec) -> tuple[np.ndarray, np.ndarray]:
+    """Returns and lengths of `episodes` greedy (epsilon = 0) episodes of the network spec with
+    these weights, stepped together."""
     envs = EnvBatch(env_id, episodes)
     try:
         obs = envs.reset(seeds=[seed + i for i in range(episodes)])
@@ -384,7 +425,7 @@ def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed:
         lengths = np.zeros(episodes, dtype=np.int64)
         running = np.ones(episodes, dtype=bool)
         while running.any():  # a slot that has ended starts again; only its first episode counts
-            actions = numpy_q_values(weights, obs, dueling).argmax(axis=1)
+            actions = spec.q_values(weights, obs).argmax(axis=1)
             obs, reward, terminated, truncated, _, _ = envs.step(actions)
             returns += np.where(running, reward, 0.0)
             lengths += running
@@ -394,18 +435,20 @@ def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed:
         envs.close()
 
 
-def record_greedy_episode(env_id: str, weights: list[np.ndarray], seed: int = 0,
-                          dueling: bool = True, max_frames: int = 1000) -> tuple[list, float]:
-    """RGB frames of one greedy episode (for an animation) and its return."""
+def record_greedy_episode(env_id: str, weights: list[np.ndarray], spec: NetworkSpec, seed: int = 0,
+                          max_frames: int = 1000) -> tuple[list, float]:
+    """RGB frames of one greedy episode of the network spec with these weights (for an
+    animation) and its return."""
     # Off-screen rendering: pygame needs neither a display nor a sound card for rgb_array.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+    register_env(env_id)
     env = gym.make(env_id, render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=seed)
         frames, total = [env.render()], 0.0
         for _ in range(max_frames):
-            q = numpy_q_values(weights, np.asarray(obs, np.float32)[None], dueling)
+            q = spec.q_values(weights, np.asarray(obs, np.float32)[None])
             obs, reward, terminated, truncated, _ = env.step(int(q.argmax()))
             total += float(reward)
             frames.append(env.render())
@@ -417,4 +460,5 @@ def record_greedy_episode(env_id: str, weights: list[np.ndarray], seed: int = 0,
 
 
 __all__ = ["Actor", "EnvBatch", "NStepFolder", "env_spec", "evaluate_greedy",
-           "initial_priorities", "record_greedy_episode", "slot_epsilons"]
+           "initial_priorities", "network_for", "record_greedy_episode", "register_env",
+           "slot_epsilons"]

@@ -95,6 +95,10 @@ class ApexConfig:
     """units of the fully connected hidden layers of the Q-network"""
     dueling: bool = True
     """dueling head: Q = V + A - mean(A)"""
+    torso: str = "auto"
+    """image observations: convolutions before the hidden layers, "small" (one 3x3, for grids
+    such as MinAtar's 10x10), "nature" (the Nature DQN's three, for 84x84 frames) or "auto"
+    (small below 36 pixels a side, else nature)"""
     huber_delta: float = 1.0
     """Huber loss threshold"""
     weight_publish_period: int = 25
@@ -255,6 +259,7 @@ def _validate(c: ApexConfig) -> None:
            c.autoscaling, "None (detect), True or False")
     _check(len(c.hidden_sizes) >= 1 and all(_is_int(h) and h >= 1 for h in c.hidden_sizes),
            "hidden_sizes", c.hidden_sizes, "one or more integers >= 1, e.g. (128, 128)")
+    _check(c.torso in ("auto", "small", "nature"), "torso", c.torso, "auto, small or nature")
     _check(c.target_return is None or _is_num(c.target_return), "target_return",
            c.target_return, "None or a finite number")
     for name in ["max_env_steps", "max_learner_updates"]:

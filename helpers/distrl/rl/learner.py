@@ -192,6 +192,7 @@ class Learner:
         import keras
 
         self.config, self.spec = config, spec
+        self._obs_shape = spec.image_shape or (spec.obs_size,)  # what the network takes
         self.online = build_keras_model(spec, weights)
         self.target = build_keras_model(spec, weights)
         self.optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate,
@@ -199,7 +200,7 @@ class Learner:
         self.optimizer.build(self.online.trainable_variables)
         self.updates = 0
         # The target network's variables, paired with the online network's by layer name.
-        self._pairs = [(t, o) for name, _, _ in spec.layer_shapes()
+        self._pairs = [(t, o) for name in spec.layer_names()
                        for t, o in zip(self.target.get_layer(name).weights,
                                        self.online.get_layer(name).weights)]
         self._train_steps = self._trace()
@@ -214,7 +215,7 @@ class Learner:
         a killed learner never deletes)."""
         import tensorflow as tf
 
-        obs = tf.TensorSpec([None, None, self.spec.obs_size], tf.float32)
+        obs = tf.TensorSpec([None, None, *self._obs_shape], tf.float32)
         column = tf.TensorSpec([None, None], tf.float32)
         return tf.function(self._steps, jit_compile=self.config.jit_compile,
                            autograph=False).get_concrete_function(
@@ -282,10 +283,10 @@ class Learner:
         period = self.config.target_update_period
         copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
         inputs = [tf.constant(a) for a in (
-            t.obs.reshape(num, size, -1).astype(np.float32, copy=False),
+            t.obs.reshape(num, size, *self._obs_shape).astype(np.float32, copy=False),
             t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),
             t.discount.astype(np.float32, copy=False),
-            t.next_obs.reshape(num, size, -1).astype(np.float32, copy=False),
+            t.next_obs.reshape(num, size, *self._obs_shape).astype(np.float32, copy=False),
             stack.weights.astype(np.float32, copy=False), np.array(copy_target))]
         # A shape not run yet: XLA compiles the step for it, or loads it from the cache.
         new_shape = (num, size) not in self._shapes_run
@@ -348,7 +349,7 @@ class Learner:
         """Weights, target network, optimizer state and counters from a checkpoint; returns
         its metadata (updates, config and whatever extra the writer added)."""
         meta, arrays = read_checkpoint(path)
-        count = len(self.spec.layer_shapes()) * 2
+        count = len(self.spec.weight_shapes())
         set_keras_weights(self.online, self.spec, [arrays[f"online_{i}"] for i in range(count)])
         set_keras_weights(self.target, self.spec, [arrays[f"target_{i}"] for i in range(count)])
         for i, var in enumerate(self.optimizer.variables):
@@ -471,14 +472,14 @@ def resolve_resume(resume: str, checkpoint_dir: str) -> str:
 def check_checkpoint_network(arrays: dict, spec, path: str) -> None:
     """The checkpoint's online network has the layers spec builds, or a CheckpointError that
     names both (before any process starts)."""
-    want = [shape for _, n_in, n_out in spec.layer_shapes() for shape in ((n_in, n_out),
-                                                                         (n_out,))]
+    want = spec.weight_shapes()
     got = [tuple(arrays[f"online_{i}"].shape) for i in range(len(arrays))
            if f"online_{i}" in arrays]
     if got != want:
         raise CheckpointError(
             f"checkpoint {path} holds a network of weight shapes {got}, and this config builds "
-            f"{want} (obs size {spec.obs_size}, hidden_sizes {list(spec.hidden_sizes)}, "
+            f"{want} (obs shape {spec.image_shape or (spec.obs_size,)}, conv layers "
+            f"{list(spec.conv_layers)}, hidden_sizes {list(spec.hidden_sizes)}, "
             f"{spec.num_actions} actions, dueling={spec.dueling}): resume it with the "
             "settings it was written with (its .json has them), or start a new run")
 

@@ -50,11 +50,14 @@ class NetworkSpec:
             if len(self.image_shape) != 3 or int(np.prod(self.image_shape)) != self.obs_size:
                 raise ValueError(f"image_shape={self.image_shape!r} is invalid: expected "
                                  f"(height, width, channels) of obs_size={self.obs_size} values")
+            size = self.image_shape[:2]
             for name, (_, kernel, _, _), _, out in self.conv_shapes():
                 if out[0] < 1 or out[1] < 1:
-                    raise ValueError(f"{name}'s {kernel}x{kernel} kernel does not fit the "
-                                     f"{self.image_shape[0]}x{self.image_shape[1]} image "
-                                     f"(conv_layers={self.conv_layers!r})")
+                    raise ValueError(f"{name}'s {kernel}x{kernel} kernel does not fit its "
+                                     f"{size[0]}x{size[1]} input (conv_layers="
+                                     f"{self.conv_layers!r} on a {self.image_shape[0]}x"
+                                     f"{self.image_shape[1]} image)")
+                size = out[:2]
 
     def conv_shapes(self) -> list[tuple[str, tuple[int, int, int, int], int, tuple[int, int, int]]]:
         """(name, kernel shape, stride, output shape) for every convolution, in order."""
@@ -89,6 +92,10 @@ class NetworkSpec:
         """Multiply-adds x 2 of one forward pass (the dueling combine is negligible)."""
         conv = sum(int(np.prod(kernel)) * out[0] * out[1] for _, kernel, _, out in self.conv_shapes())
         return 2 * batch_size * (conv + sum(i * o for _, i, o in self.layer_shapes()))
+
+    def layer_names(self) -> list[str]:
+        """Every layer with weights, convolutions first, in weight-list order (two arrays each)."""
+        return [c[0] for c in self.conv_shapes()] + [d[0] for d in self.layer_shapes()]
 
     def weight_shapes(self) -> list[tuple[int, ...]]:
         """The shape of every array of the weight list, in order."""
@@ -190,7 +197,7 @@ def build_keras_model(spec: NetworkSpec, weights: list[np.ndarray] | None = None
 def get_keras_weights(model, spec: NetworkSpec) -> list[np.ndarray]:
     """The model's weights in this module's layout (by layer name, not creation order)."""
     out = []
-    for name in [c[0] for c in spec.conv_shapes()] + [d[0] for d in spec.layer_shapes()]:
+    for name in spec.layer_names():
         kernel, bias = model.get_layer(name).get_weights()
         out += [np.asarray(kernel, np.float32), np.asarray(bias, np.float32)]
     return out
@@ -198,6 +205,5 @@ def get_keras_weights(model, spec: NetworkSpec) -> list[np.ndarray]:
 
 def set_keras_weights(model, spec: NetworkSpec, weights: list[np.ndarray]) -> None:
     check_weights(spec, weights)
-    names = [c[0] for c in spec.conv_shapes()] + [d[0] for d in spec.layer_shapes()]
-    for i, name in enumerate(names):
+    for i, name in enumerate(spec.layer_names()):
         model.get_layer(name).set_weights([weights[2 * i], weights[2 * i + 1]])
