@@ -16,9 +16,9 @@ import time
 
 import numpy as np
 
-from distrl.rl.actor import Actor, EnvBatch, env_spec
+from distrl.rl.actor import Actor, EnvBatch, env_spec, network_for
 from distrl.rl.config import ApexConfig
-from distrl.rl.network import NetworkSpec, init_weights
+from distrl.rl.network import init_weights
 
 
 def raw_rate(env_id: str, num_envs: int, seconds: float) -> float:
@@ -37,9 +37,7 @@ def raw_rate(env_id: str, num_envs: int, seconds: float) -> float:
 
 
 def actor_rate(config: ApexConfig, seconds: float) -> float:
-    obs_shape, n_actions = env_spec(config.env_id)
-    spec = NetworkSpec(int(np.prod(obs_shape)), n_actions, config.hidden_sizes, config.dueling)
-    actor = Actor(config, 0, init_weights(spec, 0))
+    actor = Actor(config, 0, init_weights(network_for(config), 0))
     actor.collect(config.actor_block_steps)  # warm up
     start_steps, start = actor.env_steps, time.perf_counter()
     transitions = 0
@@ -51,6 +49,8 @@ def actor_rate(config: ApexConfig, seconds: float) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="CartPole-v1")
+    parser.add_argument("--hidden-sizes", type=int, nargs="+", default=None,
+                        help="the dense layers (default: ApexConfig's); e.g. 128 for MinAtar")
     parser.add_argument("--envs-per-actor", type=int, nargs="+", default=[32, 64])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--smoke", action="store_true",
@@ -62,7 +62,8 @@ def main() -> None:
         os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[0]})  # one core for both
     for k in args.envs_per_actor:
         raw = raw_rate(args.env, k, args.seconds)
-        config = ApexConfig(env_id=args.env, num_actors=1, envs_per_actor=k)
+        config = ApexConfig(env_id=args.env, num_actors=1, envs_per_actor=k,
+                            **({"hidden_sizes": tuple(args.hidden_sizes)} if args.hidden_sizes else {}))
         rate = actor_rate(config, args.seconds)
         print(f"{args.env}, {k:>3} envs: raw random-action steps {raw:>10,.0f}/s; actor "
               f"(inference + n-step + priorities) {rate:>10,.0f}/s = {rate / raw:.0%} of raw "

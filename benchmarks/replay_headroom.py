@@ -22,16 +22,14 @@ import ray
 
 from distrl.apex.workers import ReplayShards, ReplayWorker
 from distrl.ray_runtime import init_local_ray
-from distrl.rl.actor import Actor, env_spec
+from distrl.rl.actor import Actor, env_spec, network_for
 from distrl.rl.config import ApexConfig
-from distrl.rl.network import NetworkSpec, init_weights
+from distrl.rl.network import init_weights
 
 
 def per_actor_rate(config: ApexConfig, seconds: float = 5.0) -> tuple[float, object]:
     """Env steps/s of one actor on one core, and one block it made (to replay)."""
-    obs_shape, n_actions = env_spec(config.env_id)
-    spec = NetworkSpec(int(np.prod(obs_shape)), n_actions, config.hidden_sizes, config.dueling)
-    actor = Actor(config, 0, init_weights(spec, 0))
+    actor = Actor(config, 0, init_weights(network_for(config), 0))
     block = actor.collect(config.actor_block_steps)
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
