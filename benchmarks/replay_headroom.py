@@ -22,7 +22,7 @@ import ray
 
 from distrl.apex.workers import ReplayShards, ReplayWorker
 from distrl.ray_runtime import init_local_ray
-from distrl.rl.actor import Actor, env_spec, network_for
+from distrl.rl.actor import Actor, network_for
 from distrl.rl.config import ApexConfig
 from distrl.rl.network import init_weights
 
@@ -55,7 +55,7 @@ def main() -> None:
 
     init_local_ray(num_cpus=2, include_dashboard=False, logging_level="error")
     replays = [ray.remote(ReplayWorker).options(max_concurrency=16, num_cpus=0).remote(
-        config, env_spec(config.env_id)[0], 1e9) for _ in range(args.shards)]
+        config, network_for(config), 1e9) for _ in range(args.shards)]
     shards = ReplayShards(replays)
     block_ref = ray.put(block)
     ray.get([r.add.remote(block_ref) for r in replays for _ in range(8)])  # enough to sample

@@ -77,7 +77,8 @@ def test_spans_join_one_trace_across_a_carrier(collector):
         carrier = otel.inject_context()
     assert "traceparent" in carrier
     other = otel.setup_telemetry(endpoint=collector.endpoint, instance_id="learner")
-    with otel.span(other.tracer, otel.SPAN_TRAIN, carrier, {otel.RL_TRAIN_STEPS: 4}):
+    with otel.in_context(carrier), other.tracer.start_as_current_span(
+            otel.SPAN_TRAIN, attributes={otel.RL_TRAIN_STEPS: 4}):
         pass
     tel.shutdown()
     other.shutdown()
@@ -378,15 +379,20 @@ def test_telemetry_off_is_opentelemetrys_no_op_instruments_and_tracer():
 
     from distrl.apex.process_telemetry import IterationTraces, LearnerMetrics, ProcessTelemetry
     from distrl.rl.config import ApexConfig
+    from distrl.rl.network import SMALL_TORSO, NetworkSpec
 
     config = ApexConfig(telemetry=False)
-    tel = ProcessTelemetry(config, "learner")
+    spec = NetworkSpec(4, 2)
+    assert spec.name == "dueling-mlp-64x64"  # rl.model.name
+    assert NetworkSpec(400, 3, (128,), True, SMALL_TORSO, (10, 10, 4)).name == \
+        "dueling-conv16k3s1-mlp-128"
+    tel = ProcessTelemetry(config, "learner", spec)
     assert tel.telemetry is None and tel.step_durations() is None
     tel.rl.duration("rl.train.duration", 1.0, tel.attrs)  # records nothing, raises nothing
     with tel.unit(), tel.span("rl.train", {"rl.train.steps": 1}) as span:
         assert span is trace.INVALID_SPAN
         span.set_attribute("rl.train.steps", 2)
-    traces = IterationTraces(ProcessTelemetry(config, "driver"), config)
+    traces = IterationTraces(ProcessTelemetry(config, "driver", spec), config)
     assert traces.next_iteration() is None  # nothing to send the workers
     traces.record_rates(100.0)
     traces.end()

@@ -64,7 +64,7 @@ from distrl.ray_runtime import (
     process_age_s,
     shutdown_ray,
 )
-from distrl.rl.actor import env_spec, network_for, slot_epsilons
+from distrl.rl.actor import network_for, slot_epsilons
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import check_checkpoint_network, find_resume
 from distrl.rl.network import NetworkSpec, init_weights
@@ -162,7 +162,7 @@ class Topology:
         self.evaluator.set_learner.remote(self.learner)
 
 
-def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape, weights,
+def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, weights,
                     output_dir: str, checkpoint_dir: str, resume_path: str | None) -> Topology:
     """Who runs where. Replay, learner and evaluator (created once the learner runs:
     Topology.start_evaluator) beside the driver (on GKE: the head, never Spot); the learner
@@ -181,7 +181,7 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, obs_shape
     replay_names = [f"{prefix}-replay-{s}" for s in range(c.replay_shards)]
     replays = [ray.remote(ReplayWorker).options(
         name=name, max_concurrency=c.num_actors + 8, scheduling_strategy=here,
-        **plan["replay"]).remote(shard_config.replace(seed=c.seed + 1000 * s), obs_shape,
+        **plan["replay"]).remote(shard_config.replace(seed=c.seed + 1000 * s), spec,
                                  error_buffer)
         for s, name in enumerate(replay_names)]
     learner = ray.remote(LearnerWorker).options(
@@ -226,8 +226,7 @@ class ApeX:
         if not isinstance(config, ApexConfig):
             raise TypeError(f"config must be an ApexConfig, got {type(config).__name__}")
         self.config = config
-        # Refuse an unusable environment before any process starts.
-        self.obs_shape, self.num_actions = env_spec(config.env_id)
+        # The network for this environment: an unusable one is refused before any process starts.
         self.spec = network_for(config)
         stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
         self.output_dir = Path(config.output_dir or f"runs/{config.env_id}-{stamp}")
@@ -374,7 +373,7 @@ class ApeX:
             run.events.append({"time_s": 0.0, "kind": "checkpoint skipped", "detail": skipped})
         if self.sigterm.is_set() or plan is None:  # nothing created yet: nothing to stop
             return run.stopped_before_start("sigterm", "SIGTERM during start-up")
-        topology = create_topology(ray, c, plan, self.spec, self.obs_shape, weights,
+        topology = create_topology(ray, c, plan, self.spec, weights,
                                    str(self.output_dir), checkpoint_dir, resume_path)
         self.marks["processes created"] = time.monotonic() - t_start
         self.topology = topology  # the run's Ray actors, for a reader (or a fault) to reach
@@ -468,7 +467,7 @@ class _Run:
         self.replay_stats: dict[int, dict] = {}
         self.eval_ref, self.last_eval = None, now
         self.next_waiting_report = now + WAITING_REPORT_S
-        self.tel = ProcessTelemetry(c, "driver")
+        self.tel = ProcessTelemetry(c, "driver", self.apex.spec)
         self.traces = IterationTraces(self.tel, c)
         self.say("start", f"{c.num_actors} actors, learner and {c.replay_shards} replay shard(s) "
                  f"created; training starts once the learner and one actor run")

@@ -23,11 +23,11 @@ import threading
 import time
 
 import numpy as np
-from opentelemetry import context as otel_context
 from opentelemetry import metrics, trace
 
 from distrl.otel import conventions as otel
 from distrl.rl.config import ApexConfig
+from distrl.rl.network import NetworkSpec
 
 TRACE_KWARG = "trace_context"
 
@@ -54,7 +54,7 @@ def traced(method):
 
     @functools.wraps(method)
     def run_under_callers_context(self, *args, trace_context: dict | None = None, **kwargs):
-        with in_context(trace_context):
+        with otel.in_context(trace_context):
             return method(self, *args, **kwargs)
 
     # Ray reads an actor method's signature from inspect.unwrap(method): without __wrapped__
@@ -65,24 +65,12 @@ def traced(method):
     return run_under_callers_context
 
 
-@contextlib.contextmanager
-def in_context(carrier: dict | None):
-    """While inside: the context of `carrier` (another process's span) is the current one."""
-    if not carrier:
-        yield
-        return
-    token = otel_context.attach(otel.extract_context(carrier))
-    try:
-        yield
-    finally:
-        otel_context.detach(token)
-
-
 class ProcessTelemetry:
     """The telemetry of one Ape-X process: its RL instruments (`rl`), its tracer, and the
     driver's context for its next traced unit of work."""
 
-    def __init__(self, config: ApexConfig, role: str, index: int | None = None):
+    def __init__(self, config: ApexConfig, role: str, spec: NetworkSpec,
+                 index: int | None = None):
         self.role = role if index is None else f"{role}-{index}"
         self._next_unit: dict | None = None
         if config.telemetry:
@@ -98,7 +86,7 @@ class ProcessTelemetry:
             meter, self.tracer = metrics.NoOpMeter("distrl"), trace.NoOpTracer()
         self.rl = otel.RLInstruments(meter, otel.common_attributes(
             run_id=config.run_id or "unset", algorithm="apex-dqn", environment=config.env_id,
-            model=model_name(config)))
+            model=spec.name))
         self.attrs = self.rl.attrs({otel.RL_LOOP: role})
 
     def keep_for_next_unit(self) -> None:
@@ -111,7 +99,7 @@ class ProcessTelemetry:
         """Around one unit of work: the driver's iteration context, taken once, so only one
         unit per iteration is traced."""
         carrier, self._next_unit = self._next_unit, None
-        return in_context(carrier)
+        return otel.in_context(carrier)
 
     def span(self, name: str, attributes: dict | None = None, start_time_ns: int | None = None):
         """A span, current while inside, when a unit is being traced; else a no-op span."""
@@ -127,11 +115,6 @@ class ProcessTelemetry:
     def shutdown(self) -> None:
         if self.telemetry is not None:
             self.telemetry.shutdown(timeout_s=3.0)
-
-
-def model_name(config: ApexConfig) -> str:
-    head = "dueling-" if config.dueling else ""
-    return f"{head}mlp-{'x'.join(map(str, config.hidden_sizes))}"
 
 
 # Every SDK call has a fixed cost, so counters and gauges are summed over this many actor

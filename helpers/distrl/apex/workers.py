@@ -23,7 +23,6 @@ from distrl.apex.process_telemetry import (
     TrafficTally,
     call,
     current_carrier,
-    in_context,
     step_sample,
     traced,
 )
@@ -45,12 +44,13 @@ class PeerTimeout(RuntimeError):
 class ReplayWorker(ReplayService):
     """The replay process: ReplayService plus telemetry of what it serves."""
 
-    def __init__(self, config: ApexConfig, obs_shape, error_buffer: float):
+    def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
+        obs_shape = spec.image_shape or (spec.obs_size,)
         super().__init__(config.replay_capacity, obs_shape, alpha=config.priority_alpha,
                          eps=config.priority_eps, samples_per_insert=config.samples_per_insert,
                          min_size=config.min_replay_size, error_buffer=error_buffer,
                          seed=config.seed)
-        self.tel = ProcessTelemetry(config, "replay")
+        self.tel = ProcessTelemetry(config, "replay", spec)
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "replay"))
         rl = self.tel.rl
@@ -183,7 +183,7 @@ class LearnerWorker:
         self._priority_refs: deque = deque()  # priority updates in flight
         self.checkpoint: str | None = None
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
-        self.tel = ProcessTelemetry(config, "learner")
+        self.tel = ProcessTelemetry(config, "learner", spec)
         self._publish_attrs = self.tel.rl.attrs({
             otel.RL_LOOP: "learner", otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: "actors"})
         # One update: three forward passes (online and target on s', online on s) and a backward
@@ -345,7 +345,7 @@ class ActorWorker:
         self._lengths: list[int] = []
         self.blocks_sent = 0
         self.transitions_sent = 0
-        self.tel = ProcessTelemetry(config, "actor", index)
+        self.tel = ProcessTelemetry(config, "actor", spec, index)
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, f"actor {index}"))
         rl = self.tel.rl
         self._sample_attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
@@ -381,7 +381,7 @@ class ActorWorker:
                 if in_flight is not None:
                     self._deliver(*in_flight)
                 block_ref = _put(block)
-                with in_context(insert_context):
+                with otel.in_context(insert_context):
                     in_flight = (block_ref, call(self.replay.add, block_ref), len(block))
                 if weights_request is None and steps_since_sync >= c.weight_sync_period:
                     weights_request = (self.learner.get_weights.remote(actor.weights_version),
@@ -395,7 +395,7 @@ class ActorWorker:
                     actor.set_weights(update[1], update[0])
                 size = sum(w.nbytes for w in update[1]) if update is not None else 0
                 # From the request to the new weights in use (the pull is asynchronous).
-                with in_context(sync_context), tel.span(
+                with otel.in_context(sync_context), tel.span(
                         otel.SPAN_SYNC, {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
                     pass
                 rl.duration("rl.sync.duration", (time.perf_counter() - started) * 1e3,
@@ -453,7 +453,7 @@ class EvaluatorWorker:
         self.count = 0
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "evaluator"))
-        self.tel = ProcessTelemetry(config, "evaluator")
+        self.tel = ProcessTelemetry(config, "evaluator", self.spec)
 
     def set_learner(self, learner) -> None:
         """The learner to ask for a checkpoint when this process gets SIGTERM."""

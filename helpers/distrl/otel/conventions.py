@@ -483,14 +483,19 @@ def extract_context(carrier: dict | None):
 
 
 @contextmanager
-def span(tracer, name: str, carrier: dict | None = None, attributes: dict | None = None,
-         start_time_ns: int | None = None):
-    """A span whose parent comes from a carrier (another process), else the current span.
-    start_time_ns backdates its start (e.g. to when a request was sent)."""
-    context = extract_context(carrier) if carrier is not None else None
-    with tracer.start_as_current_span(name, context=context, attributes=attributes,
-                                      start_time=start_time_ns) as current:
-        yield current
+def in_context(carrier: dict | None):
+    """While inside: the context of `carrier` (another process's span) is the current one, so
+    spans started inside are its children. Nothing changes for an empty or None carrier."""
+    if not carrier:
+        yield
+        return
+    from opentelemetry import context
+
+    token = context.attach(extract_context(carrier))
+    try:
+        yield
+    finally:
+        context.detach(token)
 
 
 # --- model FLOPs utilisation ---------------------------------------------------------------

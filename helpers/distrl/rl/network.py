@@ -18,6 +18,7 @@ Weights are a flat list of numpy arrays in this order:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -102,11 +103,21 @@ class NetworkSpec:
         conv = [s for _, kernel, _, _ in self.conv_shapes() for s in (kernel, (kernel[3],))]
         return conv + [s for _, i, o in self.layer_shapes() for s in ((i, o), (o,))]
 
+    @property
+    def name(self) -> str:
+        """The rl.model.name of telemetry: e.g. dueling-mlp-64x64, dueling-conv16k3s1-mlp-128."""
+        convs = "".join(f"conv{filters}k{kernel}s{stride}-"
+                        for filters, kernel, stride in self.conv_layers)
+        return (f"{'dueling-' if self.dueling else ''}{convs}mlp-"
+                f"{'x'.join(map(str, self.hidden_sizes))}")
+
+    @functools.cached_property
+    def conv_strides(self) -> tuple[int, ...]:
+        return tuple(stride for _, _, stride, _ in self.conv_shapes())
+
     def q_values(self, weights: list[np.ndarray], obs: np.ndarray) -> np.ndarray:
-        """numpy_q_values for this network."""
-        return numpy_q_values(weights, obs, self.dueling,
-                              tuple(stride for _, _, stride, _ in self.conv_shapes()),
-                              self.input_scale)
+        """numpy_q_values for this network (the actors' every step: nothing recomputed)."""
+        return numpy_q_values(weights, obs, self.dueling, self.conv_strides, self.input_scale)
 
 
 def init_weights(spec: NetworkSpec, seed: int = 0) -> list[np.ndarray]:
@@ -139,10 +150,11 @@ def numpy_q_values(weights: list[np.ndarray], obs: np.ndarray, dueling: bool = T
     h = np.asarray(obs, dtype=np.float32)
     if input_scale != 1.0:
         h = h * np.float32(input_scale)
-    for i, stride in enumerate(conv_strides):
-        h = conv2d_relu(h, weights[2 * i], weights[2 * i + 1], stride)
+    if conv_strides:
+        for i, stride in enumerate(conv_strides):
+            h = conv2d_relu(h, weights[2 * i], weights[2 * i + 1], stride)
+        weights = weights[2 * len(conv_strides):]
     h = h.reshape(len(h), -1)
-    weights = weights[2 * len(conv_strides):]
     num_hidden = len(weights) // 2 - (2 if dueling else 1)
     for i in range(num_hidden):
         h = h @ weights[2 * i] + weights[2 * i + 1]
