@@ -24,9 +24,8 @@ CONSTANTS = {
     ("02", "128 transitions"): "ApexConfig.batch_size's default",
     ("02", "60 s"): "the OTel SDK's default export interval",
     ("02", "10 s"): "the local export interval; the top of the latency buckets",
-    ("02", "5 s"): "this notebook's EXPORT_INTERVAL_S",
     ("02", "30 s"): "the pods' OTEL_METRIC_EXPORT_INTERVAL",
-    ("02", "0.01 ms"): "the bottom of telemetry.LATENCY_BUCKETS_MS",
+    ("02", "0.01 ms"): "the bottom of conventions.LATENCY_BUCKETS_MS",
     ("03", "744 hours"): "a month of the GKE free tier's credit",
     ("03", "30 s"): "the pods' OTEL_METRIC_EXPORT_INTERVAL",
     ("03", "0.5 GB"): "Artifact Registry's free storage",
@@ -34,12 +33,12 @@ CONSTANTS = {
     ("03", "about 8 GB"): "the image's size that cost.monthly_costs assumes (image_gb)",
     ("03", "30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "10 minutes"): "gcloud builds submit's default timeout",
-    ("03", "2 h"): "gke.BUILD_TIMEOUT",
+    ("03", "2 h"): "gke.settings.BUILD_TIMEOUT",
     ("04", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("05", "60 s"): "the OTel SDK's default export interval",
     ("05", "10 s"): "the local export interval; the top of the latency buckets",
     ("05", "30 s"): "the pods' OTEL_METRIC_EXPORT_INTERVAL",
-    ("05", "0.01 ms"): "the bottom of telemetry.LATENCY_BUCKETS_MS",
+    ("05", "0.01 ms"): "the bottom of conventions.LATENCY_BUCKETS_MS",
 }
 
 
@@ -78,3 +77,46 @@ def test_the_lint_catches_the_stale_figures_it_was_written_for():
         assert FIGURE.search(text), text
     for text in ("`MAX_SECONDS`", "notebook 05", "Python 3.11", "a 64x64 network"):
         assert not FIGURE.search(re.sub(r"`[^`]*`", "", text)), text
+
+
+def _notebook_code(number: str) -> str:
+    path = next(NOTEBOOKS.glob(f"{number}-*.ipynb"))
+    return "\n".join("".join(c["source"]) for c in json.loads(path.read_text())["cells"]
+                     if c["cell_type"] == "code")
+
+
+def test_the_constants_the_prose_states_are_what_the_code_uses():
+    """A constant the prose states that the code defines is the code's value, so a changed
+    default cannot leave the prose behind. (Cloud facts and requirements have no code value.)"""
+    import inspect
+
+    from distrl import ray_runtime
+    from distrl.apex import driver
+    from distrl.gke import cost, manifests, settings
+    from distrl.otel import conventions
+    from distrl.rl.config import ApexConfig
+
+    pods_export_ms = {e["name"]: e.get("value") for e in manifests._env(manifests.DEFAULTS)}[
+        "OTEL_METRIC_EXPORT_INTERVAL"]
+    stated = {  # (notebook, figure) -> (the code's value, the figure's value), in one unit
+        ("01", "30 s"): (ray_runtime.RAYLET_REGISTRATION_S, 30),
+        ("01", "20 ms"): (ray_runtime.REGISTRATION_POLL_S * 1e3, 20),
+        ("01", "1 s"): (ApexConfig().eval_interval_s, 1),
+        ("01", "2 s"): ("last_eval > 2.0" in _notebook_code("01"), True),
+        ("01", "0.25 s"): (driver.REPORT_INTERVAL_S, 0.25),
+        ("02", "10 s"): ((conventions.DEFAULT_EXPORT_INTERVAL_MS,
+                          conventions.LATENCY_BUCKETS_MS[-1]), (10_000, 10_000)),
+        ("02", "0.01 ms"): (conventions.LATENCY_BUCKETS_MS[0], 0.01),
+        ("02", "30 s"): (int(pods_export_ms), 30_000),
+        ("03", "30 s"): (int(pods_export_ms), 30_000),
+        ("03", "2 h"): (settings.BUILD_TIMEOUT, "7200s"),
+        ("03", "about 8 GB"): (inspect.signature(cost.monthly_costs).parameters["image_gb"].default,
+                               8.0),
+        ("05", "10 s"): ((conventions.DEFAULT_EXPORT_INTERVAL_MS,
+                          conventions.LATENCY_BUCKETS_MS[-1]), (10_000, 10_000)),
+        ("05", "30 s"): (int(pods_export_ms), 30_000),
+        ("05", "0.01 ms"): (conventions.LATENCY_BUCKETS_MS[0], 0.01),
+    }
+    assert set(stated) <= set(CONSTANTS)
+    wrong = {key: values for key, values in stated.items() if values[0] != values[1]}
+    assert not wrong, f"the prose states these figures, the code has other values: {wrong}"
