@@ -78,7 +78,10 @@ bench: install
 # Re-pin after changing pyproject.toml's dependencies (needs the network): one lock for every
 # Python the package supports (requires-python), markers where a pin applies to some only.
 LOCK_PYTHON := 3.11.5
+# uv keeps the pins of its output file where they still resolve: seeded with the lock's own
+# (without the GPU pins), a new dependency moves no other pin it need not move.
 lock: install
+	sed '/^# TensorFlow.s CUDA wheels/,$$d' requirements.lock > /tmp/distrl-lock.txt
 	$(BIN)/uv pip compile --quiet --no-cache pyproject.toml --extra dev --universal \
 		--python-version $(LOCK_PYTHON) --no-emit-package distrl --no-annotate --no-header \
 		-o /tmp/distrl-lock.txt

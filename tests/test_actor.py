@@ -322,3 +322,54 @@ def test_two_threads_check_their_envs_at_once_in_a_fresh_process():
         out = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True,
                              timeout=120, check=True).stdout
         assert out.strip() == "[]", out
+
+
+def test_atari_frames_are_preprocessed_stacked_and_packed_once_into_blocks():
+    """ALE/Pong-v5 through make_env: 84x84 grey uint8 frames, 4 stacked, channels last. A Pong
+    actor's blocks hold each plane once, and rebuild exactly the observations and priorities
+    that the same steps folded as whole observations give."""
+    from distrl.rl.actor import frames_per_transition, make_env, stacks_frames
+
+    assert env_spec("ALE/Pong-v5") == ((84, 84, 4), 6) and stacks_frames("ALE/Pong-v5")
+    env = make_env("ALE/Pong-v5")
+    try:
+        obs, _ = env.reset(seed=0)
+        next_obs, *_ = env.step(0)
+    finally:
+        env.close()
+    assert obs.dtype == np.uint8 and obs.shape == (84, 84, 4)
+    np.testing.assert_array_equal(next_obs[..., :3], obs[..., 1:])  # moved on by one frame
+
+    config = ApexConfig(env_id="ALE/Pong-v5", num_actors=1, envs_per_actor=3,
+                        actor_block_steps=40, hidden_sizes=(32,))
+    spec = network_for(config)
+    actor = Actor(config, 0, init_weights(spec, seed=0))
+    plain = NStepFolder(3, config.n_step, config.gamma, (84 * 84 * 4,))  # whole observations
+    framed = actor.folder
+
+    class Both:  # the actor's steps into both folders
+        def push(self, obs, action, reward, next_obs, *rest, **kw):
+            plain.push(obs.reshape(3, -1), action, reward, next_obs.reshape(3, -1), *rest, **kw)
+            framed.push(obs, action, reward, next_obs, *rest, **kw)
+
+        def pop(self, q_fn=None):
+            return framed.pop(q_fn)
+
+    actor.folder = Both()
+    transitions = planes = 0
+    try:
+        for _ in range(3):
+            actor.step(config.actor_block_steps)
+            block, whole = actor.fold(), plain.pop()
+            transitions, planes = transitions + len(block), planes + len(block.frames)
+            np.testing.assert_array_equal(block.observations(block.obs).reshape(len(block), -1),
+                                          whole.obs)
+            np.testing.assert_array_equal(
+                block.observations(block.next_obs).reshape(len(block), -1), whole.next_obs)
+            np.testing.assert_allclose(block.priority,
+                                       initial_priorities(spec, actor.weights, block), atol=1e-4)
+    finally:
+        actor.close()
+    # What replay is sized for holds what the blocks packed.
+    assert planes / transitions <= frames_per_transition(config, (84, 84, 4)) * 1.02
+    assert planes / transitions < 1.2

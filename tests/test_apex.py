@@ -133,6 +133,31 @@ def test_minatar_breakout_trains_through_the_convolutional_network(local_ray, tm
     assert result.replay_check["ok"], result.replay_check
 
 
+def test_pong_frames_go_through_actors_replay_and_a_learner_update(local_ray, tmp_path):
+    """The GKE workload's path, locally: ALE/Pong-v5's preprocessed frames through an actor,
+    the frame-storing replay and one update of the Nature torso."""
+    config = ApexConfig(env_id="ALE/Pong-v5", num_actors=1, envs_per_actor=2,
+                        actor_block_steps=50, hidden_sizes=(64,), replay_capacity=1000,
+                        min_replay_size=100, batch_size=32, batches_per_fetch=1,
+                        max_learner_updates=1, target_return=None, eval_episodes=1,
+                        max_seconds=120, output_dir=str(tmp_path), progress=False)
+    result = ApeX(config).train()
+    assert result.stop_reason == "max_learner_updates", (result.stop_reason, result.stop_detail)
+    assert result.env_steps >= 100 and result.transitions_inserted >= 100
+    assert [tuple(np.shape(w)) for w in result.weights][:2] == [(8, 8, 4, 32), (32,)]
+    assert result.replay_check["ok"], result.replay_check
+
+
+def test_a_replay_that_cannot_fit_in_memory_is_refused_saying_how_many_would(local_ray, tmp_path):
+    config = ApexConfig(env_id="ALE/Pong-v5", num_actors=1, envs_per_actor=1,
+                        replay_capacity=10**9, max_seconds=60, output_dir=str(tmp_path),
+                        progress=False)
+    with pytest.raises(RuntimeError, match=r"replay process could not start: ValueError: "
+                                           r"replay_capacity=1,000,000,000 does not fit.*at most "
+                                           r"[\d,]+ transitions fit"):
+        ApeX(config).train()
+
+
 def test_command_line_run_with_no_collector_stops_at_its_budget(local_ray, tmp_path, capsys):
     """The command line with telemetry on and nothing listening at its endpoint: every
     process's exports fail, and the run still trains to its budget."""

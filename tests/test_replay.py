@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distrl.rl.replay import PrioritizedReplay, RateLimiter, ReplayService, SumTree, Transitions
+from distrl.rl.replay import (
+    PAPER_CAPACITY,
+    PrioritizedReplay,
+    RateLimiter,
+    ReplayService,
+    SumTree,
+    Transitions,
+    pack_frames,
+    sized_capacity,
+)
 
 
 def make_block(n, start=0, obs_size=3, priority=None, rng=None):
@@ -269,3 +278,119 @@ def test_check_finds_a_healthy_replay_healthy_and_a_corrupted_one_not():
     replay.key[5] = 69
     replay.tree.tree[1] += 1.0  # the root no longer sums its leaves
     assert not replay.check()["ok"] and "sum tree root" in replay.check()["problems"][0]
+
+
+def stacked_stream(rng, steps, restart_at=(), size=(6, 5), stack=4):
+    """Observations of one episode stream stacking `stack` frames, as FrameStackObservation
+    makes them (an episode starts with its first frame repeated), channels last."""
+    frames = rng.integers(0, 256, (steps + stack, *size), dtype=np.uint8)
+    obs, window = [], None
+    for t in range(steps):
+        window = [t] * stack if t == 0 or t in restart_at else window[1:] + [t]
+        obs.append(np.stack([frames[i] for i in window], axis=-1))
+    return np.array(obs)
+
+
+def test_pack_frames_stores_each_plane_once_and_rebuilds_every_observation_exactly():
+    rng = np.random.default_rng(0)
+    stream = stacked_stream(rng, 12, restart_at=(7,))
+    frames, refs = pack_frames(stream)
+    # Two episode starts take a whole stack each; every other step adds one frame.
+    assert len(frames) == 4 + 6 + 4 + 4
+    np.testing.assert_array_equal(np.moveaxis(frames[refs], 1, -1), stream)
+    # Observations that are no frame stack (MinAtar's object planes) share nothing, exactly.
+    planes = rng.integers(0, 2, (9, 10, 10, 4), dtype=np.uint8)
+    frames, refs = pack_frames(planes)
+    assert len(frames) == 9 * 4
+    np.testing.assert_array_equal(np.moveaxis(frames[refs], 1, -1), planes)
+
+
+def framed_block(rng, key_start, steps, size=(6, 5)):
+    """A block as an actor sends it: transition t goes from observation t to t + 1."""
+    stream = stacked_stream(rng, steps + 1, size=size)
+    frames, refs = pack_frames(stream)
+    n = steps
+    block = Transitions(obs=refs[:-1], action=np.arange(n) % 2,
+                        reward=np.arange(key_start, key_start + n, dtype=np.float32),
+                        discount=np.full(n, 0.9, np.float32), next_obs=refs[1:],
+                        priority=rng.random(n).astype(np.float32) + 0.1, frames=frames)
+    return block, stream
+
+
+def test_framed_replay_evicts_whole_blocks_with_their_frames_and_samples_exact_images():
+    """The frame ring (too small for the capacity here) overwrites old blocks' planes: their
+    transitions leave, the live keys stay one contiguous run, and every sampled transition's
+    images are exactly the ones inserted under its key."""
+    rng = np.random.default_rng(1)
+    replay = PrioritizedReplay(200, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=150, seed=3)
+    inserted = {}
+    for _ in range(12):
+        steps = int(rng.integers(10, 40))
+        block, stream = framed_block(rng, replay.total_inserted, steps)
+        keys = replay.add(block)
+        inserted.update({int(k): (stream[i], stream[i + 1]) for i, k in enumerate(keys)})
+        health = replay.check()
+        assert health["ok"], health
+        # Every live transition's planes are still in the ring, and no more than fit.
+        assert len(replay) <= min(replay.total_inserted, 150 - 4)
+    assert len(replay) < 200  # the frame ring, not the capacity, decided what stays
+    batch = replay.sample(64)
+    for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
+        np.testing.assert_array_equal(obs, inserted[int(key)][0])
+        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
+    assert batch.transitions.obs.dtype == np.uint8
+    assert replay.update_priorities(batch.keys, np.ones(64)) == 64
+
+
+def test_framed_replay_refuses_blocks_it_cannot_hold_and_keeps_its_data():
+    rng = np.random.default_rng(2)
+    replay = PrioritizedReplay(50, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=40)
+    block, _ = framed_block(rng, 0, 20)
+    replay.add(block)
+    before = (replay.tree.tree.copy(), replay.frames.copy(), len(replay))
+    with pytest.raises(ValueError, match="frame_capacity=40"):
+        replay.add(framed_block(rng, 20, 60)[0])
+    with pytest.raises(ValueError, match="expected a block from pack_frames"):
+        replay.add(make_block(3, obs_size=4))
+    with pytest.raises(ValueError, match="frames"):
+        replay.add(framed_block(rng, 20, 5, size=(5, 5))[0])  # another image size
+    with pytest.raises(ValueError, match="below len\\(frames\\)"):
+        Transitions(obs=block.obs + 100, action=block.action, reward=block.reward,
+                    discount=block.discount, next_obs=block.next_obs, priority=block.priority,
+                    frames=block.frames)
+    np.testing.assert_array_equal(replay.tree.tree, before[0])
+    np.testing.assert_array_equal(replay.frames, before[1])
+    assert len(replay) == before[2] and replay.check()["ok"]
+    with pytest.raises(ValueError, match="frame_capacity=2 is invalid"):
+        PrioritizedReplay(50, (6, 5, 4), frame_capacity=2)
+
+
+def test_replay_capacity_is_sized_to_the_memory_and_a_capacity_that_cannot_fit_is_refused():
+    gib = 2**30
+    shape, per_plane = (84, 84, 4), 84 * 84
+    capacity, frame_capacity = sized_capacity(None, shape, obs_dtype=np.uint8,
+                                              frames_per_transition=1.06, available=4 * gib)
+    # Half of 4 GiB at about 7.4 KiB a transition.
+    assert 250_000 < capacity < 300_000 and frame_capacity == int(np.ceil(capacity * 1.06))
+    replay = PrioritizedReplay(capacity, shape, obs_dtype=np.uint8, frame_capacity=frame_capacity)
+    assert replay.nbytes <= 2 * gib and replay.nbytes / capacity < 7.5 * 1024
+    assert replay.nbytes / capacity > 1.06 * per_plane
+    with pytest.raises(ValueError, match=rf"replay_capacity=1,000,000 does not fit.*at most "
+                                         rf"{capacity:,} transitions fit"):
+        sized_capacity(1_000_000, shape, obs_dtype=np.uint8, frames_per_transition=1.06,
+                       available=4 * gib)
+    assert sized_capacity(capacity, shape, obs_dtype=np.uint8, frames_per_transition=1.06,
+                          available=4 * gib)[0] == capacity
+    # A big machine is capped at the paper's 2 million; vectors keep no frames.
+    assert sized_capacity(None, (4,), available=1024 * gib) == (PAPER_CAPACITY, None)
+    with pytest.raises(ValueError, match="no transition"):
+        sized_capacity(None, shape, obs_dtype=np.uint8, frames_per_transition=1.0,
+                       available=1000)
+
+
+@pytest.mark.parametrize("capacity, shape, dtype, frames", [
+    (1, (3,), np.float32, None), (1000, (4,), np.float32, None),
+    (1025, (84, 84, 4), np.uint8, 1100), (7, (10, 10, 4), np.uint8, None)])
+def test_the_bytes_a_replay_will_take_are_the_bytes_it_takes(capacity, shape, dtype, frames):
+    replay = PrioritizedReplay(capacity, shape, obs_dtype=dtype, frame_capacity=frames)
+    assert replay.nbytes == PrioritizedReplay.bytes_for(capacity, shape, dtype, frames)

@@ -202,7 +202,8 @@ def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:
     """Each shard's config (its share of capacity and warm-up) and its rate limiter's slack,
     which must still fit one actor block and one learner fetch."""
     shards = c.replay_shards
-    shard_config = c.replace(replay_capacity=c.replay_capacity // shards,
+    capacity = None if c.replay_capacity is None else c.replay_capacity // shards
+    shard_config = c.replace(replay_capacity=capacity,
                              min_replay_size=-(-c.min_replay_size // shards))
     error_buffer = max(shard_config.min_replay_size * c.samples_per_insert
                        * c.samples_per_insert_tolerance,
@@ -384,6 +385,8 @@ class ApeX:
                 ray.kill(w, no_restart=True)
 
     def lost(self, role: str, error: BaseException) -> RuntimeError:
+        if "error raised in its creation task" in str(error):  # Ray's words: __init__ raised
+            return RuntimeError(f"the {role} process could not start: {cause(error)}")
         where = self.config.checkpoint_dir or self.output_dir / "checkpoints"
         return RuntimeError(f"the {role} process was lost ({cause(error)}), and the run with "
                             f"it; the last checkpoint is in {where}: resubmit with "

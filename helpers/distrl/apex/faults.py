@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import signal
 import textwrap
 import threading
@@ -50,8 +51,14 @@ def get_within(ref, seconds: float | None, default=None, errors: list | None = N
 
 
 def cause(error: BaseException) -> str:
-    """The first line of an error, short enough for one log line (cut at a word, not in one)."""
+    """The first line of an error, short enough for one log line (cut at a word, not in one).
+    Where a process died of an error its own code raised (Ray puts the traceback in the
+    message: "The actor died because of an error raised in its creation task ..."), that
+    error's message instead, whole: it says what to change."""
     text = str(error).strip().splitlines()
+    raised = [i for i, line in enumerate(text) if re.match(r"[A-Za-z_.]*(Error|Exception): ", line)]
+    if type(error).__module__.startswith("ray.") and raised:
+        return " ".join(line.strip() for line in text[raised[-1]:])
     return textwrap.shorten(text[0] if text else type(error).__name__, 160, placeholder=" ...")
 
 

@@ -27,11 +27,11 @@ from distrl.apex.process_telemetry import (
     traced,
 )
 from distrl.otel import conventions as otel
-from distrl.rl.actor import Actor, evaluate_greedy, network_for
+from distrl.rl.actor import Actor, evaluate_greedy, frames_per_block, frames_per_transition, network_for
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import Learner, configure_tensorflow, write_checkpoint
 from distrl.rl.network import NetworkSpec, init_weights
-from distrl.rl.replay import ReplayService, SampledBatch
+from distrl.rl.replay import MEMORY_SHARE, ReplayService, SampledBatch, sized_capacity
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).
 PEER_TIMEOUT_S = 60.0
@@ -46,10 +46,17 @@ class ReplayWorker(ReplayService):
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
         obs_shape = spec.image_shape or (spec.obs_size,)
-        super().__init__(config.replay_capacity, obs_shape, alpha=config.priority_alpha,
+        obs_dtype = np.uint8 if spec.image_shape else np.float32  # actor.as_observation
+        # Sized on this node: it holds the memory (a refusal says how much would fit).
+        capacity, frame_capacity = sized_capacity(
+            config.replay_capacity, obs_shape, obs_dtype=obs_dtype,
+            frames_per_transition=frames_per_transition(config, obs_shape),
+            frame_headroom=frames_per_block(config, obs_shape),
+            share=MEMORY_SHARE / config.replay_shards)
+        super().__init__(capacity, obs_shape, alpha=config.priority_alpha,
                          eps=config.priority_eps, samples_per_insert=config.samples_per_insert,
                          min_size=config.min_replay_size, error_buffer=error_buffer,
-                         seed=config.seed)
+                         seed=config.seed, obs_dtype=obs_dtype, frame_capacity=frame_capacity)
         self.tel = ProcessTelemetry(config, "replay", spec)
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "replay"))

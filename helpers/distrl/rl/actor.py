@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import math
 import os
 import threading
 import time
@@ -20,7 +21,7 @@ import numpy as np
 
 from distrl.rl.config import ApexConfig, epsilons
 from distrl.rl.network import NATURE_TORSO, SMALL_TORSO, NetworkSpec
-from distrl.rl.replay import Transitions
+from distrl.rl.replay import Transitions, pack_frames
 
 # gym.make imports an env's module on its first use. Two threads importing a package and one
 # of its submodules at once (classic_control and classic_control.acrobot) can each find the
@@ -31,11 +32,54 @@ _FIRST_MAKE = threading.Lock()
 
 def register_env(env_id: str) -> None:
     """Registers the environments that gymnasium finds only once asked: MinAtar's
-    (`minatar.gym.register_envs`; gymnasium 1.x runs no plugin entry point that would)."""
-    if env_id.startswith("MinAtar/") and env_id not in gym.registry:
+    (`minatar.gym.register_envs`) and the Arcade Learning Environment's (ALE/...: ale_py's);
+    gymnasium 1.x runs no plugin entry point that would."""
+    if env_id in gym.registry:
+        return
+    if env_id.startswith("MinAtar/"):
         from minatar.gym import register_envs
 
         register_envs()
+    elif stacks_frames(env_id):
+        import ale_py
+
+        gym.register_envs(ale_py)
+
+
+# Atari preprocessing as in the DQN Nature paper (Mnih et al. 2015, Methods), which Ape-X
+# builds on: 4 frames a step, each observation the max of the last two, 84x84 grey, the last
+# 4 stacked, up to 30 no-op actions at the start of an episode, rewards clipped to [-1, 1] in
+# training. gymnasium's AtariPreprocessing does all but the stack and the clip, with these
+# defaults (gymnasium/wrappers/atari_preprocessing.py).
+FRAME_STACK = 4
+
+
+def stacks_frames(env_id: str) -> bool:
+    """The Atari games (ALE/...), which make_env preprocesses and stacks FRAME_STACK deep."""
+    return env_id.startswith("ALE/")
+
+
+def make_env(env_id: str, training: bool = True, render_mode: str | None = None) -> gym.Env:
+    """gym.make, plus for Atari gymnasium's own preprocessing (FRAME_STACK above): an
+    (84, 84, 4) uint8 observation, channels last as the network takes images.
+
+    The ALE env itself must not skip frames (AtariPreprocessing refuses one that does) and
+    gets no sticky actions: v5 repeats the last action with probability 0.25
+    (https://ale.farama.org/environments/), which the DQN papers' Atari did not. Life loss is
+    not made terminal: the reset that follows restarts the whole game in AtariPreprocessing
+    (it calls env.reset), so an agent would never play past its first life. Pong has none."""
+    register_env(env_id)
+    if not stacks_frames(env_id):
+        return gym.make(env_id) if render_mode is None else gym.make(env_id, render_mode=render_mode)
+    from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation, TransformObservation
+
+    env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
+    env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                             terminal_on_life_loss=False, grayscale_obs=True)
+    env = FrameStackObservation(env, FRAME_STACK)  # (4, 84, 84), the first frame repeated
+    space = gym.spaces.Box(0, 255, (84, 84, FRAME_STACK), np.uint8)
+    env = TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), space)
+    return ClipReward(env, -1.0, 1.0) if training else env
 
 
 @functools.cache
@@ -48,7 +92,7 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
         raise ValueError(f"env_id={env_id!r} is not a registered gymnasium environment{hint} "
                          "(gymnasium.pprint_registry() lists them)")
     with _FIRST_MAKE:
-        env = gym.make(env_id)
+        env = make_env(env_id)
     try:
         return env.observation_space, env.action_space
     finally:
@@ -92,6 +136,27 @@ def network_for(config: ApexConfig) -> NetworkSpec:
                        SMALL_TORSO if torso == "small" else NATURE_TORSO, obs_shape, scale)
 
 
+def frames_per_transition(config: ApexConfig, obs_shape: tuple[int, ...]) -> float | None:
+    """Planes a replay of image observations holds per transition (None: not images): what
+    a block from NStepFolder.pop packs, per slot, for T = actor_block_steps new steps. The
+    window has T + n - 1 steps (n - 1 carried over) and one final observation, T + n
+    observations in all. Where frames are stacked (FRAME_STACK, Atari), the first takes all C
+    planes and each later one a single plane: (C + T + n - 1) / T. Elsewhere every
+    observation takes its C planes: C (T + n) / T. An episode's end adds a stack's planes."""
+    if len(obs_shape) != 3:
+        return None
+    channels, steps, n = obs_shape[2], config.actor_block_steps, config.n_step
+    if stacks_frames(config.env_id):
+        return (channels + steps + n - 1) / steps
+    return channels * (steps + n) / steps
+
+
+def frames_per_block(config: ApexConfig, obs_shape: tuple[int, ...]) -> int:
+    """Planes in one actor's block of image observations (0: not images), as above."""
+    per_transition = frames_per_transition(config, obs_shape) or 0
+    return math.ceil(per_transition * config.actor_block_steps * config.envs_per_actor)
+
+
 def slot_epsilons(config: ApexConfig, actor_index: int) -> np.ndarray:
     """Epsilon of each env slot of one actor: Ape-X's spread over all N actors (x K slots)."""
     if not 0 <= actor_index < config.num_actors:
@@ -117,6 +182,9 @@ class NStepFolder:
     Steps whose n-step window is still open stay pending (at most n - 1 per slot) for the
     next pop(). A step pushed with valid=False for a slot (a vectorised env resetting it, see
     EnvBatch) starts no transition; it always follows an episode's end, so none folds it in.
+
+    Image observations (obs_shape of rank 3) leave as frames (replay.pack_frames): each block
+    holds the planes its transitions reference, each once.
     """
 
     def __init__(self, num_slots: int, n: int, gamma: float, obs_shape: tuple[int, ...]):
@@ -124,6 +192,7 @@ class NStepFolder:
             raise ValueError(f"n={n!r} is invalid: expected an integer >= 1")
         self.n, self.gamma, self.num_slots = n, gamma, num_slots
         self.obs_shape = tuple(obs_shape)
+        self.framed = len(self.obs_shape) == 3
         self._steps: list[tuple] = []
         # Rows carried over from the last pop: the last n - 1 steps and which are still pending.
         self._carry: tuple | None = None
@@ -140,8 +209,8 @@ class NStepFolder:
         if q_values is None:
             q_values = np.full((len(action), 0), np.nan, np.float32)
         valid = np.ones(len(action), bool) if valid is None else np.asarray(valid, bool)
-        self._steps.append((np.asarray(obs, np.float32), np.asarray(action, np.int64),
-                            np.asarray(reward, np.float64), np.asarray(next_obs, np.float32),
+        self._steps.append((as_observation(obs), np.asarray(action, np.int64),
+                            np.asarray(reward, np.float64), as_observation(next_obs),
                             np.asarray(terminated, bool), np.asarray(truncated, bool),
                             np.asarray(q_values, np.float32), valid))
 
@@ -152,7 +221,7 @@ class NStepFolder:
         initial priority |R + discount * max_a Q(s', a) - Q(s, a)|; otherwise priority is 0.
         """
         if not self._steps:
-            return _empty_transitions(self.obs_shape)
+            return _empty_transitions(self.obs_shape, self.framed)
         obs, action, reward, next_obs, terminated, truncated, q, pending = (
             np.stack(column) for column in zip(*self._steps))
         self._steps = []
@@ -205,6 +274,8 @@ class NStepFolder:
             q_taken = q[rows, slots, action[rows, slots]]
             target = block.reward + block.discount * q_next
             block.priority = np.abs(target - q_taken).astype(np.float32)
+        if self.framed:
+            block = _framed(block, obs, next_obs, rows, slots, last_rows, row_ended)
 
         keep = min(n - 1, length)
         tail = slice(length - keep, length)
@@ -214,19 +285,62 @@ class NStepFolder:
         return block
 
 
-def _empty_transitions(obs_shape: tuple[int, ...]) -> Transitions:
+def as_observation(obs) -> np.ndarray:
+    """Observations as the actors keep them: pixels stay uint8 (booleans become uint8, as
+    MinAtar's planes), anything else becomes float32."""
+    obs = np.asarray(obs)
+    if obs.dtype == np.uint8:
+        return obs
+    return obs.astype(np.uint8 if obs.dtype == bool else np.float32)
+
+
+def _empty_transitions(obs_shape: tuple[int, ...], framed: bool = False) -> Transitions:
+    if framed:
+        refs = np.zeros((0, obs_shape[2]), np.int32)
+        return Transitions(obs=refs, action=np.zeros(0, np.int64), reward=np.zeros(0, np.float32),
+                           discount=np.zeros(0, np.float32), next_obs=refs.copy(),
+                           priority=np.zeros(0, np.float32),
+                           frames=np.zeros((0, *obs_shape[:2]), np.uint8))
     empty_obs = np.zeros((0, *obs_shape), np.float32)
     return Transitions(obs=empty_obs, action=np.zeros(0, np.int64), reward=np.zeros(0, np.float32),
                        discount=np.zeros(0, np.float32), next_obs=empty_obs.copy(),
                        priority=np.zeros(0, np.float32))
 
 
+def _framed(block: Transitions, obs, next_obs, rows, slots, last_rows, row_ended) -> Transitions:
+    """block with its observations packed as frames. The observations it references are the
+    obs of steps (row, slot) and, where an episode ended or the window ends, a step's
+    next_obs; laid out slot by slot in time order, a frame stack shares all but one plane with
+    the observation before it."""
+    length, num_slots = obs.shape[:2]
+    from_obs = ~row_ended & (last_rows + 1 < length)  # next_obs is the next step's obs
+    used = np.zeros((length, num_slots, 2), dtype=bool)  # (row, slot, 0: obs / 1: next_obs)
+    used[rows, slots, 0] = True
+    used[last_rows[from_obs] + 1, slots[from_obs], 0] = True
+    used[last_rows[~from_obs], slots[~from_obs], 1] = True
+    slot, row, kind = np.nonzero(used.transpose(1, 0, 2))  # slot-major: each slot in time order
+    entry = np.full(used.shape, -1, dtype=np.int64)
+    entry[row, slot, kind] = np.arange(len(row))
+    images = obs[row, slot]
+    final = kind == 1
+    images[final] = next_obs[row[final], slot[final]]
+    frames, refs = pack_frames(images)
+    next_entry = np.where(from_obs, entry[np.minimum(last_rows + 1, length - 1), slots, 0],
+                          entry[last_rows, slots, 1])
+    return Transitions(obs=refs[entry[rows, slots, 0]], action=block.action,
+                       reward=block.reward, discount=block.discount, next_obs=refs[next_entry],
+                       priority=block.priority, frames=frames)
+
+
 def initial_priorities(spec: NetworkSpec, weights, block: Transitions) -> np.ndarray:
     """|R + discount * max_a Q(s', a) - Q(s, a)| with the actor's own copy of the network."""
     if len(block) == 0:
         return np.zeros(0, np.float32)
-    q = spec.q_values(weights, block.obs)
-    q_next = spec.q_values(weights, block.next_obs)
+    obs, next_obs = block.obs, block.next_obs
+    if block.frames is not None:
+        obs, next_obs = block.observations(obs), block.observations(next_obs)
+    q = spec.q_values(weights, obs)
+    q_next = spec.q_values(weights, next_obs)
     target = block.reward + block.discount * q_next.max(axis=1)
     return np.abs(target - q[np.arange(len(block)), block.action]).astype(np.float32)
 
@@ -248,15 +362,18 @@ class EnvBatch:
     that step ignores the slot's action and gives reward 0, and stepped is False there.
     """
 
-    def __init__(self, env_id: str, num_envs: int, vectorised: bool | None = None):
-        """vectorised: None uses gymnasium's vectorised env where there is one; False never."""
+    def __init__(self, env_id: str, num_envs: int, vectorised: bool | None = None,
+                 training: bool = True):
+        """vectorised: None uses gymnasium's vectorised env where there is one; False never.
+        training: False for evaluation (make_env: Atari rewards unclipped)."""
         self.num_envs = num_envs
         register_env(env_id)
         self.vector = _vector_env(env_id, num_envs) if vectorised is not False else None
         if vectorised and self.vector is None:
             raise ValueError(f"vectorised=True: gymnasium has no vectorised {env_id} "
-                             "(no vector_entry_point in its registration)")
-        self.envs = [] if self.vector is not None else [gym.make(env_id)
+                             "(no vector_entry_point in its registration, or make_env "
+                             "preprocesses it)")
+        self.envs = [] if self.vector is not None else [make_env(env_id, training)
                                                         for _ in range(num_envs)]
         self.obs = None
         self.resetting = np.zeros(num_envs, dtype=bool)  # vectorised: slots its next step resets
@@ -270,7 +387,7 @@ class EnvBatch:
             obs, _ = self.vector.reset(seed=int(seeds[0]))
         else:
             obs = np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
-        self.obs = np.asarray(obs, dtype=np.float32)
+        self.obs = as_observation(obs)
         self.resetting[:] = False
         return self.obs.copy()
 
@@ -312,7 +429,7 @@ class EnvBatch:
             durations_ms.append((time.perf_counter() - t0) * 1e3 / self.num_envs)
         stepped = ~self.resetting
         self.resetting = terminated | truncated
-        self.obs = np.asarray(obs, dtype=np.float32)
+        self.obs = as_observation(obs)
         return (self.obs.copy(), np.asarray(reward, np.float64), terminated, truncated,
                 self.obs.copy(), stepped)
 
@@ -325,8 +442,9 @@ class EnvBatch:
 
 def _vector_env(env_id: str, num_envs: int):
     """gymnasium's own vectorised env for env_id, or None where it has none (or its
-    dependencies are missing, as JAX is for phys2d/CartPole)."""
-    if gym.spec(env_id).vector_entry_point is None:
+    dependencies are missing, as JAX is for phys2d/CartPole). Not for Atari: ale_py's
+    AtariVectorEnv preprocesses in its own way, channels first; make_env's wrappers apply."""
+    if gym.spec(env_id).vector_entry_point is None or stacks_frames(env_id):
         return None
     try:
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
@@ -418,7 +536,7 @@ def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed:
                     spec: NetworkSpec) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of `episodes` greedy (epsilon = 0) episodes of the network spec with
     these weights, stepped together."""
-    envs = EnvBatch(env_id, episodes)
+    envs = EnvBatch(env_id, episodes, training=False)
     try:
         obs = envs.reset(seeds=[seed + i for i in range(episodes)])
         returns = np.zeros(episodes)
@@ -442,13 +560,12 @@ def record_greedy_episode(env_id: str, weights: list[np.ndarray], spec: NetworkS
     # Off-screen rendering: pygame needs neither a display nor a sound card for rgb_array.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
-    register_env(env_id)
-    env = gym.make(env_id, render_mode="rgb_array")
+    env = make_env(env_id, training=False, render_mode="rgb_array")
     try:
         obs, _ = env.reset(seed=seed)
         frames, total = [env.render()], 0.0
         for _ in range(max_frames):
-            q = spec.q_values(weights, np.asarray(obs, np.float32)[None])
+            q = spec.q_values(weights, as_observation(obs)[None])
             obs, reward, terminated, truncated, _ = env.step(int(q.argmax()))
             total += float(reward)
             frames.append(env.render())
@@ -459,6 +576,6 @@ def record_greedy_episode(env_id: str, weights: list[np.ndarray], spec: NetworkS
         env.close()
 
 
-__all__ = ["Actor", "EnvBatch", "NStepFolder", "env_spec", "evaluate_greedy",
-           "initial_priorities", "network_for", "record_greedy_episode", "register_env",
-           "slot_epsilons"]
+__all__ = ["Actor", "EnvBatch", "NStepFolder", "as_observation", "env_spec", "evaluate_greedy",
+           "frames_per_block", "frames_per_transition", "initial_priorities", "make_env", "network_for",
+           "record_greedy_episode", "register_env", "slot_epsilons", "stacks_frames"]

@@ -49,8 +49,9 @@ class ApexConfig:
     """discount factor"""
 
     # --- prioritized replay ---
-    replay_capacity: int = 100_000
-    """transitions kept in the replay ring buffer (split evenly over the replay shards)"""
+    replay_capacity: int | None = 100_000
+    """transitions kept in the replay ring buffer (split evenly over the replay shards); None:
+    as many as fit in half the replay node's available memory, at most the paper's 2 million"""
     replay_shards: int = 1
     """replay processes; actors fill them round-robin, the learner samples by priority mass"""
     priority_alpha: float = 0.6
@@ -212,23 +213,28 @@ def _validate(c: ApexConfig) -> None:
            "a non-empty gymnasium environment id such as 'CartPole-v1'")
     _check(_is_int(c.seed) and c.seed >= 0, "seed", c.seed, "an integer >= 0")
     positive_ints = ["num_actors", "envs_per_actor", "actor_block_steps", "weight_sync_period",
-                     "n_step", "replay_capacity", "batch_size", "target_update_period",
+                     "n_step", "batch_size", "target_update_period",
                      "weight_publish_period", "batches_per_fetch", "eval_episodes", "beta_anneal_updates"]
     for name in positive_ints:
         v = getattr(c, name)
         _check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
-    _check(_is_int(c.min_replay_size) and 1 <= c.min_replay_size <= c.replay_capacity,
+    _check(c.replay_capacity is None or _is_int(c.replay_capacity) and c.replay_capacity >= 1,
+           "replay_capacity", c.replay_capacity,
+           "an integer >= 1, or None (as many as fit in the replay node's memory)")
+    # None is sized on the replay's node; the replay checks the sizes below against it there.
+    capacity = c.replay_capacity or 2**62
+    _check(_is_int(c.min_replay_size) and 1 <= c.min_replay_size <= capacity,
            "min_replay_size", c.min_replay_size,
            f"an integer in [1, replay_capacity={c.replay_capacity}]")
-    _check(c.batch_size <= c.replay_capacity, "batch_size", c.batch_size,
+    _check(c.batch_size <= capacity, "batch_size", c.batch_size,
            f"at most replay_capacity={c.replay_capacity}")
     _check(_is_int(c.replay_shards) and 1 <= c.replay_shards <= c.num_actors, "replay_shards",
            c.replay_shards, f"an integer from 1 to num_actors={c.num_actors} (each shard needs "
            "an actor filling it)")
     _check(not _is_int(c.replay_shards) or c.replay_shards < 1
-           or c.replay_capacity // c.replay_shards >= c.batch_size, "replay_shards",
+           or capacity // c.replay_shards >= c.batch_size, "replay_shards",
            c.replay_shards, f"at most replay_capacity // batch_size = "
-           f"{c.replay_capacity // c.batch_size} (a shard must hold a batch)")
+           f"{capacity // c.batch_size} (a shard must hold a batch)")
     for name in ["priority_alpha", "priority_beta", "priority_beta_final", "epsilon_base"]:
         v = getattr(c, name)
         _check(_is_num(v) and 0.0 <= v <= 1.0, name, v, "a number in [0, 1]")

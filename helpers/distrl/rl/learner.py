@@ -193,6 +193,8 @@ class Learner:
 
         self.config, self.spec = config, spec
         self._obs_shape = spec.image_shape or (spec.obs_size,)  # what the network takes
+        # Images arrive as replay keeps them, uint8 (a quarter of float32's bytes to copy in).
+        self._obs_dtype = np.uint8 if spec.image_shape else np.float32
         self.online = build_keras_model(spec, weights)
         self.target = build_keras_model(spec, weights)
         self.optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate,
@@ -215,7 +217,7 @@ class Learner:
         a killed learner never deletes)."""
         import tensorflow as tf
 
-        obs = tf.TensorSpec([None, None, *self._obs_shape], tf.float32)
+        obs = tf.TensorSpec([None, None, *self._obs_shape], tf.as_dtype(self._obs_dtype))
         column = tf.TensorSpec([None, None], tf.float32)
         return tf.function(self._steps, jit_compile=self.config.jit_compile,
                            autograph=False).get_concrete_function(
@@ -245,6 +247,7 @@ class Learner:
         import keras
         import tensorflow as tf
 
+        obs, next_obs = tf.cast(obs, tf.float32), tf.cast(next_obs, tf.float32)
         next_online = self.online(next_obs, training=False)
         best_next = tf.argmax(next_online, axis=1, output_type=tf.int32)
         next_target = self.target(next_obs, training=False)
@@ -283,10 +286,10 @@ class Learner:
         period = self.config.target_update_period
         copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
         inputs = [tf.constant(a) for a in (
-            t.obs.reshape(num, size, *self._obs_shape).astype(np.float32, copy=False),
+            t.obs.reshape(num, size, *self._obs_shape).astype(self._obs_dtype, copy=False),
             t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),
             t.discount.astype(np.float32, copy=False),
-            t.next_obs.reshape(num, size, *self._obs_shape).astype(np.float32, copy=False),
+            t.next_obs.reshape(num, size, *self._obs_shape).astype(self._obs_dtype, copy=False),
             stack.weights.astype(np.float32, copy=False), np.array(copy_target))]
         # A shape not run yet: XLA compiles the step for it, or loads it from the cache.
         new_shape = (num, size) not in self._shapes_run

@@ -7,12 +7,20 @@
 
 Everything is struct-of-arrays: one numpy array per field, blocks in and batches out, so that
 nothing is a Python loop over transitions and nothing crosses a process as a list of tuples.
+
+Image observations are stored as frames: each channel of an observation is a plane (height x
+width, the env's dtype, uint8 for pixels) stored once, and a transition holds the indices of its
+observations' planes. Four stacked Atari frames share three planes with the next step's, and a
+transition's next observation is a later transition's observation, so a transition costs about
+one plane (7 KB at 84x84) instead of two float32 stacks (220 KB).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, fields
 
 import numpy as np
@@ -25,6 +33,11 @@ class Transitions:
     reward is the discounted n-step return R = sum_k gamma^k r_k; discount is gamma^k for the
     k steps folded when the target should bootstrap from next_obs, and 0 when the episode
     terminated inside the n steps. priority is the actor's |TD error| (before the exponent).
+
+    frames, for image observations on their way to replay (pack_frames): the block's planes
+    (num_planes, height, width), each stored once; obs and next_obs then hold, per transition,
+    the index in frames of each channel's plane ((n, channels) int32). observations() rebuilds
+    the images.
     """
 
     obs: np.ndarray
@@ -33,26 +46,73 @@ class Transitions:
     discount: np.ndarray
     next_obs: np.ndarray
     priority: np.ndarray
+    frames: np.ndarray | None = None
 
     def __len__(self) -> int:
         return int(self.action.shape[0])
 
     def __post_init__(self) -> None:
         n = len(self)
-        for f in fields(self):
+        for f in fields(self)[:-1]:
             value = getattr(self, f.name)
             if not isinstance(value, np.ndarray) or value.shape[:1] != (n,):
                 shape = getattr(value, "shape", type(value).__name__)
                 raise ValueError(f"Transitions.{f.name} has shape {shape}; expected a numpy "
                                  f"array with {n} rows like Transitions.action")
+        if self.frames is not None:
+            for name in ("obs", "next_obs"):
+                refs = getattr(self, name)
+                if (refs.ndim != 2 or refs.dtype.kind not in "iu"
+                        or (refs.size and not 0 <= refs.min() <= refs.max() < len(self.frames))):
+                    raise ValueError(f"Transitions.{name} holds {refs.dtype} of shape "
+                                     f"{refs.shape}; with frames, expected (rows, channels) "
+                                     f"indices below len(frames)={len(self.frames)}")
+
+    def observations(self, refs: np.ndarray) -> np.ndarray:
+        """The images (..., height, width, channels) that plane indices refs (..., channels)
+        stand for."""
+        return np.moveaxis(self.frames.take(refs, axis=0), -3, -1)
 
     @staticmethod
     def concat(blocks: list[Transitions]) -> Transitions:
+        if any(b.frames is not None for b in blocks):
+            raise ValueError("Transitions.concat takes blocks of observations, not of frames")
         return Transitions(*(np.concatenate([getattr(b, f.name) for b in blocks])
-                             for f in fields(Transitions)))
+                             for f in fields(Transitions)[:-1]))
 
     def take(self, index) -> Transitions:
-        return Transitions(*(getattr(self, f.name)[index] for f in fields(self)))
+        return Transitions(*(getattr(self, f.name)[index] for f in fields(self)[:-1]),
+                           frames=self.frames)
+
+
+def pack_frames(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Image observations (E, height, width, channels) as planes stored once, and each
+    observation's plane indices (E, channels).
+
+    Where observation e's channels 0..C-2 are exactly e - 1's channels 1..C-1 (a frame stack
+    moved on by one frame), only its last plane is new; otherwise all its C planes are. So an
+    episode's observations in time order share all but one plane each. The test is on the
+    values, so the packing is exact for any env: one that stacks no frames shares no planes.
+    """
+    num, channels = len(observations), observations.shape[-1]
+    shifted = np.zeros(num, dtype=bool)
+    if num > 1 and channels > 1:
+        shifted[1:] = (observations[1:, ..., :-1] == observations[:-1, ..., 1:]).all(axis=(1, 2, 3))
+    new = np.where(shifted, 1, channels)
+    first_new = np.cumsum(new) - new          # index of each observation's first new plane
+    # run[e]: how many observations in a row up to e moved on by one frame (0 where e did not).
+    run = np.arange(num) - np.maximum.accumulate(np.where(~shifted, np.arange(num), 0))
+    channel = np.arange(channels)
+    back = channels - 1 - channel                               # frames ago a channel was new
+    head = np.arange(num) - run                                 # where the run started
+    in_run = back[None, :] <= run[:, None]
+    earlier = np.maximum(np.arange(num)[:, None] - back[None, :], 0)
+    recent = first_new[earlier] + new[earlier] - 1              # the newest plane of e - back
+    at_head = first_new[head][:, None] + channel[None, :] + run[:, None]
+    refs = np.where(in_run, recent, at_head).astype(np.int32)
+    source, plane = np.nonzero(np.where(shifted[:, None], channel[None, :] == channels - 1, True))
+    frames = observations[source, :, :, plane]
+    return frames, refs
 
 
 @dataclass
@@ -146,10 +206,17 @@ class PrioritizedReplay:
     Priorities arrive as |TD error|; (|delta| + eps) ** alpha is applied here, exactly once.
     Every inserted transition gets a key (its global insertion number); the slot is
     key % capacity, so an update for a key whose slot has since been overwritten is ignored.
+
+    Image observations (obs_shape of rank 3) are kept as frames in a ring of frame_capacity
+    planes (default: channels per transition, enough when no two observations share a plane).
+    Blocks arrive packed (pack_frames) and each block's transitions reference only its own
+    planes, so when the ring overwrites a block's planes, that block's transitions leave with
+    them: both rings evict oldest first, and the live keys stay one contiguous run.
     """
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], *, obs_dtype=np.float32,
-                 alpha: float = 0.6, eps: float = 1e-3, seed: int = 0):
+                 alpha: float = 0.6, eps: float = 1e-3, seed: int = 0,
+                 frame_capacity: int | None = None):
         if not isinstance(capacity, int) or capacity < 1:
             raise ValueError(f"capacity={capacity!r} is invalid: expected an integer >= 1")
         if not 0.0 <= alpha <= 1.0:
@@ -161,17 +228,52 @@ class PrioritizedReplay:
         self.alpha = alpha
         self.eps = eps
         self.rng = np.random.default_rng(seed)
-        self.obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
-        self.next_obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
+        self.framed = len(self.obs_shape) == 3
+        if self.framed:
+            height, width, channels = self.obs_shape
+            frame_capacity = capacity * channels if frame_capacity is None else frame_capacity
+            if not isinstance(frame_capacity, int) or frame_capacity < channels:
+                raise ValueError(f"frame_capacity={frame_capacity!r} is invalid: expected an "
+                                 f"integer >= {channels} (one observation's planes)")
+            self.frame_capacity = frame_capacity
+            self.frames = np.zeros((frame_capacity, height, width), dtype=obs_dtype)
+            self.obs = np.zeros((capacity, channels), dtype=np.int64)  # plane numbers
+            self.next_obs = np.zeros((capacity, channels), dtype=np.int64)
+            self.frames_inserted = 0
+            self._blocks: deque[tuple[int, int]] = deque()  # (first key, first plane number)
+        else:
+            self.obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
+            self.next_obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
         self.action = np.zeros(capacity, dtype=np.int64)
         self.reward = np.zeros(capacity, dtype=np.float32)
         self.discount = np.zeros(capacity, dtype=np.float32)
         self.key = np.full(capacity, -1, dtype=np.int64)
         self.tree = SumTree(capacity)
         self.total_inserted = 0
+        self.size = 0  # live transitions
 
     def __len__(self) -> int:
-        return min(self.total_inserted, self.capacity)
+        return self.size
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array this replay holds (what it costs in RAM once filled)."""
+        arrays = [self.obs, self.next_obs, self.action, self.reward, self.discount, self.key,
+                  self.tree.tree] + ([self.frames] if self.framed else [])
+        return sum(a.nbytes for a in arrays)
+
+    @staticmethod
+    def bytes_for(capacity: int, obs_shape: tuple[int, ...], obs_dtype=np.float32,
+                  frame_capacity: int | None = None) -> int:
+        """nbytes of a replay of these settings, without making it."""
+        leaves = 1 << max(1, math.ceil(math.log2(capacity)))
+        fields = capacity * (8 + 4 + 4 + 8) + 2 * leaves * 8  # action, reward, discount, key, tree
+        if len(obs_shape) == 3:
+            height, width, channels = obs_shape
+            frames = capacity * channels if frame_capacity is None else frame_capacity
+            return (fields + 2 * capacity * channels * 8
+                    + frames * height * width * np.dtype(obs_dtype).itemsize)
+        return fields + 2 * capacity * math.prod(obs_shape) * np.dtype(obs_dtype).itemsize
 
     def check(self) -> dict:
         """Integrity after anything went wrong around it (a lost actor mid-insert, ...): every
@@ -184,7 +286,7 @@ class PrioritizedReplay:
         filled = np.zeros(self.capacity, dtype=bool)
         filled[expected % self.capacity] = True
         problems = []
-        if not np.array_equal(np.sort(live), expected):
+        if not np.array_equal(np.sort(live), expected) or (self.key >= 0).sum() != size:
             problems.append("keys of live slots are not the last `size` insertion numbers")
         if not (np.isfinite(leaves[filled]).all() and (leaves[filled] > 0).all()):
             problems.append("a live slot has a priority that is not finite and > 0")
@@ -193,6 +295,11 @@ class PrioritizedReplay:
         total = float(leaves.sum())
         if not np.isclose(self.tree.total, total, rtol=1e-6, atol=1e-9):
             problems.append(f"sum tree root {self.tree.total} != sum of leaves {total}")
+        if self.framed and size:
+            oldest = self.frames_inserted - self.frame_capacity
+            slots = expected % self.capacity
+            if min(self.obs[slots].min(), self.next_obs[slots].min()) < oldest:
+                problems.append("a live transition references an overwritten frame")
         return {"ok": not problems, "problems": problems, "size": size,
                 "inserted": self.total_inserted}
 
@@ -202,18 +309,58 @@ class PrioritizedReplay:
             raise ValueError("priorities must be finite; got NaN or inf (is the learner diverging?)")
         return (np.abs(td_abs) + self.eps) ** self.alpha
 
-    def add(self, block: Transitions) -> np.ndarray:
-        """Insert a block (oldest slots are overwritten); returns the keys given to it."""
-        if block.obs.shape[1:] != self.obs_shape:
+    def _check_block(self, block: Transitions) -> None:
+        if self.framed:
+            channels = self.obs_shape[2]
+            if block.frames is None or block.frames.shape[1:] != self.obs_shape[:2] \
+                    or block.obs.shape[1:] != (channels,):
+                got = (f"frames {None if block.frames is None else block.frames.shape[1:]} "
+                       f"with {block.obs.shape[1:]} plane indices")
+                raise ValueError(f"block has {got}; this replay stores {self.obs_shape} images "
+                                 f"as frames: expected a block from pack_frames")
+            if len(block.frames) > self.frame_capacity:
+                raise ValueError(f"block has {len(block.frames)} frames; this replay holds "
+                                 f"frame_capacity={self.frame_capacity}")
+        elif block.frames is not None or block.obs.shape[1:] != self.obs_shape:
             raise ValueError(f"block observations have shape {block.obs.shape[1:]}; this replay "
                              f"stores observations of shape {self.obs_shape}")
+
+    def _store_frames(self, block: Transitions) -> int:
+        """Write a block's planes into the frame ring, evict the blocks whose planes they
+        overwrote, and return the first plane's number."""
+        first, count = self.frames_inserted, len(block.frames)
+        slots = np.arange(first, first + count) % self.frame_capacity
+        self.frames[slots] = block.frames
+        self.frames_inserted += count
+        self._blocks.append((self.total_inserted, first))
+        oldest = self.frames_inserted - self.frame_capacity  # the oldest plane still held
+        while self._blocks and self._blocks[0][1] < oldest:
+            start, _ = self._blocks.popleft()
+            stop = self._blocks[0][0] if self._blocks else self.total_inserted
+            self._evict(np.arange(max(start, self.total_inserted - self.capacity), stop))
+        return first
+
+    def _evict(self, keys: np.ndarray) -> None:
+        slots = keys % self.capacity
+        slots = slots[self.key[slots] == keys]
+        self.key[slots] = -1
+        self.tree.set(slots, np.zeros(len(slots)))
+        self.size -= len(slots)
+
+    def add(self, block: Transitions) -> np.ndarray:
+        """Insert a block (oldest slots are overwritten); returns the keys given to it."""
+        self._check_block(block)
+        scaled = self._scaled(block.priority)
         n = len(block)
         if n > self.capacity:  # only the newest `capacity` rows could survive anyway
             skipped = n - self.capacity
-            block = block.take(slice(skipped, None))
+            block, scaled = block.take(slice(skipped, None)), scaled[skipped:]
             self.total_inserted += skipped
             n = self.capacity
-        scaled = self._scaled(block.priority)
+        obs, next_obs = block.obs, block.next_obs
+        if self.framed:
+            first = self._store_frames(block)
+            obs, next_obs = obs + first, next_obs + first
         keys = np.arange(self.total_inserted, self.total_inserted + n, dtype=np.int64)
         start = self.total_inserted % self.capacity
         first = min(n, self.capacity - start)  # the block may wrap around the ring's end
@@ -221,14 +368,19 @@ class PrioritizedReplay:
                          (slice(0, n - first), slice(first, n))):
             if src.stop <= src.start:
                 continue
-            self.obs[dst] = block.obs[src]
-            self.next_obs[dst] = block.next_obs[src]
+            self.size += int((self.key[dst] < 0).sum())
+            self.obs[dst] = obs[src]
+            self.next_obs[dst] = next_obs[src]
             self.action[dst] = block.action[src]
             self.reward[dst] = block.reward[src]
             self.discount[dst] = block.discount[src]
             self.key[dst] = keys[src]
             self.tree.set_range(dst.start, scaled[src])
         self.total_inserted += n
+        if self.framed:  # forget blocks whose transitions the ring has overwritten
+            while (len(self._blocks) > 1
+                   and self._blocks[1][0] <= self.total_inserted - self.capacity):
+                self._blocks.popleft()
         return keys
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
@@ -267,11 +419,18 @@ class PrioritizedReplay:
         weights /= weights.max(axis=1, keepdims=True)
         # ndarray.take is markedly faster than fancy indexing for these random gathers.
         transitions = Transitions(
-            obs=self.obs.take(slots, axis=0), action=self.action.take(slots),
+            obs=self._observations(slots), action=self.action.take(slots),
             reward=self.reward.take(slots), discount=self.discount.take(slots),
-            next_obs=self.next_obs.take(slots, axis=0), priority=leaves.astype(np.float32))
+            next_obs=self._observations(slots, after=True), priority=leaves.astype(np.float32))
         return SampledBatch(transitions, self.key.take(slots), weights.astype(np.float32),
                             probabilities)
+
+    def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
+        stored = (self.next_obs if after else self.obs).take(slots, axis=0)
+        if not self.framed:
+            return stored
+        planes = self.frames.take(stored % self.frame_capacity, axis=0)  # (..., C, H, W)
+        return np.ascontiguousarray(np.moveaxis(planes, -3, -1))
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
@@ -361,6 +520,61 @@ class RateLimiter:
             self._cond.notify_all()
 
 
+# A replay may take this share of its node's available memory: the learner's batches, Ray's
+# object store and the actors on the node need the rest.
+MEMORY_SHARE = 0.5
+# Transitions held when the capacity is left to the machine: the Ape-X paper's 2 million
+# (Horgan et al. 2018, appendix: "replay memory size 2,000,000").
+PAPER_CAPACITY = 2_000_000
+
+
+def available_memory() -> int:
+    """Bytes of memory this node can still give a process (psutil's 'available')."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def sized_capacity(capacity: int | None, obs_shape: tuple[int, ...], *, obs_dtype=np.float32,
+                   frames_per_transition: float | None = None, frame_headroom: int = 0,
+                   share: float = MEMORY_SHARE,
+                   available: int | None = None) -> tuple[int, int | None]:
+    """(capacity, frame_capacity) for a replay on this node. capacity None: as many
+    transitions as fit in `share` of the available memory, at most PAPER_CAPACITY. A capacity
+    that does not fit is refused, with how many would.
+
+    Image observations: the frame ring holds frames_per_transition planes per transition, plus
+    frame_headroom (a block's planes: the ring evicts a block whole once its first plane goes).
+    """
+    def frames_for(n: int) -> int | None:
+        if frames_per_transition is None:
+            return None
+        return max(obs_shape[-1], math.ceil(n * frames_per_transition) + frame_headroom)
+
+    def bytes_for(n: int) -> int:
+        return PrioritizedReplay.bytes_for(n, obs_shape, obs_dtype, frames_for(n))
+
+    probe = 1 << 16
+    per_transition = bytes_for(probe) / probe
+    budget = (available_memory() if available is None else available) * share
+    fits = int(budget // per_transition)
+    while fits > 0 and bytes_for(fits) > budget:  # the sum tree rounds up to a power of 2
+        fits -= max(1, math.ceil((bytes_for(fits) - budget) / per_transition))
+    if capacity is None:
+        capacity = min(PAPER_CAPACITY, fits)
+        if capacity < 1:
+            raise ValueError(f"no transition of {obs_shape} observations fits in "
+                             f"{budget / 2**20:.0f} MiB ({share:.0%} of the available memory)")
+    elif bytes_for(capacity) > budget:
+        raise ValueError(
+            f"replay_capacity={capacity:,} does not fit: it needs "
+            f"{bytes_for(capacity) / 2**30:.2f} GiB ({per_transition / 1024:.2f} KiB a "
+            f"transition of {obs_shape} observations), and a replay may take {share:.0%} of the "
+            f"{budget / share / 2**30:.2f} GiB this node has available: at most {fits:,} "
+            "transitions fit")
+    return capacity, frames_for(capacity) if len(obs_shape) == 3 else None
+
+
 class ReplayService:
     """Thread-safe replay + rate limiter: the object the Ray replay actor wraps.
 
@@ -370,8 +584,13 @@ class ReplayService:
     """
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], *, alpha: float, eps: float,
-                 samples_per_insert: float, min_size: int, error_buffer: float, seed: int = 0):
-        self.replay = PrioritizedReplay(capacity, obs_shape, alpha=alpha, eps=eps, seed=seed)
+                 samples_per_insert: float, min_size: int, error_buffer: float, seed: int = 0,
+                 obs_dtype=np.float32, frame_capacity: int | None = None):
+        if min_size > capacity:
+            raise ValueError(f"min_size={min_size:,} is more than the replay's capacity="
+                             f"{capacity:,}: the learner would never start")
+        self.replay = PrioritizedReplay(capacity, obs_shape, alpha=alpha, eps=eps, seed=seed,
+                                        obs_dtype=obs_dtype, frame_capacity=frame_capacity)
         self.limiter = RateLimiter(samples_per_insert, min_size, error_buffer)
         self._lock = threading.Lock()
         self.priority_updates = 0
@@ -417,6 +636,8 @@ class ReplayService:
                 "priority_updates": self.priority_updates,
                 "stale_priority_updates": self.stale_priority_updates,
                 "priority_total": self.replay.tree.total,
+                "capacity": self.replay.capacity,
+                "bytes": self.replay.nbytes,
             }
 
     def close(self) -> None:
