@@ -14,6 +14,7 @@ from distrl.rl.replay import (
     ReplayService,
     SumTree,
     Transitions,
+    available_memory,
     pack_frames,
     sized_capacity,
 )
@@ -394,3 +395,27 @@ def test_replay_capacity_is_sized_to_the_memory_and_a_capacity_that_cannot_fit_i
 def test_the_bytes_a_replay_will_take_are_the_bytes_it_takes(capacity, shape, dtype, frames):
     replay = PrioritizedReplay(capacity, shape, obs_dtype=dtype, frame_capacity=frames)
     assert replay.nbytes == PrioritizedReplay.bytes_for(capacity, shape, dtype, frames)
+
+
+@pytest.mark.parametrize("version", ["v2", "v1"])
+def test_available_memory_is_what_the_container_limit_leaves(tmp_path, version, monkeypatch):
+    """In a pod psutil sees the whole node; the cgroup's limit (less what the container uses,
+    less page cache it can drop) is what a replay may really take."""
+    import collections
+
+    import psutil
+
+    gib = 2**30
+    node = collections.namedtuple("node", "available")(64 * gib)  # a fixed node: exact figures
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: node)
+    folder = tmp_path if version == "v2" else tmp_path / "memory"
+    folder.mkdir(exist_ok=True)
+    names = (("memory.max", "memory.current", "inactive_file") if version == "v2" else
+             ("memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"))
+    (folder / names[0]).write_text(f"{2 * gib}\n")
+    (folder / names[1]).write_text(f"{gib}\n")
+    (folder / "memory.stat").write_text(f"anon 123\n{names[2]} {gib // 4}\nfile 9\n")
+    assert available_memory(str(tmp_path)) == 2 * gib - (gib - gib // 4)
+    (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")
+    assert available_memory(str(tmp_path)) == 64 * gib
+    assert available_memory(str(tmp_path / "no cgroup here")) == 64 * gib

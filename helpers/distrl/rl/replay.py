@@ -22,6 +22,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import numpy as np
 
@@ -528,11 +529,32 @@ MEMORY_SHARE = 0.5
 PAPER_CAPACITY = 2_000_000
 
 
-def available_memory() -> int:
-    """Bytes of memory this node can still give a process (psutil's 'available')."""
+def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """Bytes of memory this process can still take: the node's available memory (psutil's
+    'available'), or less where its container's memory limit leaves less. In a pod psutil sees
+    the whole node, and the kernel ends the pod at its limit. cgroup v2 (GKE's nodes) keeps the
+    limit in memory.max, v1 in memory/memory.limit_in_bytes; page cache it could drop
+    (inactive_file) does not count as used, as the kernel reclaims it before the limit."""
     import psutil
 
-    return int(psutil.virtual_memory().available)
+    available = int(psutil.virtual_memory().available)
+    root = Path(cgroup_root)
+    for folder, limit_name, usage_name, cache_name in (
+            (root, "memory.max", "memory.current", "inactive_file"),
+            (root / "memory", "memory.limit_in_bytes", "memory.usage_in_bytes",
+             "total_inactive_file")):
+        try:
+            limit = (folder / limit_name).read_text().strip()
+            usage = int((folder / usage_name).read_text())
+            stat = dict(line.split() for line in (folder / "memory.stat").read_text().splitlines()
+                        if line.strip())
+        except (OSError, ValueError):
+            continue
+        if limit.isdigit():  # v2 writes "max" where there is no limit
+            usage -= int(stat.get(cache_name, 0))
+            available = min(available, int(limit) - usage)
+        break
+    return max(0, available)
 
 
 def sized_capacity(capacity: int | None, obs_shape: tuple[int, ...], *, obs_dtype=np.float32,
