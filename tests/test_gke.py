@@ -834,3 +834,59 @@ def test_an_auth_token_ray_wrote_readable_by_all_is_made_private(tmp_path):
     assert token.stat().st_mode & 0o777 == 0o600 and token.read_text() == "x" * 64
     made = ensure_auth_token(tmp_path / "new" / "auth_token")
     assert made.stat().st_mode & 0o777 == 0o600 and len(made.read_text()) == 64
+
+
+# --- the Pong workload ---------------------------------------------------------------------
+
+
+def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(tmp_path):
+    """Ape-X's own domain on GKE, without a cloud: the plan renders and validates Pong's RayJob,
+    its entrypoint parses into the training it means (the train CLI's own parser and checks),
+    its replay fits the head pod's memory, and its cost covers the run's whole budget."""
+    import numpy as np
+
+    from distrl.apex.train import build_parser
+    from distrl.gke import manifests
+    from distrl.gke.cost import estimate_run_cost
+    from distrl.gke.settings import WORKLOADS
+    from distrl.rl.actor import frames_per_block, frames_per_transition, network_for
+    from distrl.rl.config import ApexConfig
+    from distrl.rl.network import NATURE_TORSO
+    from distrl.rl.replay import MEMORY_SHARE, sized_capacity
+
+    pong = GkeSettings.for_workload("pong", project_id=PROJECT)
+    assert (pong.actor_machine_type, pong.max_actor_nodes) == ("e2-standard-16", 4)
+    assert GkeSettings.for_workload("pong", project_id=PROJECT,
+                                    max_actor_nodes=2).max_actor_nodes == 2
+    manifests.write_manifests(pong, tmp_path / "manifests")
+    for _, doc in manifests.load_dir(tmp_path / "manifests"):
+        manifests.validate(doc)
+    lines = []
+    dry_run(create_plan(pong, tmp_path / "manifests") + gke.rayjob_plan(pong, tmp_path / "manifests"),
+            out=lines.append)
+    assert any("rayjob.yaml" in line for line in lines)
+    job = next(d for _, d in manifests.load_dir(tmp_path / "manifests") if d["kind"] == "RayJob")
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[:3] == ["python", "-m", "distrl.apex.train"]
+    config = ApexConfig(**vars(build_parser().parse_args(argv[3:])))
+    assert config.env_id == "ALE/Pong-v5" and config.replay_capacity is None
+    assert config.num_gpus == 1 and config.num_actors == 4 * 14 and config.batch_size == 512
+    assert config.max_seconds == WORKLOADS["pong"].run_hours * 3600
+    assert network_for(config).conv_layers == NATURE_TORSO
+    # The replay, sized in the head pod as the replay process sizes itself, holds what the
+    # learner waits for before its first update.
+    head_memory = manifests.pod_sizes(pong)["head"].memory_gib * 2**30
+    capacity, _ = sized_capacity(None, (84, 84, 4), obs_dtype=np.uint8,
+                                 frames_per_transition=frames_per_transition(config, (84, 84, 4)),
+                                 frame_headroom=frames_per_block(config, (84, 84, 4)),
+                                 share=MEMORY_SHARE, available=head_memory)
+    assert config.min_replay_size < capacity
+    # The run's cost: the cluster's hourly cost for its whole budget.
+    hourly, run = estimate_cost(pong), estimate_run_cost(pong)
+    assert run.max_per_hour == pytest.approx(hourly.max_per_hour * 4)
+    assert run.min_per_hour == pytest.approx(hourly.min_per_hour * 4)
+    assert "pong run of at most 4 h" in run.table() and "e2-standard-16 (Spot)" in run.table()
+    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
+        GkeSettings(project_id=PROJECT, workload="breakout")
+    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
+        GkeSettings.for_workload("breakout", project_id=PROJECT)

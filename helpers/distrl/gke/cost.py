@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors, pod_sizes
-from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE
+from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE, WORKLOADS
 
 PRICES = {
     "date": "2026-11",
@@ -105,7 +105,7 @@ class CostEstimate:
         return sum(line.maximum for line in self.lines)
 
     def table(self) -> str:
-        rows = [f"{'item':<60} {'count':>9} {'each':>8} {'max/' + self.per[0]:>8}"]
+        rows = [f"{'item':<60} {'count':>9} {'each':>8} {'max':>8}"]
         for line in self.lines:
             count = (f"{line.count_max:.3g}" if line.count_min == line.count_max
                      else f"{line.count_min:.3g}-{line.count_max:.3g}")
@@ -163,6 +163,19 @@ def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
         lines.append(CostLine("actor pods (Autopilot Spot)", 0, s.max_actor_nodes,
                               pod_price(sizes["actor"], spot=True)))
     return CostEstimate(lines, prices["currency"], prices["date"], prices["source"])
+
+
+def estimate_run_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
+    """What one run of the settings' workload costs (WORKLOADS: its --max-seconds budget), the
+    cluster's hourly cost times its hours: from every actor node missing (Spot capacity that
+    never came) to all of them there throughout. The run ends sooner where it reaches its
+    target; the cluster costs its hourly rate until you delete it."""
+    hourly = estimate_cost(settings, prices)
+    hours = WORKLOADS[settings.workload].run_hours
+    lines = [CostLine(f"{line.item}, {hours:g} h", line.count_min, line.count_max,
+                      line.unit_price * hours) for line in hourly.lines]
+    return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
+                        per=f"{settings.workload} run of at most {hours:g} h")
 
 
 # Telemetry volume: what `python benchmarks/telemetry_volume.py` (2 actors, 40 s, an export

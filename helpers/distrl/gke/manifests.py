@@ -33,6 +33,7 @@ from distrl.gke.settings import (
     MANAGED_OTEL_NAMESPACE,
     OTLP_PORTS,
     RAY_VERSION,
+    WORKLOADS,
     GkeSettings,
     machine,
 )
@@ -387,7 +388,8 @@ def cluster_train_args(spec: dict) -> list[str]:
 
 
 def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> list[str]:
-    return ["python", "-m", "distrl.apex.train", "--env", "CartPole-v1",
+    """The RayJob's entrypoint: the settings' workload (WORKLOADS) on this cluster."""
+    return ["python", "-m", "distrl.apex.train", *WORKLOADS[s.workload].command_args(),
             *cluster_train_args(ray_cluster_spec(s, autoscale=False)),
             "--output-dir", output_dir, "--progress", "false",
             # Spot pods join over minutes (or not at all): wait for them, never refuse.

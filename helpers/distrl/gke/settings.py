@@ -106,6 +106,48 @@ GPU_MACHINES = {"nvidia-l4": "g2-standard-8", "nvidia-tesla-t4": "n1-standard-8"
 
 
 @dataclass(frozen=True)
+class Workload:
+    """A training the RayJob runs: its env, the distrl.apex.train options it gets besides the
+    cluster's (manifests.cluster_train_args), and the run's wall-clock budget, which its
+    --max-seconds enforces and its cost estimate covers (cost.estimate_run_cost)."""
+
+    env_id: str
+    train_args: tuple[str, ...]
+    run_hours: float
+    actor_machine_type: str = "e2-standard-8"  # the Spot actor pool it is sized for
+    max_actor_nodes: int = 4
+
+    def command_args(self) -> list[str]:
+        return ["--env", self.env_id, *self.train_args,
+                "--max-seconds", str(round(self.run_hours * 3600))]
+
+
+# What notebook 04 runs on GKE. "pong" is Ape-X's own domain, Atari from pixels: a GPU learner,
+# the Nature DQN torso, and Spot actors stepping 84x84x4 frames. Where the Ape-X paper (Horgan
+# et al. 2018, ICLR) sets a value this package also has, it is the paper's: n = 3 (the default),
+# batch 512, target network copied every 2,500 updates, actors pulling weights every 400 steps
+# (the default), priority exponents 0.6 and 0.4 (the defaults), and no rate limit between
+# actors and learner. These settings have not been run on GKE here; the first run is yours.
+WORKLOADS = {
+    "cartpole": Workload("CartPole-v1", (), 600 / 3600),  # ApexConfig's default budget
+    "pong": Workload("ALE/Pong-v5", (
+        "--target-return", "20",            # Pong's scores run from -21 to 21
+        "--hidden-sizes", "512",            # the Nature DQN's dense layer after its convolutions
+        "--batch-size", "512", "--batches-per-fetch", "1",
+        "--learning-rate", "0.0001",        # Adam (the paper: centred RMSProp, 0.00025 / 4)
+        "--target-update-period", "2500",
+        "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
+        "--min-replay-size", "50000",
+        "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
+        "--envs-per-actor", "8",
+        "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
+        "--eval-episodes", "4", "--eval-interval-s", "60",
+        "--checkpoint-interval-s", "300"),
+        4.0, actor_machine_type="e2-standard-16", max_actor_nodes=4),  # 14 actors a node
+}
+
+
+@dataclass(frozen=True)
 class GkeSettings:
     """What the reader chooses for the cluster; checked against GCP's naming rules on creation."""
 
@@ -120,6 +162,7 @@ class GkeSettings:
     image_tag: str = f"{__version__}-ray{RAY_VERSION}"
     otlp_protocol: str = "http/protobuf"
     operator_namespace: str = ""
+    workload: str = "cartpole"  # the training the RayJob runs: a key of WORKLOADS
     # Where pods may open HTTPS (TCP 443): Google APIs (checkpoints in a bucket) and, for the
     # head's autoscaler, the Kubernetes API server. Google publishes no fixed range for its
     # public API addresses, so the default is any address, on 443 only; with Private Google
@@ -154,6 +197,8 @@ class GkeSettings:
                             f"{', '.join(sorted(MACHINES))} (the machine types these settings know)")
         if self.mode not in MODES:
             problems.append(f"mode={self.mode!r}: one of {', '.join(MODES)}")
+        if self.workload not in WORKLOADS:
+            problems.append(f"workload={self.workload!r}: one of {', '.join(WORKLOADS)}")
         if not isinstance(self.image_tag, str) or \
                 not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}", self.image_tag):
             problems.append(f"image_tag={self.image_tag!r}: a Docker tag (letters, digits, _ . -)")
@@ -174,6 +219,16 @@ class GkeSettings:
                             "CIDRs such as '0.0.0.0/0' or '199.36.153.8/30,34.1.2.3/32'")
         if problems:
             raise ValueError("invalid GKE settings: " + "; ".join(problems))
+
+    @classmethod
+    def for_workload(cls, workload: str, **fields) -> GkeSettings:
+        """Settings whose actor pool is the one WORKLOADS[workload] is sized for (fields
+        override it)."""
+        if workload not in WORKLOADS:
+            raise ValueError(f"workload={workload!r}: one of {', '.join(WORKLOADS)}")
+        w = WORKLOADS[workload]
+        return cls(**{"workload": workload, "actor_machine_type": w.actor_machine_type,
+                      "max_actor_nodes": w.max_actor_nodes} | fields)
 
     # Every name derives from the prefix.
     @property
