@@ -198,22 +198,27 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     executed = run_notebook(
         NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
         {"OUTPUT_DIR": str(out_dir), "PROJECT_ID": "demo-project-1", "PREFIX": "rl-demo",
-         "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot", "DRY_RUN": False, "SMOKE": True},
+         "GPU_TYPE": "nvidia-tesla-t4", "MODE": "autopilot", "WORKLOAD": "pong",
+         "DRY_RUN": False, "SMOKE": True},
         kernel=kernel)
     assert error_lines(executed) == []
     text = stream_text(executed)
     assert "dry run: commands are printed, nothing is created" in text  # SMOKE forced it
     assert "gcloud container clusters create-auto rl-demo-cluster --region=us-central1" in text
-    plan = gke.create_plan(GkeSettings(project_id="demo-project-1", prefix="rl-demo",
-                                           gpu_type="nvidia-tesla-t4", mode="autopilot"),
+    plan = gke.create_plan(GkeSettings.for_workload("pong", project_id="demo-project-1",
+                                                    prefix="rl-demo", gpu_type="nvidia-tesla-t4",
+                                                    mode="autopilot"),
                            out_dir / "manifests")
     for step in plan:  # every command of the plan, exactly as it would run
         assert str(step) in text, step.title
     assert f"all {len(plan)} steps printed" in text
     assert "USD per hour" in text and "USD per month" in text and "free tier credit" in text
+    assert "USD per pong run of at most 4 h" in text
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text and "secretName: rl-demo-ray-token" in text
     docs = manifests.load_dir(out_dir / "manifests")
     assert {d["metadata"]["namespace"] for _, d in docs if d["kind"] != "Namespace"} == {"rl-demo"}
+    job = next(d for _, d in docs if d["kind"] == "RayJob")
+    assert "--env ALE/Pong-v5" in job["spec"]["entrypoint"]
 
 
 def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, stand_ins,
