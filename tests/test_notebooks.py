@@ -309,6 +309,13 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
     assert text.count("CartPole-v1: reached 475.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event
+    # Ape-X's own domain on the same cluster: Pong frames through an actor, the frame replay
+    # and one update of the Nature torso.
+    pong = json.loads((out_dir / "job-pong" / "results.json").read_text())
+    assert pong["env_id"] == "ALE/Pong-v5" and pong["learner_updates"] == 1
+    assert pong["replay_check"]["ok"] and pong["transitions_inserted"] >= 200
+    assert re.search(r"Pong: [\d,]+ agent steps \([\d,]+ frames\), [\d,]+ transitions into the "
+                     r"frame replay, 1 learner update; replay check: ok", text), text[-3000:]
     assert "processes left: 0" in text
     # The head stopped on SIGTERM, its monitor ended inside that stop (LocalCluster.stop), so
     # `ray start` reported no subprocess as having died.
