@@ -122,7 +122,7 @@ def main() -> None:
     if args.device == "gpu" and not gpus:
         raise SystemExit("--device gpu: TensorFlow sees no GPU on this machine")
     config = ApexConfig(env_id=args.env, hidden_sizes=tuple(args.hidden_sizes),
-                        batch_size=args.batch_size)
+                        batch_size=args.batch_size, jit_compile=True)  # XLA, then without
     spec = network_for(config)
     if args.first_call_only:  # one of first_call_in_a_new_process's processes
         _, first_call_s = updates_per_second(config, spec, 0, args.device, args.per_call)
@@ -136,12 +136,12 @@ def main() -> None:
                                                    args.updates, args.device, args.per_call)
     target = f"target 150: {rate / 150:.2f}x, " if spec.image_shape is None else ""
     print(f"learner on {args.device} ({gpus or 'one core'}), {args.env}'s network {spec.name}, "
-          f"batch {args.batch_size}: {rate:,.1f} updates/s with {args.per_call} batches per call "
+          f"batch {args.batch_size}: {rate:,.3g} updates/s with {args.per_call} batches per call "
           f"({target}{rate * args.batch_size:,.0f} samples/s), "
-          f"~{rate * flops / 1e9:.1f} GFLOP/s; one batch per call: {single:,.1f} updates/s "
+          f"~{rate * flops / 1e9:.1f} GFLOP/s; one batch per call: {single:,.3g} updates/s "
           f"(ratio {rate / single:.2f})")
     print(f"the first call, before any update lands (tracing, XLA's compile): {first_call_s:.2f} s; "
-          f"without XLA (jit_compile=False) {plain_first_s:.2f} s, then {plain_rate:,.1f} updates/s "
+          f"without XLA (jit_compile=False) {plain_first_s:.2f} s, then {plain_rate:,.3g} updates/s "
           f"(ratio {rate / plain_rate:.2f})")
     with tempfile.TemporaryDirectory() as cache:
         compiled = first_call_in_a_new_process(config, cache, args.per_call, args.device)

@@ -36,13 +36,14 @@ BASELINE_VENV = HERE / ".venv-baseline"
 BASELINE_PYTHON = BASELINE_VENV / "bin" / "python"
 
 
-def run_training(extra: list[str], timeout_s: float, output_dir: Path) -> dict:
+def run_training(extra: list[str], timeout_s: float, output_dir: Path,
+                 env_id: str = "CartPole-v1") -> dict:
     """`python -m distrl.apex.train --env CartPole-v1 ...` in a fresh process: its results.json,
     plus process_wall_s, the wall-clock the whole process took (Ray start-up included).
     `timeout_s` bounds the whole process, in case it hangs past its own --max-seconds. The run's
     results.json (timeline, events, CPU seconds per role) and its console stay in output_dir,
     so that a slow seed can be read afterwards."""
-    cmd = [sys.executable, "-m", "distrl.apex.train", "--env", "CartPole-v1", "--progress",
+    cmd = [sys.executable, "-m", "distrl.apex.train", "--env", env_id, "--progress",
            "false", "--output-dir", str(output_dir), *extra]
     output_dir.mkdir(parents=True)
     start = time.monotonic()

@@ -292,6 +292,16 @@ def test_greedy_evaluation_runs_every_episode_to_its_end():
     assert q.shape == (1, 2)
 
 
+def test_a_greedy_evaluation_ends_at_its_step_cap_in_a_game_without_an_end():
+    """MinAtar's Breakout has no time limit: a paddle that never misses plays forever. A
+    greedy evaluation stops at max_steps and counts each episode's return so far."""
+    config = ApexConfig(env_id="MinAtar/Breakout-v1", hidden_sizes=(32,))
+    spec = network_for(config)
+    returns, lengths = evaluate_greedy(config.env_id, init_weights(spec, 0), 3, seed=0,
+                                       spec=spec, max_steps=5)
+    assert lengths.max() == 5 and returns.shape == (3,)
+
+
 RACE = """
 import threading
 from distrl.rl.actor import env_spec

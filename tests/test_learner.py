@@ -170,6 +170,32 @@ def test_many_batches_in_one_call_are_the_same_updates_one_by_one():
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
+def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
+    """jit_compile=None: XLA for dense networks; not for convolutions on a CPU, where it made
+    the Nature torso's update 50x slower (benchmarks/results/learner_throughput.md). An image
+    learner takes its batches as replay keeps them, uint8."""
+    dense = NetworkSpec(4, 2, (8,), True)
+    image = NetworkSpec(10 * 10 * 4, 3, (8,), True, SMALL_TORSO, (10, 10, 4))
+    config = ApexConfig(hidden_sizes=(8,))
+    assert config.jit_compile is None
+    assert Learner(config, dense, init_weights(dense, 0)).uses_xla
+    learner = Learner(config, image, init_weights(image, 0))
+    assert not learner.uses_xla
+    assert Learner(config.replace(jit_compile=True), image, init_weights(image, 0)).uses_xla
+    rng = np.random.default_rng(0)
+    n = 16
+    obs = rng.integers(0, 2, (n + 1, 10, 10, 4), dtype=np.uint8)
+    batch = SampledBatch(Transitions(obs=obs[:-1], action=rng.integers(0, 3, n),
+                                     reward=np.ones(n, np.float32),
+                                     discount=np.full(n, 0.9, np.float32), next_obs=obs[1:],
+                                     priority=np.ones(n, np.float32)),
+                         np.arange(n), np.ones(n, np.float32), np.full(n, 1 / n))
+    loss, td_abs, _ = learner.update(batch)
+    assert np.isfinite(loss) and td_abs.shape == (n,)
+    with pytest.raises(ValueError, match="jit_compile='yes' is invalid"):
+        ApexConfig(jit_compile="yes")
+
+
 def test_beta_anneals_linearly():
     spec = NetworkSpec(4, 2, (8,), True)
     config = ApexConfig(hidden_sizes=(8,), priority_beta=0.4, priority_beta_final=1.0,

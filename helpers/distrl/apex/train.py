@@ -53,8 +53,8 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
         optional = type(None) in args
         base = next((a for a in args if a is not type(None)), hint) if optional else hint
         if base is bool:
-            kwargs["type"] = _bool
-            kwargs["metavar"] = "{true,false}"
+            kwargs["type"] = _none_or(_bool) if optional else _bool
+            kwargs["metavar"] = "{true,false,none}" if optional else "{true,false}"
         elif typing.get_origin(base) is tuple:
             kwargs["type"] = int
             kwargs["nargs"] = "+"

@@ -163,7 +163,7 @@ class LearnerWorker:
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
-                                         xla_cache=config.xla_cache and config.jit_compile)
+                                         xla_cache=config.xla_cache and config.jit_compile is not False)
         if config.num_gpus > 0 and not self.gpus:
             raise RuntimeError(
                 f"num_gpus={config.num_gpus}: Ray gave the learner a GPU "

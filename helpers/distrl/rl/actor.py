@@ -532,17 +532,26 @@ class Actor:
         self.envs.close()
 
 
+# An evaluation episode ends here at the latest: ALE's own cap, 108,000 frames (ale_py's
+# max_num_frames_per_episode for v5), in agent steps of 4 frames. Some games have no end of
+# their own (MinAtar's Breakout, for a paddle that never misses): a greedy evaluation must.
+EVAL_MAX_STEPS = 27_000
+
+
 def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed: int,
-                    spec: NetworkSpec) -> tuple[np.ndarray, np.ndarray]:
+                    spec: NetworkSpec, max_steps: int = EVAL_MAX_STEPS
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """Returns and lengths of `episodes` greedy (epsilon = 0) episodes of the network spec with
-    these weights, stepped together."""
+    these weights, stepped together; an episode still running after max_steps counts with the
+    return it has then."""
     envs = EnvBatch(env_id, episodes, training=False)
     try:
         obs = envs.reset(seeds=[seed + i for i in range(episodes)])
         returns = np.zeros(episodes)
         lengths = np.zeros(episodes, dtype=np.int64)
         running = np.ones(episodes, dtype=bool)
-        while running.any():  # a slot that has ended starts again; only its first episode counts
+        # A slot that has ended starts again; only its first episode counts.
+        while running.any() and lengths.max() < max_steps:
             actions = spec.q_values(weights, obs).argmax(axis=1)
             obs, reward, terminated, truncated, _, _ = envs.step(actions)
             returns += np.where(running, reward, 0.0)

@@ -111,11 +111,12 @@ class ApexConfig:
     """GPUs for the learner (0: CPU)"""
     learner_cpus: float = 1.0
     """CPUs Ray reserves for the learner"""
-    # True: XLA fuses the step's many small ops, at the cost of compiling before the first update
-    # (xla_cache keeps it for later starts). `python benchmarks/learner_throughput.py` measures
-    # both, the updates/s and the first call.
-    jit_compile: bool = True
-    """compile the train steps with XLA"""
+    # XLA fuses the dense network's many small ops, at the cost of compiling before the first
+    # update (xla_cache keeps it for later starts). On a CPU it makes convolutions far slower:
+    # the Nature torso at batch 512 took 25 s an update with XLA, 0.5 s without.
+    # `python benchmarks/learner_throughput.py [--env ALE/Pong-v5]` measures both.
+    jit_compile: bool | None = None
+    """compile the train steps with XLA (None: yes, except for convolutions on a CPU)"""
     xla_cache: bool = True
     """keep XLA's compiled train steps on disk for the next start (in ~/.cache/distrl/xla)"""
 
@@ -291,10 +292,11 @@ def _validate(c: ApexConfig) -> None:
            c.run_id, "None or a non-empty string")
     _check(c.peak_flops is None or (_is_num(c.peak_flops) and c.peak_flops > 0), "peak_flops",
            c.peak_flops, "None or a number > 0")
-    for name in ["dueling", "per_slot_epsilon", "jit_compile", "xla_cache", "progress",
-                 "telemetry"]:
+    for name in ["dueling", "per_slot_epsilon", "xla_cache", "progress", "telemetry"]:
         v = getattr(c, name)
         _check(isinstance(v, bool), name, v, "True or False")
+    _check(c.jit_compile is None or isinstance(c.jit_compile, bool), "jit_compile",
+           c.jit_compile, "True, False or None (XLA except for convolutions on a CPU)")
 
 
 @cache

@@ -148,6 +148,13 @@ def _enable_xla_cache(directory: Path) -> Path | None:
     return directory
 
 
+def tf_gpus() -> list:
+    """The GPUs TensorFlow places ops on in this process."""
+    import tensorflow as tf
+
+    return tf.config.list_logical_devices("GPU")
+
+
 def configure_tensorflow(num_threads: int | None = None, lean: bool = False,
                          xla_cache: bool = False) -> list[str]:
     """Import TensorFlow quietly, optionally cap its CPU threads; returns the visible GPUs.
@@ -205,6 +212,9 @@ class Learner:
         self._pairs = [(t, o) for name in spec.layer_names()
                        for t, o in zip(self.target.get_layer(name).weights,
                                        self.online.get_layer(name).weights)]
+        jit = config.jit_compile
+        self.uses_xla = jit if jit is not None else (
+            not spec.conv_layers or bool(tf_gpus()))  # see ApexConfig.jit_compile
         self._train_steps = self._trace()
         self._shapes_run: set[tuple[int, int]] = set()  # (batches, batch size) XLA has built
         self._cache_cleared = False
@@ -219,7 +229,7 @@ class Learner:
 
         obs = tf.TensorSpec([None, None, *self._obs_shape], tf.as_dtype(self._obs_dtype))
         column = tf.TensorSpec([None, None], tf.float32)
-        return tf.function(self._steps, jit_compile=self.config.jit_compile,
+        return tf.function(self._steps, jit_compile=self.uses_xla,
                            autograph=False).get_concrete_function(
             obs, tf.TensorSpec([None, None], tf.int32), column, column, obs, column,
             tf.TensorSpec([None], tf.bool))
