@@ -93,7 +93,8 @@ def baseline_python() -> Path:
     requirements = HERE / "requirements-baseline.txt"
     if not stamp.exists() or stamp.read_text() != requirements.read_text():
         print(f"building {BASELINE_VENV} (torch, Stable-Baselines3) ...", flush=True)
-        subprocess.run([sys.executable, "-m", "venv", str(BASELINE_VENV)], check=True)
+        if not BASELINE_PYTHON.exists():  # else the pins change in the venv there is
+            subprocess.run([sys.executable, "-m", "venv", str(BASELINE_VENV)], check=True)
         subprocess.run([str(BASELINE_PYTHON), "-m", "pip", "install", "--quiet", "-r",
                         str(requirements)], check=True, timeout=1800)
         stamp.write_text(requirements.read_text())

@@ -21,6 +21,7 @@ CONSTANTS = {
     ("01", "1 s"): "ApexConfig.eval_interval_s's default",
     ("01", "2 s"): "the 100-line loop's evaluation interval, in its code",
     ("01", "0.25 s"): "the driver's poll interval (REPORT_INTERVAL_S)",
+    ("01", "27,000 steps"): "where a greedy evaluation ends (rl.actor.EVAL_MAX_STEPS)",
     ("02", "128 transitions"): "ApexConfig.batch_size's default",
     ("02", "60 s"): "the OTel SDK's default export interval",
     ("02", "10 s"): "the local export interval; the top of the latency buckets",
@@ -94,6 +95,7 @@ def test_the_constants_the_prose_states_are_what_the_code_uses():
     from distrl.apex import driver
     from distrl.gke import cost, manifests, settings
     from distrl.otel import conventions
+    from distrl.rl import actor
     from distrl.rl.config import ApexConfig
 
     pods_export_ms = {e["name"]: e.get("value") for e in manifests._env(manifests.DEFAULTS)}[
@@ -104,6 +106,7 @@ def test_the_constants_the_prose_states_are_what_the_code_uses():
         ("01", "1 s"): (ApexConfig().eval_interval_s, 1),
         ("01", "2 s"): ("last_eval > 2.0" in _notebook_code("01"), True),
         ("01", "0.25 s"): (driver.REPORT_INTERVAL_S, 0.25),
+        ("01", "27,000 steps"): (actor.EVAL_MAX_STEPS, 27_000),
         ("02", "10 s"): ((conventions.DEFAULT_EXPORT_INTERVAL_MS,
                           conventions.LATENCY_BUCKETS_MS[-1]), (10_000, 10_000)),
         ("02", "0.01 ms"): (conventions.LATENCY_BUCKETS_MS[0], 0.01),

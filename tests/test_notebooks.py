@@ -59,6 +59,14 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     assert re.search(r"first env step [\d.]+ s after train\(\); learner running at [\d.]+ s", text)
     assert re.search(r"100-line version: reached 100 in \d+ s after [\d,]+ transitions", text)
     assert re.search(r"the same defaults over seeds \[[\d, ]+\] \(python benchmarks/sweep.py", text)
+    # Images: MinAtar's Breakout through the convolutional network learned within its budget,
+    # and the figures printed are the run's.
+    image = json.loads((out_dir / "images" / "results.json").read_text())
+    assert image["env_id"] == "MinAtar/Breakout-v1" and image["learner_updates"] > 0
+    first, best = map(float, re.search(r"greedy return ([\d.]+) at the first evaluation, "
+                                       r"([\d.]+) at best", text).groups())
+    assert best == pytest.approx(image["best_eval_return"], abs=0.05)
+    assert first == pytest.approx(image["evals"][0]["mean_return"], abs=0.05) and best > first
     # The animation cell rendered frames of the trained agent.
     import nbformat
 

@@ -42,12 +42,14 @@ def notebook_defaults(notebook: Path = NOTEBOOK) -> dict:
 
 
 def default_settings() -> GkeSettings:
+    """The settings notebook 03 makes from its parameters' defaults (as its settings cell does)."""
     p = notebook_defaults()
-    return GkeSettings(
-        project_id=p["PROJECT_ID"], region=p["REGION"], zone=p["ZONE"], prefix=p["PREFIX"],
-        gpu_type=p["GPU_TYPE"], max_actor_nodes=p["MAX_ACTOR_NODES"],
-        actor_machine_type=p["ACTOR_MACHINE_TYPE"], mode=p["MODE"],
-        otlp_protocol=p["OTLP_PROTOCOL"], operator_namespace=p["OPERATOR_NAMESPACE"])
+    pool = {"max_actor_nodes": p["MAX_ACTOR_NODES"], "actor_machine_type": p["ACTOR_MACHINE_TYPE"]}
+    return GkeSettings.for_workload(
+        p["WORKLOAD"], project_id=p["PROJECT_ID"], region=p["REGION"], zone=p["ZONE"],
+        prefix=p["PREFIX"], gpu_type=p["GPU_TYPE"], mode=p["MODE"],
+        otlp_protocol=p["OTLP_PROTOCOL"], operator_namespace=p["OPERATOR_NAMESPACE"],
+        **{name: value for name, value in pool.items() if value is not None})
 
 
 def plan_listing() -> str:

@@ -139,7 +139,7 @@ WORKLOADS = {
         "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
         "--min-replay-size", "50000",
         "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
-        "--envs-per-actor", "8",
+        "--envs-per-actor", "16",           # the actor at 56% of the raw env's rate, 8 at 48%
         "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "--eval-episodes", "4", "--eval-interval-s", "60",
         "--checkpoint-interval-s", "300"),
