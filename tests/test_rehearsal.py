@@ -4,6 +4,8 @@ run against them, and the telemetry the pods' OTEL_* variables send landing in t
 collector over OTLP/HTTP, as it would in Managed OpenTelemetry."""
 
 import json
+import shlex
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ from conftest import respond
 from distrl.cluster import jobs
 from distrl.cluster.rehearsal import ManifestRehearsal, container_env, ray_start_argv
 from distrl.gke import manifests as m
-from distrl.gke.settings import GkeSettings
+from distrl.gke.settings import WORKLOADS, GkeSettings
 from distrl.otel.collector import LocalCollector
 from distrl.ray_runtime import DEFAULT_TOKEN_FILE
 from distrl.tutorial import NOTEBOOKS_DIR, run_notebook, stream_text
@@ -140,6 +142,19 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
     runs = {p["attributes"] for p in collector.store().query(
         "SELECT DISTINCT attributes FROM points WHERE metric_type LIKE '%rl.sample.samples%'")}
     assert any(first["config"]["run_id"] in a for a in runs)  # 05 finds this run's metrics
+    # Last, the notebook submitted the full Pong run with the workload's options and the
+    # RayCluster's, and left it running (hours on GKE): here it is stopped, so that the head
+    # drains by itself at the teardown.
+    client = cluster.job_client()
+    [pong] = [j for j in client.list_jobs() if "ALE/Pong-v5" in j.entrypoint]
+    assert shlex.join(WORKLOADS["pong"].command_args()) in pong.entrypoint
+    assert "--num-actors 2 --actor-cpus 1" in pong.entrypoint
+    assert f"submitted {pong.submission_id}, budget 4 h" in text
+    client.stop_job(pong.submission_id)
+    deadline = time.monotonic() + 90
+    while not client.get_job_status(pong.submission_id).is_terminal():
+        assert time.monotonic() < deadline, "the Pong job did not stop within 90 s"
+        time.sleep(0.5)
 
 
 def test_container_env_follows_kubernetes_rules_and_refuses_what_it_cannot_rehearse():
