@@ -171,6 +171,7 @@ class _Observing(gym.Env):
     ("Text", gym.spaces.Text(8)),
     ("Rank2", gym.spaces.Box(0, 1, (5, 5))),
     ("Rank4", gym.spaces.Box(0, 255, (2, 8, 8, 3), np.uint8)),
+    ("FloatImage", gym.spaces.Box(0.0, 1.0, (8, 8, 3), np.float32)),  # would be cut to uint8
 ])
 def test_observations_the_network_cannot_take_are_refused_naming_the_space(name, space):
     env_id = f"distrl-test/{name}Obs-v0"

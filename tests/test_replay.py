@@ -8,7 +8,7 @@ import pytest
 from scipy import stats
 
 from distrl.rl.replay import (
-    PAPER_CAPACITY,
+    APEX_CAPACITY,
     PrioritizedReplay,
     RateLimiter,
     ReplayService,
@@ -336,9 +336,10 @@ def test_framed_replay_evicts_whole_blocks_with_their_frames_and_samples_exact_i
         assert len(replay) <= min(replay.total_inserted, 150 - 4)
     assert len(replay) < 200  # the frame ring, not the capacity, decided what stays
     batch = replay.sample(64)
+    # Sampled images come channels first, as the planes are stored (the learner moves them).
     for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
-        np.testing.assert_array_equal(obs, inserted[int(key)][0])
-        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
+        np.testing.assert_array_equal(np.moveaxis(obs, 0, -1), inserted[int(key)][0])
+        np.testing.assert_array_equal(np.moveaxis(next_obs, 0, -1), inserted[int(key)][1])
     assert batch.transitions.obs.dtype == np.uint8
     assert replay.update_priorities(batch.keys, np.ones(64)) == 64
 
@@ -382,8 +383,8 @@ def test_replay_capacity_is_sized_to_the_memory_and_a_capacity_that_cannot_fit_i
                        available=4 * gib)
     assert sized_capacity(capacity, shape, obs_dtype=np.uint8, frames_per_transition=1.06,
                           available=4 * gib)[0] == capacity
-    # A big machine is capped at the paper's 2 million; vectors keep no frames.
-    assert sized_capacity(None, (4,), available=1024 * gib) == (PAPER_CAPACITY, None)
+    # A big machine is capped at Ape-X's 2 million; vectors keep no frames.
+    assert sized_capacity(None, (4,), available=1024 * gib) == (APEX_CAPACITY, None)
     with pytest.raises(ValueError, match="no transition"):
         sized_capacity(None, shape, obs_dtype=np.uint8, frames_per_transition=1.0,
                        available=1000)

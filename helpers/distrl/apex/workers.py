@@ -46,7 +46,7 @@ class ReplayWorker(ReplayService):
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
         obs_shape = spec.image_shape or (spec.obs_size,)
-        obs_dtype = np.uint8 if spec.image_shape else np.float32  # actor.as_observation
+        obs_dtype = np.uint8 if spec.image_shape else np.float32  # actor.IMAGE_DTYPES
         # Sized on this node: it holds the memory (a refusal says how much would fit).
         capacity, frame_capacity = sized_capacity(
             config.replay_capacity, obs_shape, obs_dtype=obs_dtype,

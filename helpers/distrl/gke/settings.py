@@ -123,18 +123,18 @@ class Workload:
 
 
 # What notebook 04 runs on GKE. "pong" is Ape-X's own domain, Atari from pixels: a GPU learner,
-# the Nature DQN torso, and Spot actors stepping 84x84x4 frames. Where the Ape-X paper (Horgan
-# et al. 2018, ICLR) sets a value this package also has, it is the paper's: n = 3 (the default),
-# batch 512, target network copied every 2,500 updates, actors pulling weights every 400 steps
-# (the default), priority exponents 0.6 and 0.4 (the defaults), and no rate limit between
-# actors and learner. These settings have not been run on GKE here; the first run is yours.
+# the Nature DQN torso, and Spot actors stepping 84x84x4 frames. The Ape-X values below are as
+# a reimplementation gives them (kakaoenterprise/JORLDY, config/apex/atari.py: n = 3, batch 512,
+# target network copied every 2,500 updates, priority exponents 0.6 and 0.4); the paper's own
+# text (Horgan et al. 2018, arXiv 1803.00933) could not be read from here to check them. These
+# settings have not been run on GKE here; the first run is yours.
 WORKLOADS = {
     "cartpole": Workload("CartPole-v1", (), 600 / 3600),  # ApexConfig's default budget
     "pong": Workload("ALE/Pong-v5", (
         "--target-return", "20",            # Pong's scores run from -21 to 21
         "--hidden-sizes", "512",            # the Nature DQN's dense layer after its convolutions
         "--batch-size", "512", "--batches-per-fetch", "1",
-        "--learning-rate", "0.0001",        # Adam (the paper: centred RMSProp, 0.00025 / 4)
+        "--learning-rate", "0.0001",        # Adam (JORLDY's Ape-X: centred RMSProp, 0.00025 / 4)
         "--target-update-period", "2500",
         "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
         "--min-replay-size", "50000",

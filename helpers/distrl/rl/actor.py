@@ -100,7 +100,10 @@ def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
 
 
 ACCEPTED_OBSERVATIONS = ("a Box of rank 1 (a vector: the dense layers) or rank 3 (an image, "
-                         "height x width x channels: convolutions first)")
+                         "height x width x channels of uint8 or bool pixels: convolutions first)")
+# Images travel and are stored as uint8 planes (as_observation, the replay's frames, the
+# learner's input): a float image would be cut to integers, so env_spec refuses one.
+IMAGE_DTYPES = (np.uint8, np.bool_)
 
 
 def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
@@ -113,7 +116,8 @@ def env_spec(env_id: str) -> tuple[tuple[int, ...], int]:
     if not isinstance(act_space, gym.spaces.Discrete):
         raise ValueError(f"env_id={env_id!r} has action space {act_space}; DQN needs a Discrete "
                          "action space (e.g. CartPole-v1, Acrobot-v1, LunarLander-v3)")
-    if not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3):
+    if (not isinstance(obs_space, gym.spaces.Box) or len(obs_space.shape) not in (1, 3)
+            or (len(obs_space.shape) == 3 and obs_space.dtype not in IMAGE_DTYPES)):
         raise ValueError(f"env_id={env_id!r} has observation space {obs_space}; the Q-network "
                          f"takes {ACCEPTED_OBSERVATIONS}")
     return tuple(obs_space.shape), int(act_space.n)
@@ -259,23 +263,27 @@ class NStepFolder:
         discount = self.gamma ** k
         row_ended = ended[rows, slots]
         discount[row_ended & terminated[last_rows, slots]] = 0.0
-        block = Transitions(obs=obs[rows, slots], action=action[rows, slots],
-                            reward=ret[rows, slots].astype(np.float32),
-                            discount=discount.astype(np.float32),
-                            next_obs=next_obs[last_rows, slots],
-                            priority=np.zeros(len(rows), np.float32))
+        reward_n = ret[rows, slots].astype(np.float32)
+        discount = discount.astype(np.float32)
+        priority = np.zeros(len(rows), np.float32)
+        # Where the transition bootstraps from an observation the actor acted on, that is the
+        # next step's obs, and Q(s') is already known; else next_obs holds it (an episode's end,
+        # or the window's).
+        from_obs = ~row_ended & (last_rows + 1 < length)
         if q_fn is not None and q.shape[-1] > 0 and len(rows):
-            # Q(s') is already known where s' is a later step's obs that the actor acted on.
-            known = ~row_ended & (last_rows + 1 < length)
             q_next = np.empty(len(rows), np.float32)
-            q_next[known] = q[last_rows[known] + 1, slots[known]].max(axis=1)
-            if (~known).any():
-                q_next[~known] = q_fn(block.next_obs[~known]).max(axis=1)
+            q_next[from_obs] = q[last_rows[from_obs] + 1, slots[from_obs]].max(axis=1)
+            if (~from_obs).any():
+                q_next[~from_obs] = q_fn(next_obs[last_rows[~from_obs], slots[~from_obs]]).max(axis=1)
             q_taken = q[rows, slots, action[rows, slots]]
-            target = block.reward + block.discount * q_next
-            block.priority = np.abs(target - q_taken).astype(np.float32)
-        if self.framed:
-            block = _framed(block, obs, next_obs, rows, slots, last_rows, row_ended)
+            priority = np.abs(reward_n + discount * q_next - q_taken).astype(np.float32)
+        if self.framed:  # each plane once, never each transition's whole observations
+            block = _framed(obs, next_obs, rows, slots, last_rows, from_obs, action[rows, slots],
+                            reward_n, discount, priority)
+        else:
+            block = Transitions(obs=obs[rows, slots], action=action[rows, slots], reward=reward_n,
+                                discount=discount, next_obs=next_obs[last_rows, slots],
+                                priority=priority)
 
         keep = min(n - 1, length)
         tail = slice(length - keep, length)
@@ -291,7 +299,7 @@ def as_observation(obs) -> np.ndarray:
     obs = np.asarray(obs)
     if obs.dtype == np.uint8:
         return obs
-    return obs.astype(np.uint8 if obs.dtype == bool else np.float32)
+    return obs.astype(np.uint8 if obs.dtype == bool else np.float32, copy=False)
 
 
 def _empty_transitions(obs_shape: tuple[int, ...], framed: bool = False) -> Transitions:
@@ -307,13 +315,13 @@ def _empty_transitions(obs_shape: tuple[int, ...], framed: bool = False) -> Tran
                        priority=np.zeros(0, np.float32))
 
 
-def _framed(block: Transitions, obs, next_obs, rows, slots, last_rows, row_ended) -> Transitions:
-    """block with its observations packed as frames. The observations it references are the
-    obs of steps (row, slot) and, where an episode ended or the window ends, a step's
-    next_obs; laid out slot by slot in time order, a frame stack shares all but one plane with
-    the observation before it."""
+def _framed(obs, next_obs, rows, slots, last_rows, from_obs, action, reward, discount,
+            priority) -> Transitions:
+    """The block of transitions (rows, slots) with its observations packed as frames. The
+    observations it references are the obs of steps (row, slot) and, where next_obs is not the
+    next step's obs (from_obs False), a step's next_obs; laid out slot by slot in time order,
+    a frame stack shares all but one plane with the observation before it."""
     length, num_slots = obs.shape[:2]
-    from_obs = ~row_ended & (last_rows + 1 < length)  # next_obs is the next step's obs
     used = np.zeros((length, num_slots, 2), dtype=bool)  # (row, slot, 0: obs / 1: next_obs)
     used[rows, slots, 0] = True
     used[last_rows[from_obs] + 1, slots[from_obs], 0] = True
@@ -327,9 +335,9 @@ def _framed(block: Transitions, obs, next_obs, rows, slots, last_rows, row_ended
     frames, refs = pack_frames(images)
     next_entry = np.where(from_obs, entry[np.minimum(last_rows + 1, length - 1), slots, 0],
                           entry[last_rows, slots, 1])
-    return Transitions(obs=refs[entry[rows, slots, 0]], action=block.action,
-                       reward=block.reward, discount=block.discount, next_obs=refs[next_entry],
-                       priority=block.priority, frames=frames)
+    return Transitions(obs=refs[entry[rows, slots, 0]], action=action, reward=reward,
+                       discount=discount, next_obs=refs[next_entry], priority=priority,
+                       frames=frames)
 
 
 def initial_priorities(spec: NetworkSpec, weights, block: Transitions) -> np.ndarray:

@@ -51,7 +51,7 @@ class ApexConfig:
     # --- prioritized replay ---
     replay_capacity: int | None = 100_000
     """transitions kept in the replay ring buffer (split evenly over the replay shards); None:
-    as many as fit in half the replay node's available memory, at most the paper's 2 million"""
+    as many as fit in half the replay node's available memory, at most 2 million (Ape-X's size)"""
     replay_shards: int = 1
     """replay processes; actors fill them round-robin, the learner samples by priority mass"""
     priority_alpha: float = 0.6

@@ -119,6 +119,7 @@ def pack_frames(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @dataclass
 class SampledBatch:
     """A learner batch: the transitions, their replay keys and importance-sampling weights.
+    Image observations in it are channels first (channels, height, width): the frames' layout.
 
     From sample_many, a stack of batches: every array has a first axis of one row per batch
     (keys, weights and probabilities shaped (num_batches, batch_size)); take(k) is batch k.
@@ -427,11 +428,13 @@ class PrioritizedReplay:
                             probabilities)
 
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
+        """The observations of these slots; images channels first, (..., C, H, W), as the
+        planes are stored: one gather, and the learner's graph moves the channels last (on
+        its GPU, where it has one) instead of this process copying every batch twice."""
         stored = (self.next_obs if after else self.obs).take(slots, axis=0)
         if not self.framed:
             return stored
-        planes = self.frames.take(stored % self.frame_capacity, axis=0)  # (..., C, H, W)
-        return np.ascontiguousarray(np.moveaxis(planes, -3, -1))
+        return self.frames.take(stored % self.frame_capacity, axis=0)
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
@@ -524,9 +527,9 @@ class RateLimiter:
 # A replay may take this share of its node's available memory: the learner's batches, Ray's
 # object store and the actors on the node need the rest.
 MEMORY_SHARE = 0.5
-# Transitions held when the capacity is left to the machine: the Ape-X paper's 2 million
-# (Horgan et al. 2018, appendix: "replay memory size 2,000,000").
-PAPER_CAPACITY = 2_000_000
+# Transitions held when the capacity is left to the machine: 2 million, Ape-X's replay size as
+# reimplementations give it (the paper's own text could not be read from here to check it).
+APEX_CAPACITY = 2_000_000
 
 
 def available_memory(cgroup_root: str = "/sys/fs/cgroup") -> int:
@@ -562,7 +565,7 @@ def sized_capacity(capacity: int | None, obs_shape: tuple[int, ...], *, obs_dtyp
                    share: float = MEMORY_SHARE,
                    available: int | None = None) -> tuple[int, int | None]:
     """(capacity, frame_capacity) for a replay on this node. capacity None: as many
-    transitions as fit in `share` of the available memory, at most PAPER_CAPACITY. A capacity
+    transitions as fit in `share` of the available memory, at most APEX_CAPACITY. A capacity
     that does not fit is refused, with how many would.
 
     Image observations: the frame ring holds frames_per_transition planes per transition, plus
@@ -583,7 +586,7 @@ def sized_capacity(capacity: int | None, obs_shape: tuple[int, ...], *, obs_dtyp
     while fits > 0 and bytes_for(fits) > budget:  # the sum tree rounds up to a power of 2
         fits -= max(1, math.ceil((bytes_for(fits) - budget) / per_transition))
     if capacity is None:
-        capacity = min(PAPER_CAPACITY, fits)
+        capacity = min(APEX_CAPACITY, fits)
         if capacity < 1:
             raise ValueError(f"no transition of {obs_shape} observations fits in "
                              f"{budget / 2**20:.0f} MiB ({share:.0%} of the available memory)")
@@ -594,7 +597,7 @@ def sized_capacity(capacity: int | None, obs_shape: tuple[int, ...], *, obs_dtyp
             f"transition of {obs_shape} observations), and a replay may take {share:.0%} of the "
             f"{budget / share / 2**30:.2f} GiB this node has available: at most {fits:,} "
             "transitions fit")
-    return capacity, frames_for(capacity) if len(obs_shape) == 3 else None
+    return capacity, frames_for(capacity)
 
 
 class ReplayService:
