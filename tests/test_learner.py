@@ -173,8 +173,8 @@ def test_many_batches_in_one_call_are_the_same_updates_one_by_one():
 def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
     """jit_compile=None: XLA for dense networks; not for convolutions on a CPU, where it made
     the Nature torso's update 50x slower (benchmarks/results/learner_throughput.md). An image
-    learner takes its batches as replay samples them, uint8 planes channels first, and refuses
-    channels last."""
+    learner takes its batches as replay samples them, uint8 images channels last, and refuses
+    another layout rather than reshaping it."""
     dense = NetworkSpec(4, 2, (8,), True)
     image = NetworkSpec(10 * 10 * 4, 3, (8,), True, SMALL_TORSO, (10, 10, 4))
     config = ApexConfig(hidden_sizes=(8,))
@@ -194,19 +194,19 @@ def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
                                         next_obs=layout(obs[1:]), priority=np.ones(n, np.float32)),
                             np.arange(n), np.ones(n, np.float32), np.full(n, 1 / n))
 
-    # Channels first in, the same double-DQN priorities as numpy's on the images channels last
-    # (online and target networks start equal: no update has copied anything yet).
+    # The same double-DQN priorities as numpy's on the same images (online and target networks
+    # start equal: no update has copied anything yet).
     weights = init_weights(image, 0)
     q_next = image.q_values(weights, obs[1:])
-    first = batch(lambda o: o.transpose(0, 3, 1, 2))
+    first = batch(lambda o: o)
     t = first.transitions
     _, td_ref = double_dqn_reference(q_next, q_next, image.q_values(weights, obs[:-1]),
                                      t.action, t.reward, t.discount)
     loss, td_abs, _ = learner.update(first)
     assert np.isfinite(loss)
     np.testing.assert_allclose(td_abs, td_ref, rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match=r"shape \(10, 10, 4\); this learner takes \(4, 10, 10\)"):
-        learner.update(batch(lambda o: o))
+    with pytest.raises(ValueError, match=r"shape \(4, 10, 10\); this learner takes \(10, 10, 4\)"):
+        learner.update(batch(lambda o: o.transpose(0, 3, 1, 2)))
     with pytest.raises(ValueError, match="jit_compile='yes' is invalid"):
         ApexConfig(jit_compile="yes")
 

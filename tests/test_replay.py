@@ -336,10 +336,9 @@ def test_framed_replay_evicts_whole_blocks_with_their_frames_and_samples_exact_i
         assert len(replay) <= min(replay.total_inserted, 150 - 4)
     assert len(replay) < 200  # the frame ring, not the capacity, decided what stays
     batch = replay.sample(64)
-    # Sampled images come channels first, as the planes are stored (the learner moves them).
     for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
-        np.testing.assert_array_equal(np.moveaxis(obs, 0, -1), inserted[int(key)][0])
-        np.testing.assert_array_equal(np.moveaxis(next_obs, 0, -1), inserted[int(key)][1])
+        np.testing.assert_array_equal(obs, inserted[int(key)][0])
+        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
     assert batch.transitions.obs.dtype == np.uint8
     assert replay.update_priorities(batch.keys, np.ones(64)) == 64
 

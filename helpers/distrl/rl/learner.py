@@ -199,14 +199,9 @@ class Learner:
         import keras
 
         self.config, self.spec = config, spec
-        # Observations as replay sends them: vectors, or images as uint8 planes, channels first
-        # (a quarter of float32's bytes to copy in, and no transpose in the replay process);
-        # _step casts them and moves the channels last, as the network takes them.
-        if spec.image_shape:
-            height, width, channels = spec.image_shape
-            self._obs_shape, self._obs_dtype = (channels, height, width), np.uint8
-        else:
-            self._obs_shape, self._obs_dtype = (spec.obs_size,), np.float32
+        self._obs_shape = spec.image_shape or (spec.obs_size,)  # what the network takes
+        # Images arrive as replay keeps them, uint8 (a quarter of float32's bytes to copy in).
+        self._obs_dtype = np.uint8 if spec.image_shape else np.float32
         self.online = build_keras_model(spec, weights)
         self.target = build_keras_model(spec, weights)
         self.optimizer = keras.optimizers.Adam(learning_rate=config.learning_rate,
@@ -263,8 +258,6 @@ class Learner:
         import tensorflow as tf
 
         obs, next_obs = tf.cast(obs, tf.float32), tf.cast(next_obs, tf.float32)
-        if self.spec.image_shape:  # channels first, as the frames are stored: move them last
-            obs, next_obs = (tf.transpose(o, [0, 2, 3, 1]) for o in (obs, next_obs))
         next_online = self.online(next_obs, training=False)
         best_next = tf.argmax(next_online, axis=1, output_type=tf.int32)
         next_target = self.target(next_obs, training=False)
@@ -303,9 +296,8 @@ class Learner:
         period = self.config.target_update_period
         copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
         if t.obs.shape[2:] != self._obs_shape or t.next_obs.shape[2:] != self._obs_shape:
-            layout = "channels first, as replay samples images" if self.spec.image_shape else "vectors"
             raise ValueError(f"batch observations of shape {t.obs.shape[2:]}; this learner takes "
-                             f"{self._obs_shape} ({layout})")
+                             f"{self._obs_shape}, as replay samples them")
         inputs = [tf.constant(a) for a in (
             t.obs.astype(self._obs_dtype, copy=False),
             t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),

@@ -119,7 +119,6 @@ def pack_frames(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 @dataclass
 class SampledBatch:
     """A learner batch: the transitions, their replay keys and importance-sampling weights.
-    Image observations in it are channels first (channels, height, width): the frames' layout.
 
     From sample_many, a stack of batches: every array has a first axis of one row per batch
     (keys, weights and probabilities shaped (num_batches, batch_size)); take(k) is batch k.
@@ -428,13 +427,14 @@ class PrioritizedReplay:
                             probabilities)
 
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
-        """The observations of these slots; images channels first, (..., C, H, W), as the
-        planes are stored: one gather, and the learner's graph moves the channels last (on
-        its GPU, where it has one) instead of this process copying every batch twice."""
+        """The observations of these slots; images rebuilt from their planes, channels last."""
         stored = (self.next_obs if after else self.obs).take(slots, axis=0)
         if not self.framed:
             return stored
-        return self.frames.take(stored % self.frame_capacity, axis=0)
+        planes = self.frames.take(stored % self.frame_capacity, axis=0)  # (..., C, H, W)
+        # The transpose is a copy here: done in the learner's graph instead, TensorFlow moves
+        # it before the cast to float, onto uint8, which oneDNN's CPU kernels do not take.
+        return np.ascontiguousarray(np.moveaxis(planes, -3, -1))
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
