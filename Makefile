@@ -39,7 +39,7 @@ tutorial: install
 # stops grouping: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
-	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d /tmp/distrl-waits-XXXXXX); \
+	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/w-XXXXXX"); \
 	{ $(UNIT_TESTS) -p no:cacheprovider; unit_rc=$$?; \
 	  TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=5 \
 	    -m "waits or benchmarks"; \
