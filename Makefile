@@ -58,22 +58,10 @@ test-fast: install
 lab: install
 	$(BIN)/jupyter lab notebooks/
 
+# Every benchmark, each output kept in benchmarks/results/ with its command (tools/bench.py has
+# the list, and the scripts it leaves out with the reason). About an hour on 2 cores.
 bench: install
-	$(BIN)/python benchmarks/replay_throughput.py
-	$(BIN)/python benchmarks/actor_throughput.py
-	$(BIN)/python benchmarks/learner_throughput.py
-	$(BIN)/python benchmarks/time_to_solve.py
-	$(BIN)/python benchmarks/collector_ingest.py
-	$(BIN)/python benchmarks/monitoring_query.py
-	$(BIN)/python benchmarks/collector_under_load.py
-	$(BIN)/python benchmarks/telemetry_overhead.py
-	$(BIN)/python benchmarks/replay_headroom.py
-	$(BIN)/python benchmarks/multinode_throughput.py
-	$(BIN)/python benchmarks/autoscale_recovery.py
-	$(BIN)/python benchmarks/telemetry_volume.py
-	$(BIN)/python benchmarks/popen_beside_grpc.py
-	$(BIN)/python benchmarks/process_startup.py
-	$(BIN)/python benchmarks/cluster_stop.py
+	$(BIN)/python tools/bench.py
 
 # Re-pin after changing pyproject.toml's dependencies (needs the network): one lock for every
 # Python the package supports (requires-python), markers where a pin applies to some only.

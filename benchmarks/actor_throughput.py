@@ -8,6 +8,10 @@ actions and nothing else. Actor: the Actor class as the Ray actor runs it: numpy
 inference for the batch of K envs, epsilon-greedy, n-step folding and initial priorities. Both
 step the same K envs, so the ratio is what the actor's own work costs. Target (issue 2): actor
 >= 50% of raw.
+
+Then the ways to step K envs with random actions, each over the same seconds: EnvBatch (what the
+actor uses), K single envs in a loop (EnvBatch(vectorised=False)), and gymnasium's own
+SyncVectorEnv (which merges every step's info dicts).
 """
 
 import argparse
@@ -21,10 +25,19 @@ from distrl.rl.config import ApexConfig
 from distrl.rl.network import init_weights
 
 
-def raw_rate(env_id: str, num_envs: int, seconds: float) -> float:
-    """Env steps/s of num_envs envs stepped together with random actions."""
-    envs = EnvBatch(env_id, num_envs)
-    envs.reset(list(range(num_envs)))
+def raw_rate(env_id: str, num_envs: int, seconds: float, way: str = "envbatch") -> float:
+    """Env steps/s of num_envs envs stepped together with random actions: as EnvBatch steps
+    them ("envbatch"), as single envs in a loop ("single") or as gymnasium's SyncVectorEnv
+    ("sync")."""
+    if way == "sync":
+        import gymnasium as gym
+
+        from distrl.rl.actor import make_env
+        envs = gym.vector.SyncVectorEnv([lambda: make_env(env_id, True)] * num_envs)
+        envs.reset(seed=list(range(num_envs)))
+    else:
+        envs = EnvBatch(env_id, num_envs, vectorised=None if way == "envbatch" else False)
+        envs.reset(list(range(num_envs)))
     actions = np.random.default_rng(0).integers(0, env_spec(env_id)[1], size=(64, num_envs))
     steps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
@@ -68,6 +81,11 @@ def main() -> None:
         print(f"{args.env}, {k:>3} envs: raw random-action steps {raw:>10,.0f}/s; actor "
               f"(inference + n-step + priorities) {rate:>10,.0f}/s = {rate / raw:.0%} of raw "
               "(target 50%)", flush=True)
+        ways = {way: raw_rate(args.env, k, args.seconds, way) for way in ("single", "sync")}
+        print(f"{args.env}, {k:>3} envs, random actions: EnvBatch {raw:,.0f}/s; single envs in a "
+              f"loop {ways['single']:,.0f}/s (EnvBatch {raw / ways['single']:.1f}x); "
+              f"gymnasium's SyncVectorEnv {ways['sync']:,.0f}/s (EnvBatch "
+              f"{raw / ways['sync']:.1f}x)", flush=True)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """The baseline for benchmarks/time_to_solve.py: Stable-Baselines3's DQN on CartPole-v1 with
 the RL Baselines3 Zoo's tuned hyperparameters, in one process, stopped when the greedy mean of
-10 episodes reaches 475 (checked every 2,500 env steps). Prints one JSON line.
+10 episodes reaches 475 (checked every 2,500 env steps). Prints one JSON line, with the
+time.time() at the end of the solving evaluation (solved_at): time_to_solve.py times both sides
+from their launch to that moment.
 
 Runs in its own venv (benchmarks/requirements-baseline.txt): `make install` never installs
 torch or Stable-Baselines3. time_to_solve.py builds that venv and calls this script.
@@ -49,7 +51,8 @@ class StopAtTarget(BaseCallback):
         super().__init__()
         self.every, self.target, self.episodes, self.seed = every, target, episodes, seed
         self.last_return = None
-        self.solved_at = None
+        self.solved_at = None  # env steps
+        self.solved_time = None  # time.time() at the end of the solving evaluation
         self.eval_s = 0.0  # wall time of the greedy evaluations, inside the run's own
 
     def _on_step(self) -> bool:
@@ -59,7 +62,7 @@ class StopAtTarget(BaseCallback):
         self.last_return = greedy_mean_return(self.model, self.episodes, self.seed + 10_000)
         self.eval_s += time.monotonic() - began
         if self.last_return >= self.target:
-            self.solved_at = self.num_timesteps
+            self.solved_at, self.solved_time = self.num_timesteps, time.time()
             return False
         return True
 
@@ -91,7 +94,8 @@ def main() -> None:
     model.learn(total_timesteps=args.max_steps, callback=stop)
     print(json.dumps({"solved": stop.solved_at is not None, "env_steps": model.num_timesteps,
                       "learner_updates": model._n_updates, "last_return": stop.last_return,
-                      "eval_s": stop.eval_s, "train_s": time.monotonic() - start}))
+                      "eval_s": stop.eval_s, "train_s": time.monotonic() - start,
+                      "solved_at": stop.solved_time}))
 
 
 if __name__ == "__main__":

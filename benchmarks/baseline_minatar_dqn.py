@@ -3,10 +3,15 @@ MinAtar authors' own DQN (kenjyoung/MinAtar, examples/dqn.py at commit 46b00d9):
 convolution of 16 filters, 128 hidden units, batch 32, replay 100,000, centred RMSProp (step
 0.00025, squared-gradient momentum 0.95, min squared gradient 0.01), a target network copied
 every 1,000 steps, a training step every env step after 5,000 random ones, epsilon from 1 to
-0.1 over the next 100,000. One process on the CPU. Every --eval-every-s seconds of training it
-runs 10 greedy episodes (their time is not training time), and it stops after --budget-s
-seconds of training. Prints one JSON line: the curve as (time.time(), evaluation seconds so
-far, greedy mean return) points.
+0.1 over the next 100,000. One process on the CPU, with torch's default threads (one per
+core, as distrl's processes share the cores).
+
+It keeps a copy of its Q-network at each of --points (seconds since --launched-at, the
+time.time() its caller launched it) without stopping, and ends at the last one. Then it plays
+--episodes greedy episodes (seeds --eval-seed + i, at most 27,000 steps) with each copy: its
+evaluations take none of its training time, as distrl's take none of its own in
+benchmarks/image_peer.py. Prints one JSON line: the curve as (point, seconds since launch when
+the copy was taken, greedy mean return) and the threads it trained with.
 
 Runs in the baseline venv (benchmarks/requirements-baseline.txt), as baseline_dqn.py does.
 """
@@ -14,6 +19,7 @@ Runs in the baseline venv (benchmarks/requirements-baseline.txt), as baseline_dq
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
 
@@ -62,44 +68,41 @@ def greedy_mean_return(model: DQN, env_id: str, episodes: int, seed: int) -> flo
     return float(returns.mean())
 
 
-class Curve(BaseCallback):
-    """Greedy evaluations every eval_every_s seconds of training; stops at budget_s of it."""
+class Snapshots(BaseCallback):
+    """A copy of the Q-network at each point (seconds since launch); stops at the last one."""
 
-    def __init__(self, env_id: str, eval_every_s: float, budget_s: float, seed: int):
+    def __init__(self, launched_at: float, points: list[float]):
         super().__init__()
-        self.env_id, self.every, self.budget, self.seed = env_id, eval_every_s, budget_s, seed
-        self.start = time.monotonic()
-        self.eval_s = 0.0
-        self.next_eval = eval_every_s
-        self.points: list[tuple[float, float, float]] = []
-
-    def evaluate(self) -> None:
-        began = time.monotonic()
-        value = greedy_mean_return(self.model, self.env_id, 10, self.seed + 10_000)
-        self.eval_s += time.monotonic() - began
-        self.points.append((time.time(), self.eval_s, value))
+        self.launched_at, self.points = launched_at, points
+        self.taken: list[tuple[float, float, dict]] = []  # (point, taken at, state_dict)
 
     def _on_step(self) -> bool:
-        trained = time.monotonic() - self.start - self.eval_s
-        if trained >= self.next_eval:
-            self.next_eval += self.every
-            self.evaluate()
-        return trained < self.budget
+        since = time.time() - self.launched_at
+        while len(self.taken) < len(self.points) and since >= self.points[len(self.taken)]:
+            state = copy.deepcopy(self.model.q_net.state_dict())
+            self.taken.append((self.points[len(self.taken)], since, state))
+        return len(self.taken) < len(self.points)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--env", default="MinAtar/Breakout-v1")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--budget-s", type=float, default=300.0)
-    parser.add_argument("--eval-every-s", type=float, default=15.0)
+    parser.add_argument("--launched-at", type=float, default=None,
+                        help="time.time() at the launch (default: this process's start)")
+    parser.add_argument("--points", type=float, nargs="+", default=[60.0, 120.0, 180.0],
+                        help="seconds since the launch at which the network is copied")
+    parser.add_argument("--episodes", type=int, default=10)
+    parser.add_argument("--eval-seed", type=int, default=10_000)
     parser.add_argument("--smoke", action="store_true",
                         help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
+    launched_at = time.time() if args.launched_at is None else args.launched_at
     if args.smoke:
-        args.budget_s, args.eval_every_s = 3.0, 1.0
+        args.points, args.episodes = [time.time() - launched_at + 1.5, time.time() - launched_at + 3], 2
         AUTHORS["learning_starts"] = 200
-    torch.set_num_threads(1)  # one process, one core, as the authors' agent
+    if sorted(args.points) != args.points or args.points[0] <= 0:
+        parser.error(f"--points must be increasing seconds after the launch, got {args.points}")
     register_envs()
     total = 10_000_000  # stopped by time long before; epsilon's schedule is a fraction of it
     model = DQN("MlpPolicy", gym.make(args.env), seed=args.seed, verbose=0, device="cpu",
@@ -109,11 +112,15 @@ def main() -> None:
                                    optimizer_kwargs=dict(alpha=0.95, eps=0.01, centered=True)),
                 **AUTHORS)
     model.set_logger(Logger(folder=None, output_formats=[]))  # no /tmp/SB3-<time> folders
-    curve = Curve(args.env, args.eval_every_s, args.budget_s, args.seed)
-    model.learn(total_timesteps=total, callback=curve)
-    curve.evaluate()  # the return it ends with
+    snapshots = Snapshots(launched_at, args.points)
+    model.learn(total_timesteps=total, callback=snapshots)
+    curve = []
+    for point, taken_at, state in snapshots.taken:
+        model.q_net.load_state_dict(state)
+        curve.append((point, taken_at, greedy_mean_return(model, args.env, args.episodes,
+                                                          args.eval_seed)))
     print(json.dumps({"env_steps": model.num_timesteps, "learner_updates": model._n_updates,
-                      "curve": curve.points}))
+                      "threads": torch.get_num_threads(), "curve": curve}))
 
 
 if __name__ == "__main__":

@@ -6,8 +6,10 @@ Keras, for the Nature torso on 84x84x4 frames and the small torso on 10x10x4 gri
 im2col: the windows copied into one matrix, then one product (distrl.rl.network.conv2d_relu,
 chosen on this benchmark); offsets: one matrix product per kernel offset over a strided view
 of the input, no copy; einsum: numpy's einsum over the window view. Keras: the learner's model
-called eagerly on the same batch, on one thread, as an actor would call it. Each prints ms per
-batch and its time over im2col's; the three numpy ways must agree with Keras.
+on the same batch, on one thread, called eagerly ("keras") and as a `tf.function` graph
+("tf.function", the fair Keras baseline: an actor that used Keras would trace its forward pass
+once). Every way is timed from the uint8 batch to the numpy Q-values an actor needs. Each
+prints ms per batch and its time over im2col's; every way must agree with eager Keras.
 """
 
 import argparse
@@ -87,11 +89,13 @@ def main() -> None:
     torsos = {"nature 84x84x4": (NATURE_TORSO, (84, 84, 4), (512,), 6),
               "small 10x10x4": (SMALL_TORSO, (10, 10, 4), (128,), 3)}
     rng = np.random.default_rng(0)
-    print(f"{'torso':<16}{'batch':>6}  " + "".join(f"{w + ' ms':>14}" for w in [*WAYS, "keras"]))
+    columns = [*WAYS, "keras", "tf.function"]
+    print(f"{'torso':<16}{'batch':>6}  " + "".join(f"{w + ' ms':>17}" for w in columns))
     for name, (conv_layers, image, hidden, actions) in torsos.items():
         spec = NetworkSpec(int(np.prod(image)), actions, hidden, True, conv_layers, image, 1 / 255)
         weights = init_weights(spec, 0)
         model = build_keras_model(spec, weights)
+        graph = tf.function(lambda x, m=model: m(x, training=False))
         for batch in args.batch:
             obs = rng.integers(0, 256, (batch, *image), dtype=np.uint8)
             reference = model(obs.astype(np.float32), training=False).numpy()
@@ -101,12 +105,16 @@ def main() -> None:
                                            rtol=1e-3, atol=1e-4)
                 times[way] = per_call_ms(
                     lambda c=conv, s=spec, w=weights, o=obs: q_values(c, s, w, o), args.seconds)
-            as_float = obs.astype(np.float32)
+            np.testing.assert_allclose(graph(obs.astype(np.float32)).numpy(), reference,
+                                       rtol=1e-3, atol=1e-4)
             times["keras"] = per_call_ms(
-                lambda m=model, o=as_float: m(o, training=False), args.seconds)
+                lambda m=model, o=obs: m(o.astype(np.float32), training=False).numpy(),
+                args.seconds)
+            times["tf.function"] = per_call_ms(
+                lambda g=graph, o=obs: g(o.astype(np.float32)).numpy(), args.seconds)
             base = times["im2col"]
             print(f"{name:<16}{batch:>6}  " + "".join(
-                f"{t:>8.2f} {t / base:>4.1f}x" for t in times.values()))
+                f"{t:>10.2f} {t / base:>5.1f}x" for t in times.values()))
 
 
 if __name__ == "__main__":

@@ -78,11 +78,12 @@ def unit_tests_start_no_ray(request):
 
 
 STAND_IN = """#!{python}
-# Stand-in for {name}: records its argv, refuses what the real tool refuses (a subcommand or flag
-# its reference does not document: tests/cli_reference.py, exit 2), and answers the rest from
-# the recorded responses of a healthy project (RESPONSES in tests/conftest.py; FAKE_RESPONSES
-# overrides them); `kubectl exec ... -- tar` runs tar here (a rehearsed pod's files are on this
-# machine). A describe or `get secret` that no response names finds nothing (exit 1) unless
+# Stand-in for {name}: records its argv, refuses what the real tool refuses (a subcommand, flag,
+# value or positional its reference does not accept: tests/cli_reference.py, exit 2), and
+# answers the rest with hand-written answers shaped like a healthy project's, not recorded from
+# one (HEALTHY_PROJECT_ANSWERS in tests/conftest.py; STAND_IN_ANSWERS overrides them);
+# `kubectl exec ... -- tar` runs tar here (a rehearsed pod's files are on this machine). A
+# describe or `get secret` that no answer names finds nothing (exit 1) unless
 # FAKE_EXISTS lists it; FAKE_FAIL makes a matching command fail with a quota error.
 import json, os, sys
 sys.path.insert(0, {tests!r})
@@ -98,8 +99,8 @@ line = " ".join(["{name}", *argv])
 if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in line:
     print("ERROR: (gcloud) quota 'GPUS_ALL_REGIONS' exceeded. Limit: 0.0", file=sys.stderr)
     sys.exit(1)
-responses = json.loads(os.environ["FAKE_RESPONSES"])
-for key, answer in responses.items():
+answers = json.loads(os.environ["STAND_IN_ANSWERS"])
+for key, answer in answers.items():
     if key in line:
         print(answer["out"])
         sys.exit(answer.get("code", 0))
@@ -140,8 +141,9 @@ Allocated resources:
   cpu                663m (8%)    1143m (14%)
   memory             1156Mi (4%)  3450Mi (13%)
 Events:              <none>"""
-# What a healthy project and cluster answer, by a piece of the command line (first match wins).
-RESPONSES = {
+# What a healthy project and cluster would answer, by a piece of the command line (first match
+# wins): written by hand from the output formats the commands ask for, not recorded.
+HEALTHY_PROJECT_ANSWERS = {
     "gcloud version --format=json": {"out": json.dumps(
         {"Google Cloud SDK": "578.0.0", "core": "2026.10.20", "kubectl": "1.34.1",
          "gke-gcloud-auth-plugin": "0.5.10"})},
@@ -179,7 +181,7 @@ def stand_ins(tmp_path, monkeypatch):
         path.chmod(path.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_LOG", str(log))
-    monkeypatch.setenv("FAKE_RESPONSES", json.dumps(RESPONSES))
+    monkeypatch.setenv("STAND_IN_ANSWERS", json.dumps(HEALTHY_PROJECT_ANSWERS))
 
     def recorded() -> list[list[str]]:
         return [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -240,6 +242,6 @@ def busy_cpus():
 
 def respond(monkeypatch, key: str, out: str, code: int = 0) -> None:
     """Make the stand-ins answer commands containing `key` with `out` (and exit `code`)."""
-    old = json.loads(os.environ["FAKE_RESPONSES"])
-    responses = {key: {"out": out, "code": code}} | {k: v for k, v in old.items() if k != key}
-    monkeypatch.setenv("FAKE_RESPONSES", json.dumps(responses))
+    old = json.loads(os.environ["STAND_IN_ANSWERS"])
+    answers = {key: {"out": out, "code": code}} | {k: v for k, v in old.items() if k != key}
+    monkeypatch.setenv("STAND_IN_ANSWERS", json.dumps(answers))

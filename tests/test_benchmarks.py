@@ -19,6 +19,31 @@ def test_every_script_in_benchmarks_is_run_here():
     assert {"time_to_solve.py", "sweep.py", "baseline_dqn.py"} <= set(SCRIPTS)
 
 
+def test_make_bench_runs_every_script_or_says_why_not():
+    sys.path.insert(0, str(BENCHMARKS.parent / "tools"))
+    try:
+        from bench import BENCHMARKS as BENCH
+        from bench import NOT_IN_BENCH, result_path
+    finally:
+        sys.path.remove(str(BENCHMARKS.parent / "tools"))
+    ran = {name.split()[0] for name in BENCH}
+    assert ran.isdisjoint(NOT_IN_BENCH)
+    assert ran | set(NOT_IN_BENCH) == set(SCRIPTS)
+    assert len({result_path(name) for name in BENCH}) == len(BENCH)  # one record each
+
+
+def test_every_record_in_results_names_its_command_and_a_script_here():
+    """benchmarks/results/*.txt are make bench's records: each opens with the command that
+    printed it, a script of this tree, and the commit it ran on."""
+    records = sorted((BENCHMARKS / "results").glob("*.txt"))
+    assert records
+    for record in records:
+        command, provenance = record.read_text().splitlines()[:2]
+        assert command.startswith("$ python benchmarks/"), (record.name, command)
+        assert (BENCHMARKS.parent / command.split()[2]).is_file(), (record.name, command)
+        assert provenance.startswith("# commit "), (record.name, provenance)
+
+
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_benchmark_runs_its_smoke_mode(script, tmp_path):
     python = sys.executable

@@ -58,14 +58,26 @@ def learner_updates(ray) -> int:
     return ray.get(ray.get_actor(name).stats.remote(), timeout=30)["updates"]
 
 
-def wait_for(predicate, timeout_s: float, what: str):
+def wait_for(predicate, timeout_s: float, what: str, output: list[str] | None = None,
+             ray=None):
+    """predicate()'s first true value within timeout_s; else an error with the output so far
+    and, given the test's Ray, what its cluster has free and which actors hold it."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+    seen = "".join(output[-40:]) if output else ""
+    state = ""
+    if ray is not None:
+        from ray.util.state import list_actors
+
+        actors = [(a.class_name, a.state, a.pid, a.job_id) for a in list_actors(limit=100)
+                  if a.state != "DEAD"]
+        state = f"; Ray has free {ray.available_resources()}, live actors {actors}"
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{state}"
+                         + (f"; the output so far:\n{seen}" if seen else ""))
 
 
 def said(capsys, text: str, seen: list[str]) -> bool:
@@ -553,7 +565,7 @@ def test_sigterm_to_the_driver_while_an_actor_waits_for_a_cpu(ray_local, tmp_pat
 
     def actors_running_and_waiting():
         wait_for(lambda: any("running on node" in line for line in lines), 240,
-                 "an actor running")
+                 "an actor running", lines, ray_local)
         wait_for(lambda: any("actor 2 waiting for a CPU" in line for line in lines), 60,
                  "the waiting actors reported")
         wait_for(lambda: any("first learner update" in line for line in lines), 180,

@@ -391,10 +391,14 @@ def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
     assert sum(line.endswith("skipped") for line in output) == sum(bool(s.exists) for s in plan)
 
 
+POOL = ["gcloud", "container", "node-pools", "create", "p", "--cluster=c", "--zone=us-central1-a"]
+
+
 def test_a_misspelt_flag_stops_the_plan_where_the_real_tool_would(stand_ins, tmp_path):
     """The stand-ins refuse what gcloud and kubectl refuse (tests/cli_reference.py, from their
     reference pages): a plan whose GPU pool step misspells a flag stops there, with gcloud's
-    usage error, and creates nothing after it; kubectl's flags are checked too."""
+    usage error, and creates nothing after it; kubectl's flags are checked too, and so are the
+    values the plan generates, flags' arity and positional arguments."""
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
     pool = next(i for i, step in enumerate(plan) if step.argv[2:5] == (
         "node-pools", "create", "rl-head"))
@@ -410,7 +414,33 @@ def test_a_misspelt_flag_stops_the_plan_where_the_real_tool_would(stand_ins, tmp
             (["gcloud", "container", "clusters", "create-auto", "c", "--workload-pool=p"],
              "--workload-pool"),  # a flag of `clusters create`, not of create-auto
             (["gcloud", "container", "clusters", "create", "c", "--release-channel=fast"],
-             "Invalid choice: 'fast'")):
+             "Invalid choice: 'fast'"),
+            # values the plan generates, arity and positionals
+            ([*POOL, "--machine-type=e2-standard-8", "--accelerator=type=nvidia-l4,count=1"],
+             "is not available on machine type e2-standard-8"),
+            ([*POOL, "--machine-type=g2-standard-24", "--accelerator=type=nvidia-l4,count=1"],
+             "g2-standard-24 comes with 2 nvidia-l4"),
+            ([*POOL, "--machine-type=e2-standard-64"], "machine type 'e2-standard-64' does not"),
+            ([*POOL, "--machine-type=g2-standard-8",
+              "--accelerator=type=nvidia-l4,count=1,gpu-driver-version=newest"],
+             "Invalid gpu driver version [newest]"),
+            ([*POOL, "--machine-type=g2-standard-8", "--accelerator=type=nvidia-l5"],
+             "Accelerator type 'nvidia-l5' does not exist"),
+            ([*POOL, "--spot=true"], "--spot: ignored explicit argument 'true'"),
+            ([*POOL, "--machine-type"], "--machine-type: expected one argument"),
+            (["gcloud", "projects", "add-iam-policy-binding", "p", "--member=serviceAccount:a@b",
+              "--role=roles/monitoring.writer"], "Role roles/monitoring.writer is not supported"),
+            (["gcloud", "projects", "add-iam-policy-binding", "p", "--member=a@b",
+              "--role=roles/cloudtrace.agent"], "Invalid member 'a@b'"),
+            (["gcloud", "container", "clusters", "create", "c", "--zone=us-central9-a"],
+             "Invalid zone 'us-central9-a'"),
+            (["gcloud", "builds", "submit", ".", "--region=mars1"], "Invalid region 'mars1'"),
+            (["gcloud", "container", "clusters", "create", "--zone=us-central1-a"],
+             "1 positional argument(s) required"),
+            (["gcloud", "container", "clusters", "create", "a", "b", "--zone=us-central1-a"],
+             "unrecognized arguments: b"),
+            (["kubectl", "get", "pods", "--output=table"], "output format 'table'"),
+            (["kubectl", "apply", "extra", "--filename=x.yaml"], "unrecognized arguments: extra")):
         run = subprocess.run(argv, capture_output=True, text=True, timeout=60)
         assert run.returncode == 2 and refused in run.stderr, (argv, run.returncode, run.stderr)
 
