@@ -99,8 +99,10 @@ def main() -> None:
     args = parser.parse_args()
     launched_at = time.time() if args.launched_at is None else args.launched_at
     if args.smoke:
-        args.points, args.episodes = [time.time() - launched_at + 1.5, time.time() - launched_at + 3], 2
         AUTHORS["learning_starts"] = 200
+        args.episodes = 2
+        if args.launched_at is None:  # run alone: two points in its first seconds
+            args.points = [1.5, 3.0]
     if sorted(args.points) != args.points or args.points[0] <= 0:
         parser.error(f"--points must be increasing seconds after the launch, got {args.points}")
     register_envs()
