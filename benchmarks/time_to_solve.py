@@ -202,7 +202,8 @@ def main() -> None:
                 show_baseline(b)
     print(f"each run's results.json and console: {kept}")
     median = median_time(runs)
-    print(f"time to solve CartPole-v1 (median of {len(runs)} seeds, from process start): "
+    print(f"time to solve CartPole-v1 (median of {len(runs)} seeds, from launch to the solving "
+          "evaluation): "
           f"{median:.1f}s; solved {sum(r['solved'] for r in runs)}/{len(runs)}"
           f"{unsolved(runs)}; goal 20s -> {'met' if median <= 20 else 'NOT met'}")
     print(f"  distrl to solve: {spread(runs, 'env_steps')} env steps, "
