@@ -172,7 +172,7 @@ def test_many_batches_in_one_call_are_the_same_updates_one_by_one():
 
 def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
     """jit_compile=None: XLA for dense networks; not for convolutions on a CPU, where it made
-    the Nature torso's update 50x slower (benchmarks/results/learner_throughput.md). An image
+    the Nature torso's update far slower (benchmarks/results/learner_throughput-pong-v5.txt). An image
     learner takes its batches as replay samples them, uint8 images channels last, and refuses
     another layout rather than reshaping it."""
     dense = NetworkSpec(4, 2, (8,), True)

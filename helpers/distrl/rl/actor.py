@@ -358,10 +358,9 @@ class EnvBatch:
 
     Where gymnasium ships a vectorised version of the env (a `vector_entry_point`, as
     CartPole-v1 has: its physics in numpy, all K slots in one call), that steps them, far
-    cheaper per env step than K single envs. Otherwise K single envs are stepped in a loop;
-    gymnasium's SyncVectorEnv does the same job, but merging every step's info dicts costs a
-    large share of CartPole's step rate. `python benchmarks/actor_throughput.py` measures the
-    raw rate of these K envs.
+    cheaper per env step than K single envs. Otherwise K single envs are stepped in a loop, as
+    fast as gymnasium's SyncVectorEnv and without its autoreset rules.
+    `python benchmarks/actor_throughput.py` measures all three.
 
     step() returns (next_obs, reward, terminated, truncated, final_obs, stepped): final_obs is
     the observation an episode ended on, for bootstrapping a truncated one. Single envs are

@@ -112,9 +112,9 @@ class ApexConfig:
     learner_cpus: float = 1.0
     """CPUs Ray reserves for the learner"""
     # XLA fuses the dense network's many small ops, at the cost of compiling before the first
-    # update (xla_cache keeps it for later starts). On a CPU it makes convolutions far slower:
-    # the Nature torso at batch 512 took 25 s an update with XLA, 0.5 s without.
-    # `python benchmarks/learner_throughput.py [--env ALE/Pong-v5]` measures both.
+    # update (xla_cache keeps it for later starts). On a CPU it makes convolutions far slower.
+    # `python benchmarks/learner_throughput.py [--env ALE/Pong-v5]` measures both
+    # (benchmarks/results/learner_throughput*.txt).
     jit_compile: bool | None = None
     """compile the train steps with XLA (None: yes, except for convolutions on a CPU)"""
     xla_cache: bool = True

@@ -170,7 +170,7 @@ def conv2d_relu(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, stride: int
     """relu(conv2d(x) + bias) of a batch of images (batch, height, width, channels), "valid"
     padding: the windows copied into one matrix (im2col), then one matrix product. Chosen on
     `python benchmarks/conv_forward.py`, which compares it with two other numpy ways and Keras
-    (benchmarks/results/conv_forward.md)."""
+    (benchmarks/results/conv_forward.txt)."""
     k, _, channels, filters = kernel.shape
     windows = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
     batch, out_h, out_w = windows.shape[:3]
