@@ -53,40 +53,43 @@ def eval_seed(seed: int) -> int:
 def distrl_side(env_id: str, seed: int, launched_at: float, points: list[float],
                 train_args: list[str]) -> dict:
     """In the child process: train with distrl, copy the learner's weights at each point (a
-    thread of the driver asks the learner for them; training goes on), then play the evaluation
-    episodes with each copy."""
+    thread of the driver asks the learner for them; training goes on) and stop the run after the
+    last, as the peer stops; then play the evaluation episodes with each copy."""
     import ray
 
     from distrl.apex.driver import ApeX
+    from distrl.apex.faults import StopFlag
     from distrl.apex.train import build_parser
     from distrl.rl.actor import evaluate_greedy, network_for
     from distrl.rl.config import ApexConfig
 
     config = ApexConfig(**vars(build_parser().parse_args(
         ["--env", env_id, "--seed", str(seed), "--progress", "false", *train_args])))
-    apex = ApeX(config)
+    apex, stop = ApeX(config), StopFlag()
     taken: list[tuple[float, float, list]] = []
-    done = threading.Event()
+    failed: list[str] = []
 
     def copy_at_points() -> None:
-        for point in points:
-            while not done.wait(0.02):
-                topology = apex.topology
-                if time.time() - launched_at >= point and topology is not None:
-                    break
-            if done.is_set():
-                return
-            _, weights = ray.get(topology.learner.get_weights.remote(-1), timeout=60)
-            taken.append((point, time.time() - launched_at, weights))
+        try:
+            for point in points:
+                while time.time() - launched_at < point or apex.topology is None:
+                    if stop.wait(0.02):
+                        return
+                _, weights = ray.get(apex.topology.learner.get_weights.remote(-1), timeout=60)
+                taken.append((point, time.time() - launched_at, weights))
+        except Exception as err:  # the run ended first: said below, with how many were taken
+            failed.append(f"{type(err).__name__}: {err}")
+        finally:
+            stop.set()  # the last copy is taken (or none can be): the run ends, as the peer's
 
     copier = threading.Thread(target=copy_at_points, daemon=True)
     copier.start()
-    result = apex.train()
-    done.set()
+    result = apex.train(sigterm=stop)
+    stop.set()
     copier.join(timeout=60)
     if len(taken) != len(points):
         raise SystemExit(f"distrl's run ended ({result.stop_reason}: {result.stop_detail}) with "
-                         f"{len(taken)} of {len(points)} copies taken")
+                         f"{len(taken)} of {len(points)} copies taken {failed}")
     spec = network_for(config)
     curve = [(point, at, float(evaluate_greedy(env_id, weights, EPISODES, eval_seed(seed),
                                                spec)[0].mean()))
@@ -100,11 +103,12 @@ def run_distrl(env_id: str, seed: int, budget_s: float, points: list[float],
     launched_at = time.time()
     cmd = [sys.executable, __file__, "--distrl-side", json.dumps(
         {"env_id": env_id, "seed": seed, "launched_at": launched_at, "points": points,
-         "train_args": ["--max-seconds", str(budget_s), "--target-return", "none",
+         # its own budget is a safety net: it stops after its last copy
+        "train_args": ["--max-seconds", str(budget_s + 300), "--target-return", "none",
                         # no evaluation while it trains: the copies are scored afterwards
                         "--eval-interval-s", "1e9", "--output-dir", str(output_dir),
                         "--hidden-sizes", "128", *train_args]})]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s + 600)
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s + 900)
     if proc.returncode != 0:
         raise SystemExit(f"distrl's side failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -179,7 +183,8 @@ def main() -> None:
         print(json.dumps(distrl_side(**json.loads(args.distrl_side))))
         return
     if args.smoke:
-        args.budget_s, args.seeds, args.points, args.final_points = 10.0, args.seeds[:1], 2, 1
+        # points late enough for a start-up on a busy machine
+        args.budget_s, args.seeds, args.points, args.final_points = 24.0, args.seeds[:1], 2, 1
         args.distrl_args += ["--min-replay-size", "300", "--num-actors", "1"]
     if args.budget_s <= 0 or args.points < 1 or not 1 <= args.final_points <= args.points:
         parser.error(f"need --budget-s > 0 and 1 <= --final-points <= --points, got "

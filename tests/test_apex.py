@@ -12,6 +12,7 @@ import ray
 from distrl.apex.driver import ApeX, TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
 from distrl.rl.config import ApexConfig
+from distrl.rl.learner import read_checkpoint
 from distrl.rl.network import NetworkSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -148,6 +149,25 @@ def test_pong_frames_go_through_actors_replay_and_a_learner_update(local_ray, tm
     assert result.env_steps >= 100 and result.transitions_inserted >= 100
     assert [tuple(np.shape(w)) for w in result.weights][:2] == [(8, 8, 4, 32), (32,)]
     assert result.replay_check["ok"], result.replay_check
+
+
+def test_a_held_learner_trains_no_more_and_the_run_goes_on_to_its_stop(local_ray, tmp_path):
+    """hold_learner_at_updates: the learner stops at that count (within one fetch of batches),
+    says so, and the run goes on evaluating those weights until it stops; its checkpoint holds
+    exactly them. Notebook 04's Spot notice waits for this, so it lands mid-learning on any
+    machine."""
+    config = ApexConfig(hold_learner_at_updates=40, target_return=None, max_seconds=25,
+                        envs_per_actor=8, hidden_sizes=(32, 32), min_replay_size=500,
+                        eval_interval_s=0.5, output_dir=str(tmp_path), progress=False)
+    result = ApeX(config).train()
+    assert result.stop_reason == "max_seconds", (result.stop_reason, result.stop_detail)
+    assert 40 <= result.learner_updates < 40 + config.batches_per_fetch
+    held = [e for e in result.events if e["kind"] == "learner_held"]
+    assert len(held) == 1 and f"held at {result.learner_updates:,} updates" in held[0]["detail"]
+    after = [e for e in result.evals if e["time_s"] > held[0]["time_s"]]
+    assert after and {e["weights_version"] for e in after} == {result.learner_updates}
+    meta, _ = read_checkpoint(result.checkpoint)
+    assert meta["updates"] == result.learner_updates
 
 
 def test_a_replay_that_cannot_fit_in_memory_is_refused_saying_how_many_would(local_ray, tmp_path):

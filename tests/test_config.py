@@ -33,6 +33,8 @@ from distrl.rl.config import ApexConfig, field_help
     ("hidden_sizes", (64, 0), "one or more integers"),
     ("max_seconds", -5, "None or a number > 0"),
     ("max_env_steps", 0, "None or an integer >= 1"),
+    ("hold_learner_at_updates", 0, "None or an integer >= 1"),
+    ("hold_learner_at_updates", 2.5, "None or an integer >= 1"),
     ("samples_per_insert", -1, ">= 0"),
     ("dueling", "yes", "True or False"),
     ("xla_cache", 1, "True or False"),

@@ -70,12 +70,12 @@ def wait_for(predicate, timeout_s: float, what: str, output: list[str] | None = 
         time.sleep(0.5)
     seen = "".join(output[-40:]) if output else ""
     state = ""
-    if ray is not None:
-        from ray.util.state import list_actors
+    if ray is not None:  # from the GCS itself: the module's Ray runs no dashboard
+        from ray._private.state import actors
 
-        actors = [(a.class_name, a.state, a.pid, a.job_id) for a in list_actors(limit=100)
-                  if a.state != "DEAD"]
-        state = f"; Ray has free {ray.available_resources()}, live actors {actors}"
+        live = [(a["ActorClassName"], a["State"], a["Pid"], a["JobID"])
+                for a in actors().values() if a["State"] != "DEAD"]
+        state = f"; Ray has free {ray.available_resources()}, live actors {live}"
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{state}"
                          + (f"; the output so far:\n{seen}" if seen else ""))
 

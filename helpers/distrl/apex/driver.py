@@ -432,7 +432,7 @@ class _Run:
         self.startup_s = None
         self.fleet: ActorFleet | None = None  # from drive() on
         self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
-        self.said_first_update = False
+        self.said_first_update = self.said_holding = False
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
@@ -527,6 +527,11 @@ class _Run:
         if self.startup_s is None and inserted > 0:
             self.startup_s = now - self.t_start
         # This process's first update (a resumed learner's count starts above 0 before it).
+        if learner.get("holding") and not self.said_holding:
+            self.said_holding = True
+            self.say("learner_held", f"learner held at {updates:,} updates "
+                     f"(hold_learner_at_updates={c.hold_learner_at_updates:,}): it trains no "
+                     "more until the run stops")
         if not self.said_first_update and learner.get("first_update_time") is not None:
             self.said_first_update = True
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "

@@ -189,6 +189,7 @@ class LearnerWorker:
         self._next_batches: list = []  # asked of replay, not yet collected
         self._priority_refs: deque = deque()  # priority updates in flight
         self.checkpoint: str | None = None
+        self.holding = False  # hold_learner_at_updates reached
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner", spec)
         self._publish_attrs = self.tel.rl.attrs({
@@ -217,6 +218,9 @@ class LearnerWorker:
                                                  c.batches_per_fetch)
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
+            if c.hold_learner_at_updates and self.learner.updates >= c.hold_learner_at_updates:
+                self._hold()
+                break
             metrics = self.step()
             if metrics is not None:
                 self.metrics.write(metrics)
@@ -263,6 +267,12 @@ class LearnerWorker:
                 "grad_norm": float(diag["grad_norm"][-1]), "beta": learner.beta(),
                 "wait_s": t1 - t0, "update_s": update_s, "train_s": time.monotonic() - t1}
 
+    def _hold(self) -> None:
+        """hold_learner_at_updates: these weights are the last; wait for the run's stop."""
+        self._publish()
+        self.holding = True
+        self._stop.wait()
+
     def _publish(self) -> None:
         """Make the current weights the version actors and the evaluator pull."""
         start = time.perf_counter()
@@ -299,7 +309,7 @@ class LearnerWorker:
     @traced
     def stats(self) -> dict:
         self.tel.keep_for_next_unit()
-        return dict(self.metrics.snapshot(), checkpoint=self.checkpoint,
+        return dict(self.metrics.snapshot(), checkpoint=self.checkpoint, holding=self.holding,
                     cpu_s=time.process_time(), pid=os.getpid(), events=list(self.events))
 
     def log_scalars(self, scalars: dict, step: int) -> None:

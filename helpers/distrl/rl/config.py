@@ -131,6 +131,10 @@ class ApexConfig:
     """stop after this many environment steps (None: no limit)"""
     max_learner_updates: int | None = None
     """stop after this many learner updates (None: no limit)"""
+    hold_learner_at_updates: int | None = None
+    """the learner trains no more once it has made this many updates, and holds its weights
+    until the run stops (None: never): a run to be stopped mid-learning, as notebook 04's Spot
+    notice is, whatever the machine's speed"""
     max_seconds: float | None = 600.0
     """stop after this many seconds of training (None: no limit)"""
 
@@ -269,7 +273,7 @@ def _validate(c: ApexConfig) -> None:
     _check(c.torso in ("auto", "small", "nature"), "torso", c.torso, "auto, small or nature")
     _check(c.target_return is None or _is_num(c.target_return), "target_return",
            c.target_return, "None or a finite number")
-    for name in ["max_env_steps", "max_learner_updates"]:
+    for name in ["max_env_steps", "max_learner_updates", "hold_learner_at_updates"]:
         v = getattr(c, name)
         _check(v is None or (_is_int(v) and v >= 1), name, v, "None or an integer >= 1")
     _check(c.max_seconds is None or (_is_num(c.max_seconds) and c.max_seconds > 0),
