@@ -21,6 +21,11 @@ for _var, _sub in (("HOME", ""), ("XDG_STATE_HOME", ".local/state"), ("XDG_CACHE
     os.environ[_var] = os.path.join(_HOME, _sub)
 os.environ.pop("RAY_AUTH_TOKEN", None)
 os.environ.pop("RAY_AUTH_TOKEN_PATH", None)
+# Nor on the shell's settings a fresh machine lacks: with PYTHONUNBUFFERED set, a training's
+# output read through a pipe came line by line even where the product forgot to flush (the
+# driver's log lines once did), and the tests that wait for a line passed on the developer's
+# machine only. Without it, a line that is not flushed is not seen.
+os.environ.pop("PYTHONUNBUFFERED", None)
 
 
 def _register_kernel() -> None:

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import tempfile
 import time
 import uuid
@@ -442,10 +443,13 @@ class _Run:
         if not print_it:
             return
         line = f"[distrl] {self.config.env_id}: {detail}"  # which run, where runs share a log
-        if self.bar is not None:
-            self.bar.write(line)
+        if self.bar is not None and not self.bar.disable:
+            self.bar.write(line)  # above the bar, which redraws below it
         else:
-            print(line, flush=True)
+            print(line)
+        # Flushed: a job's log (a pipe, a file) is read while the run goes on, and Python
+        # buffers a pipe unless PYTHONUNBUFFERED is set; tqdm.write does not flush.
+        sys.stdout.flush()
 
     def stop(self, reason: str, detail: str) -> None:
         if not self.stop_reason:

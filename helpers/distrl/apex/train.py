@@ -120,7 +120,7 @@ def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
                if result.reached_target else f"stopped ({result.stop_reason}): {result.stop_detail}")
     print(f"{config.env_id}: {outcome}; {result.env_steps:,} env steps, "
           f"{result.learner_updates:,} learner updates, best greedy return "
-          f"{result.best_eval_return}; results in {result.output_dir}/results.json")
+          f"{result.best_eval_return}; results in {result.output_dir}/results.json", flush=True)
     return 0
 
 

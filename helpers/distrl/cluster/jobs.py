@@ -85,6 +85,40 @@ def stop(client, job_id: str, timeout_s: float = 30.0) -> str:
     return status
 
 
+def follow_or_stop(client, job_id: str, timeout_s: float,
+                   out: Callable[[str], None] = print) -> str:
+    """Follow a job to its end; past timeout_s, stop it (SIGTERM: a final checkpoint)."""
+    status = follow(client, job_id, timeout_s, out=out)
+    if status == "RUNNING":
+        out(f"still running after {timeout_s:.0f} s: stopping it")
+        status = stop(client, job_id)
+    return status
+
+
+class JobLog:
+    """Every line of the followed jobs' logs, kept; the lines that tell the story (the driver's
+    `[distrl]` lines, the autoscaler's, the final one) printed. Pass `add` as follow()'s out."""
+
+    STORY = ("[distrl]", "[autoscaler]", "still running after")
+
+    def __init__(self, out: Callable[[str], None] = print, story: Sequence[str] = STORY):
+        self.lines: list[str] = []
+        self.out, self.story = out, tuple(story)
+
+    def add(self, line: str) -> None:
+        self.lines.append(line)
+        if line.startswith(self.story) or ": reached " in line or ": stopped (" in line:
+            self.out(line)
+
+    def said(self, text: str, after: int = 0) -> bool:
+        """Whether a line from the after-th on contains text."""
+        return any(text in line for line in self.lines[after:])
+
+    def mark(self) -> int:
+        """The position of the next line, for said(..., after=mark)."""
+        return len(self.lines)
+
+
 def fetch(output_dir: str, local_dir: str | Path) -> Path:
     """Copy a run's results.json and checkpoints from output_dir (a path or a URI) to local_dir."""
     import fsspec
