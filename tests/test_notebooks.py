@@ -1,6 +1,7 @@
 """Run the notebooks with papermill, small parameters, and check what they recorded."""
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pytest
 from conftest import respond
 
 from distrl.gke.settings import GkeSettings
+from distrl.rl.learner import read_checkpoint
 from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -53,9 +55,12 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     assert "reached 100 in" in text, text[-2000:]
     assert "the run is learner-bound" in text or "the run is actor-bound" in text
     # The figures the prose points to are the run's: printed from its results.
-    per_update = float(re.search(r"env steps per learner update in this run: ([\d.]+)", text)
-                       .group(1))
-    assert per_update == pytest.approx(results["env_steps"] / results["learner_updates"], abs=0.06)
+    tp = results["throughput"]
+    learning = [r for r in tp if r["learner_updates"] > tp[0]["learner_updates"]]
+    per_update = (learning[-1]["env_steps"] - learning[0]["env_steps"]) / (
+        learning[-1]["learner_updates"] - learning[0]["learner_updates"])
+    printed = float(re.search(r"updates/s, ([\d.]+) env steps per update", text).group(1))
+    assert printed == pytest.approx(per_update, abs=0.06)
     assert re.search(r"first env step [\d.]+ s after train\(\); learner running at [\d.]+ s", text)
     assert re.search(r"100-line version: reached 100 in \d+ s after [\d,]+ transitions", text)
     assert re.search(r"the same defaults over seeds \[[\d, ]+\] \(python benchmarks/sweep.py", text)
@@ -164,6 +169,39 @@ def test_a_kernel_that_ran_through_is_shut_down_without_an_interrupt(kernel, tmp
     pid = int(stream_text(executed).split("ran in")[1].split()[0])
     assert not marker.exists(), "the kernel was sent SIGINT at shutdown"
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_01s_100_line_ape_x_runs_with_only_distrl_rl_and_plain_ray(tmp_path: Path):
+    """What a reader copies: the cells tagged `copy-path` (notebook 01's 100-line Ape-X, from
+    ray.init() to its last figures) run as a plain script beside a copy of helpers/distrl/rl/
+    alone, with the notebook's own parameter defaults (shorter budgets): no other part of the
+    package, no Jupyter."""
+    import shutil
+    import subprocess
+    import sys
+
+    nb = json.loads((NOTEBOOKS_DIR / "01-local-apex-dqn.ipynb").read_text())
+    tagged = [c for c in nb["cells"] if "copy-path" in c["metadata"].get("tags", [])]
+    [parameters] = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    assert len(tagged) >= 5, "the 100-line Ape-X's cells are tagged copy-path"
+    package = tmp_path / "copy" / "distrl"
+    shutil.copytree(NOTEBOOKS_DIR.parent / "helpers" / "distrl" / "rl", package / "rl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (package / "__init__.py").write_text("")
+    script = "\n\n".join(["".join(parameters["source"]),
+                           "MINIMAL_MAX_SECONDS, TARGET_RETURN, EVAL_EPISODES = 60.0, 100.0, 5",
+                           *("".join(c["source"]) for c in tagged),
+                           "import importlib.util, distrl\n"
+                           "print('distrl from', distrl.__file__)\n"
+                           "assert importlib.util.find_spec('distrl.apex') is None\n"
+                           "ray.shutdown()"])
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert f"distrl from {package / '__init__.py'}" in run.stdout
+    assert re.search(r"reached 100 in \d+ s, [\d,]+ transitions, [\d,]+ updates", run.stdout), \
+        run.stdout[-2000:]
 
 
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
@@ -301,19 +339,31 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert second["reached_target"] and second["resumed_from"].endswith(".npz")
     assert "[autoscaler] node actors-1 starting" in text  # nodes came for the pending actors
     assert "killed actors-" in text and "waiting for a CPU" in text, text[-3000:]
-    # The node loss came before learning (the first job is slowed on purpose), and its story is
+    # The node loss came before learning (the first job fills a larger replay first), and its story is
     # told from the run's own events: the kill, the driver's report, the replacement node.
     assert re.search(r"\d+\.\d s  actors-\d killed, with actor\(s\) \[\d\] on it", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  actor \d lost", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  node actors-\d joined", text), text[-3000:]
-    # The first job stopped mid-training (the Spot notice, or its safety-net target), with a
-    # checkpoint; the resumed job began above where the first began, and reached the target.
-    assert first["stop_reason"] in ("sigterm", "target_return") and len(first["actor_states"]) == 3
-    assert first["checkpoint"] and first["wall_time_s"] < 120  # SMOKE's budget
-    assert first["learner_updates"] > 0 and first["best_eval_return"] < second["target_return"]
-    assert second["evals"][0]["mean_return"] > first["evals"][0]["mean_return"]
-    restored = float(re.search(r"checkpoint after [\d,]+ updates: greedy return (\d+)", text).group(1))
-    assert restored > first["evals"][0]["mean_return"]
+    # The Spot notice landed mid-learning, every run: the learner held at HOLD_AT_UPDATES, the
+    # notice (SIGTERM, not a stop of the job's own) came, the learner checkpointed on it, and
+    # the run had not reached the target.
+    hold = 1000  # the notebook's HOLD_AT_UPDATES
+    assert first["stop_reason"] == "sigterm", (first["stop_reason"], first["stop_detail"])
+    assert len(first["actor_states"]) == 3 and first["wall_time_s"] < 120  # SMOKE's budget
+    assert hold <= first["learner_updates"] < hold + first["config"]["batches_per_fetch"]
+    assert [e["kind"] for e in first["events"]].count("learner_held") == 1
+    assert "the Spot notice at " in text and "SIGTERM to the driver" in text
+    meta, _ = read_checkpoint(first["checkpoint"])
+    assert meta["updates"] == first["learner_updates"]
+    assert first["best_eval_return"] < second["target_return"]
+    # The resumed job began from the checkpoint's weights: its first evaluation played the
+    # episodes the notebook evaluated the checkpoint on, with those weights, and scored the same.
+    restored = float(re.search(r"checkpoint after [\d,]+ updates: greedy return ([\d.]+)",
+                               text).group(1))
+    start = second["evals"][0]
+    assert start["weights_version"] == first["learner_updates"], start
+    assert start["mean_return"] == pytest.approx(restored, abs=0.05)
+    assert second["learner_updates"] > first["learner_updates"]
     assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
     assert text.count("CartPole-v1: reached 475.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event

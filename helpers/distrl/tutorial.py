@@ -67,6 +67,9 @@ def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = Non
             cwd=str(notebook.parent), execution_timeout=cell_timeout_s, progress_bar=False,
             log_output=False, request_save_on_cell_execute=True,
             kernel_manager_class=_quiet_shutdown_kernel_manager(),
+            # One output per stream and cell, carriage returns applied: a line redrawn in place
+            # (a progress bar) is stored as its last state, not once per refresh.
+            coalesce_streams=True,
             config=Config({"KernelManager": {"transport": "ipc", "ip": f"{sockets}/kernel"}}))
     return out
 

@@ -371,6 +371,7 @@ class ApeX:
             resume_path, resumed = self.resume.path, self.resume.meta
             weights = [self.resume.arrays[f"online_{i}"] for i in range(len(weights))]
         run = _Run(self, ray, t_start, resumed, resume_path)
+        run.resumed_weights = weights if resumed is not None else None
         for skipped in self.resume.skipped if self.resume else []:
             run.events.append({"time_s": 0.0, "kind": "checkpoint skipped", "detail": skipped})
         if self.sigterm.is_set() or plan is None:  # nothing created yet: nothing to stop
@@ -434,6 +435,7 @@ class _Run:
         self.fleet: ActorFleet | None = None  # from drive() on
         self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
         self.said_first_update = self.said_holding = False
+        self.resumed_weights = None  # a resumed run's checkpoint: its first evaluation
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
@@ -546,6 +548,10 @@ class _Run:
         self.throughput.append({
             "time_s": now - self.t_start, "env_steps": env_steps, "learner_updates": updates,
             "inserted": inserted, "replay_size": sum(s["size"] for s in self.replay_stats.values()),
+            # the rate limiter's waits so far: actors held back (summed over actors), the
+            # learner kept waiting for data
+            "actors_waited_s": sum(s["insert_wait_s"] for s in self.replay_stats.values()),
+            "learner_waited_s": sum(s["sample_wait_s"] for s in self.replay_stats.values()),
             "actors_running": fleet.running(), "actors_waiting": len(fleet.waiting(now))})
         self._show_progress(env_steps)
         # The stops come after the record, so that the run's last state is in the throughput.
@@ -635,6 +641,10 @@ class _Run:
                 self.say("learner_running", f"learner running ({now - self.t_start:.1f} s "
                          "after start)")
                 self.topology.start_evaluator(self.ray, self.config)
+                if self.resumed_weights is not None:  # first, the checkpoint it resumed from
+                    self.eval_ref = self.topology.evaluator.evaluate.remote(
+                        (self.resumed["updates"], self.resumed_weights))
+                    self.last_eval = now
             self.learner_stats = stats or self.learner_stats
             return
         if ref in self.replay_refs:

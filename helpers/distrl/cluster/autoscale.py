@@ -203,3 +203,53 @@ class LocalAutoscaler:
                             "at": time.time()})  # wall clock, to line up with a run's events
         if self.on_event is not None:
             self.on_event(f"[autoscaler] {detail}")
+
+
+# Kinds of event the preemption story tells, from the driver's and the autoscaler's records.
+STORY_KINDS = {"actor_lost", "actor_silent", "actor_back", "actor_running", "node_lost",
+               "node_starting", "node_ready", "stop"}
+
+
+def preemption_story(result: dict, killed_at: float, node_id: str, node_name: str,
+                     scaler_events: list[dict], max_nodes: int) -> list[str]:
+    """A node killed under a run, told from the run's own events on one clock (seconds since the
+    run's train()): the kill and the actors it took, then what the driver and the autoscaler
+    recorded after it, and what became of each lost actor. `result` is the run's results.json,
+    `killed_at` the wall clock of the kill, `scaler_events` LocalAutoscaler.events."""
+    import re
+
+    t0 = result["started_at"]
+    kill_t = killed_at - t0
+    driver = [(e["time_s"], e["kind"], e["detail"]) for e in result["events"]]
+    lost = sorted({int(m.group(1)) for t, _, d in driver if t <= kill_t
+                   if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
+                                      d))})
+    scaler = [(e["at"] - t0, e["kind"], e["detail"]) for e in scaler_events]
+    after = sorted(event for event in driver + scaler
+                   if event[0] >= kill_t - 0.5 and event[1] in STORY_KINDS)
+    lines = [f"{kill_t:6.1f} s  {node_name} killed, with actor(s) {lost} on it"]
+    lines += [f"{t:6.1f} s  (+{t - kill_t:4.1f} s)  {detail}" for t, _, detail in after]
+
+    def actors_in(kinds: set[str]) -> list[int]:
+        return [int(m.group(1)) for _, kind, d in after if kind in kinds
+                if (m := re.match(r"actor (\d+)", d))]
+
+    came, noticed = actors_in({"actor_running", "actor_back"}), set(actors_in(
+        {"actor_lost", "actor_silent"}))
+    for i in lost:
+        state, restarts = result["actor_states"][i], result["actor_restarts"][i]
+        if i not in noticed:
+            lines.append(f"actor {i}: the job stopped before its driver noticed the loss, so its "
+                         f"last view of actor {i} ('{state}') is from before the kill")
+        elif i in came:
+            lines.append(f"actor {i}, the lost one, ran again ({restarts} new process(es) seen); "
+                         f"at the end: {state}")
+        else:
+            others = [j for j in came if j not in lost]
+            lines.append(f"actor {i}, the lost one, did not run again before the job stopped (at "
+                         f"the end: {state})."
+                         + (f" The CPU that came free went to actor(s) {others}, which had been "
+                            "waiting for one." if others else "")
+                         + f" Ray restarts it when a node has a free CPU; the pool has at most "
+                         f"{max_nodes} node(s).")
+    return lines

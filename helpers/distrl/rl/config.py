@@ -159,7 +159,8 @@ class ApexConfig:
     checkpoint_dir: str | None = None
     """checkpoint directory or URI, e.g. gs://bucket/run/checkpoints (None: output_dir/checkpoints)"""
     resume: str | None = None
-    """continue from a checkpoint: 'auto' (newest in checkpoint_dir), a directory, or one .npz"""
+    """continue from a checkpoint: 'auto' (newest in checkpoint_dir), a directory, or one .npz;
+    the run's first evaluation is of the checkpoint's own weights"""
     max_actor_restarts: int = -1
     """times Ray restarts a lost actor process, e.g. on a preempted node (-1: always; 0: never)"""
     resource_timeout_s: float = 10.0
