@@ -122,6 +122,9 @@ def test_monitoring_requests_reject_bad_query_values():
             mon.request("rl.sample.samples", **kwargs)
     with pytest.raises(ValueError, match="board is invalid"):
         explore.preview_dashboard(mon, {"tiles": []})
+    for bad in [(), ("p42",), ("p95", "median")]:
+        with pytest.raises(ValueError, match=r"percentiles=.*expected some of \['p50', 'p95', 'p99'\]"):
+            mon.golden_signals(percentiles=bad)
 
 
 # A TensorBoard log as the learner's tf.summary.scalar writes it (a float tensor with the

@@ -33,7 +33,7 @@ def _imports(path: Path) -> set[str]:
 
 
 # Modules that come with a declared package rather than as their own distribution.
-BUNDLED = {"keras": "tensorflow", "google": "google-cloud-monitoring", "re2": "google-re2",
+BUNDLED = {"keras": "tensorflow", "google": "google-cloud-monitoring", "re2": "google-re2", "PIL": "pillow",
            "yaml": "pyyaml"}
 
 

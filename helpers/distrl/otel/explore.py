@@ -488,9 +488,15 @@ class Monitoring:
 
     def golden_signals(self, *, where: dict | None = None, group_by: str = otel.RL_RUN_ID,
                        minutes: float = 30.0, alignment_s: int = 60,
-                       end: dt.datetime | None = None) -> dict:
+                       end: dt.datetime | None = None,
+                       percentiles: tuple[str, ...] = ("p50", "p95", "p99")) -> dict:
         """Every chart of dashboard.CHARTS as a DataFrame (by chart title), filtered by
-        `where` and grouped by `group_by` (and by rl.loop for the latency charts)."""
+        `where` and grouped by `group_by` (and by rl.loop for the latency charts), with the
+        latency `percentiles` asked for (fewer lines where many groups share a panel)."""
+        known = {_statistic(r) for chart in dash.CHARTS if chart.signal == "latency"
+                 for r in chart.reducers}
+        if not percentiles or not set(percentiles) <= known:
+            raise ValueError(f"percentiles={percentiles!r}: expected some of {sorted(known)}")
         frames = {}
         for chart in dash.CHARTS:
             # Latency charts keep their per-phase lines (rl.loop); group_by may be rl.loop too.
@@ -498,6 +504,8 @@ class Monitoring:
             groups = tuple(dict.fromkeys((*phases, group_by)))
             parts = []
             for reducer in chart.reducers:
+                if chart.signal == "latency" and _statistic(reducer) not in percentiles:
+                    continue
                 df = self.time_series(chart.metric_type, where=where, minutes=minutes,
                                       aligner=chart.aligner, reducer=reducer, group_by=groups,
                                       alignment_s=alignment_s, end=end)
@@ -565,11 +573,45 @@ def _point_value(value) -> tuple[float, int | None]:
     return float(getattr(value, kind)), None
 
 
+class CompactFigure:
+    """A figure as a PNG of at most 256 colours, which a notebook displays (`_repr_png_`) and
+    stores: a dozen panels of lines in a third of the bytes of matplotlib's own PNG."""
+
+    def __init__(self, png: bytes):
+        self.png = png
+
+    def _repr_png_(self) -> bytes:
+        return self.png
+
+
+def compact(fig=None, colors: int = 256) -> CompactFigure:
+    """The figure (default: the current one) as a CompactFigure, and closed: the last line of a
+    notebook cell, in place of plt.show(), for figures of many panels."""
+    import io
+
+    import matplotlib.pyplot as plt
+    from PIL import Image
+
+    if not (isinstance(colors, int) and 2 <= colors <= 256):
+        raise ValueError(f"colors={colors!r}: expected an integer from 2 to 256")
+    fig = fig or plt.gcf()
+    raw = io.BytesIO()
+    fig.savefig(raw, format="png", bbox_inches="tight")
+    plt.close(fig)
+    out = io.BytesIO()
+    Image.open(raw).convert("RGB").quantize(colors=colors).save(out, format="PNG", optimize=True)
+    return CompactFigure(out.getvalue())
+
+
 def plot_golden_signals(frames: dict, axes=None):
     """One panel per chart of golden_signals(): a line per group (and per percentile)."""
-    panels = [(f"{chart.signal}: {title}", chart.unit, df, list(groups))
-              for title, (df, chart, groups) in frames.items()]
-    return _plot_panels(panels, columns=4, size=(4.2, 3.0), axes=axes)
+    panels = []
+    for title, (df, chart, groups) in frames.items():
+        unit = chart.unit
+        if chart.metric == "rl.train.mfu":  # a fraction on the wire, a percentage to read
+            df, unit = (df.assign(value=100 * df["value"]) if not df.empty else df), "%"
+        panels.append((f"{chart.signal}: {title}", unit, df, list(groups)))
+    return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes)
 
 
 def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=None):
@@ -579,8 +621,10 @@ def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=Non
 
     if axes is None:
         rows = -(-len(panels) // columns)
+        # Constrained: titles never overlap. 72 dpi: a dozen panels stay a small image in a
+        # stored notebook.
         _, grid = plt.subplots(rows, columns, figsize=(size[0] * columns, size[1] * rows),
-                               squeeze=False)
+                               squeeze=False, layout="constrained", dpi=72)
         axes = grid.ravel()
     styles = {"p50": ":", "p95": "-", "p99": "--"}
     for ax, (title, ylabel, df, keys) in zip(axes, panels):
@@ -597,16 +641,12 @@ def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=Non
             label = " ".join([*map(str, group), stat])
             ax.plot(part["elapsed_s"], part["value"], styles.get(stat, "-"), label=label,
                     marker="." if len(part) < 20 else None)  # a few points: show each
-            if len(lines) > 6:  # too many for a legend: each line labelled at its end
-                ax.annotate(label, (part["elapsed_s"].iloc[-1], part["value"].iloc[-1]),
-                            fontsize=5, xytext=(2, 0), textcoords="offset points")
         ax.set_xlabel("s since the group's first point", fontsize=8)
         ax.tick_params(labelsize=7)
-        if len(lines) <= 6:
-            ax.legend(fontsize=6)
+        # Labels at the lines' ends overlapped once there were many: a legend, in columns.
+        ax.legend(fontsize=6 if len(lines) <= 6 else 5, ncol=1 if len(lines) <= 6 else 2)
     for ax in list(axes)[len(panels):]:
         ax.axis("off")
-    plt.tight_layout()
     return axes
 
 
@@ -630,5 +670,5 @@ def preview_dashboard(monitoring: Monitoring, board: dict, *, where: dict | None
         tiles.setdefault(title, []).append(df)
     tiles = {title: _concat([p for p in parts if not p.empty]) for title, parts in tiles.items()}
     _plot_panels([(title, "", df, [c for c in df.columns if c.startswith("rl.")])
-                  for title, df in tiles.items()], columns=3, size=(5.0, 2.8))
+                  for title, df in tiles.items()], columns=4, size=(3.6, 2.4))
     return tiles
