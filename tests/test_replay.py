@@ -343,6 +343,27 @@ def test_framed_replay_evicts_whole_blocks_with_their_frames_and_samples_exact_i
     assert replay.update_priorities(batch.keys, np.ones(64)) == 64
 
 
+def test_framed_replay_numbers_planes_past_2_to_the_31_and_samples_exact_images():
+    """Plane numbers grow for the whole run (about 9 h of 56 Pong actors pass 2^31 on one shard):
+    a block's plane indices arrive as int32 from pack_frames, and adding the ring's count to
+    them kept int32, so past 2^31 sampled images came from the wrong planes, then add raised.
+    A replay whose count starts just below 2^31 keeps every image exact across it."""
+    rng = np.random.default_rng(7)
+    replay = PrioritizedReplay(200, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=150, seed=3)
+    replay.frames_inserted = 2**31 - 40  # as if the run had stored that many planes already
+    inserted = {}
+    for _ in range(6):
+        block, stream = framed_block(rng, replay.total_inserted, 20)
+        keys = replay.add(block)
+        inserted.update({int(k): (stream[i], stream[i + 1]) for i, k in enumerate(keys)})
+        assert replay.check()["ok"], replay.check()
+    assert replay.frames_inserted > 2**31 + 50
+    batch = replay.sample(64)
+    for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
+        np.testing.assert_array_equal(obs, inserted[int(key)][0])
+        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
+
+
 def test_framed_replay_refuses_blocks_it_cannot_hold_and_keeps_its_data():
     rng = np.random.default_rng(2)
     replay = PrioritizedReplay(50, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=40)

@@ -8,6 +8,7 @@
 #
 #   tools/clean_room.sh            # HEAD
 #   tools/clean_room.sh main       # any ref this repository has
+#   COMMAND="make tutorial" tools/clean_room.sh   # another command than .ci/run
 set -euo pipefail
 repo=$(git -C "$(dirname "$0")/.." rev-parse --show-toplevel)
 ref=${1:-HEAD}
@@ -38,9 +39,9 @@ set +e
 env -i "${vars[@]}" PATH="$path" HOME="$room/h" TMPDIR="$room/t" \
   XDG_CACHE_HOME="$room/cache" XDG_CONFIG_HOME="$room/config" XDG_DATA_HOME="$room/data" \
   XDG_STATE_HOME="$room/state" XDG_RUNTIME_DIR="$room/run" \
-  bash -c 'cd "$1" && .ci/run' _ "$room/c"
+  bash -c 'cd "$1" && eval "$2"' _ "$room/c" "${COMMAND:-.ci/run}"
 rc=$?
 set -e
 wall=$(( $(date +%s) - start ))
-printf 'clean room: .ci/run exited %d after %dm%02ds\n' "$rc" $((wall / 60)) $((wall % 60))
+printf 'clean room: %s exited %d after %dm%02ds\n' "${COMMAND:-.ci/run}" "$rc" $((wall / 60)) $((wall % 60))
 exit "$rc"

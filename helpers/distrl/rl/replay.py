@@ -361,7 +361,9 @@ class PrioritizedReplay:
         obs, next_obs = block.obs, block.next_obs
         if self.framed:
             first = self._store_frames(block)
-            obs, next_obs = obs + first, next_obs + first
+            # int64: pack_frames numbers a block's planes in int32, and the run's count passes
+            # 2^31 (NumPy 2 keeps an int32 array's type when a Python int is added).
+            obs, next_obs = obs.astype(np.int64) + first, next_obs.astype(np.int64) + first
         keys = np.arange(self.total_inserted, self.total_inserted + n, dtype=np.int64)
         start = self.total_inserted % self.capacity
         first = min(n, self.capacity - start)  # the block may wrap around the ring's end
