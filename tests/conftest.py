@@ -168,7 +168,7 @@ HEALTHY_PROJECT_ANSWERS = {
     "get deployments --all-namespaces": {"out": json.dumps({"items": []})},
     "describe nodes": {"out": DESCRIBE_NODE},
     "RAY_AUTH_MODE": {"out": "token"},
-    "list_physical_devices": {"out": "1"},
+    "list_physical_devices": {"out": "gpus 1\nxla ok /job:localhost/replica:0/task:0/device:GPU:0"},
     "--output=jsonpath={.items[0].metadata.name}": {"out": "distrl-head-x7k2p"},
 }
 

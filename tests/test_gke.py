@@ -13,6 +13,7 @@ import pytest
 from conftest import DESCRIBE_NODE, respond
 
 from distrl.gke import create as gke
+from distrl.gke import preflight
 from distrl.gke.cost import PRICES, estimate_cost, monthly_costs
 from distrl.gke.create import create_plan, teardown_plan
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
@@ -211,8 +212,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
          '--output=jsonpath={.items[0].spec.containers[?(@.name=="autoscaler")]'
          '.env[?(@.name=="RAY_AUTH_MODE")].value}'],
         [*KC, "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
-         "--", "python", "-c",
-         "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"],
+         "--", "python", "-c", preflight.GPU_CHECK],
         [*KC, "get", "pods", "--namespace=rl", "--output=wide"],
         [*KC, "exec", "--namespace=rl", "service/rl-head-svc", "--container=ray-head",
          "--", "ray", "status"],
@@ -491,7 +491,11 @@ def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
     ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), "Check the head node",
      "has 5.41 CPU free after GKE's system pods; the head pod requests 6"),
     ("RAY_AUTH_MODE", "", "Check the autoscaler", "has no RAY_AUTH_MODE=token: the running operator ignored"),
-    ("list_physical_devices", "0", "Check TensorFlow", "TensorFlow in the head pod sees 0 GPU(s)"),
+    ("list_physical_devices", "gpus 0\nxla ok /job:localhost/replica:0/task:0/device:CPU:0",
+     "Check TensorFlow", "TensorFlow in the head pod sees 0 GPU(s)"),
+    ("list_physical_devices", "gpus 1\nxla failed InternalError libdevice not found at "
+     "./libdevice.10.bc", "Check TensorFlow", "an XLA-compiled convolution did not run on the "
+     "head's GPU (failed InternalError libdevice not found"),
     ("get service opentelemetry-collector", "4317 4318|4317 14318", "Check the managed collector",
      "the managed collector's pods listen on ['14318']"),
     ("compute project-info describe", json.dumps({"quotas": [
@@ -718,6 +722,28 @@ def test_cli_plan_and_cost_print_without_running_anything(stand_ins, tmp_path, c
     assert stand_ins() == []
 
 
+def test_cli_workload_sizes_the_actor_pool_and_prices_its_run(stand_ins, tmp_path, capsys):
+    """`--workload pong` plans the pool WORKLOADS["pong"] is sized for (unless the pool's flags
+    say otherwise), and `cost` prices one run of it."""
+    from distrl.cli import main as distrl
+
+    plans = {}
+    for name, extra in (("cartpole", []), ("pong", ["--workload", "pong"]),
+                        ("pong-2", ["--workload", "pong", "--max-actor-nodes", "2"])):
+        assert distrl(["gke", "plan", "--project-id", PROJECT, "--manifests-dir",
+                       str(tmp_path / name), *extra]) == 0
+        plans[name] = capsys.readouterr().out
+    assert plans["pong"] != plans["cartpole"]
+    assert "--machine-type=e2-standard-16" in plans["pong"] and "--max-nodes=4" in plans["pong"]
+    assert "--machine-type=e2-standard-8" in plans["cartpole"]
+    assert "--max-nodes=2" in plans["pong-2"] and "--machine-type=e2-standard-16" in plans["pong-2"]
+    assert "ALE/Pong-v5" in (tmp_path / "pong" / "job" / "rayjob.yaml").read_text()
+    assert distrl(["gke", "cost", "--project-id", PROJECT, "--workload", "pong"]) == 0
+    out = capsys.readouterr().out
+    assert "one pong training:" in out and "pong run of at most 4 h" in out
+    assert stand_ins() == []
+
+
 def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, monkeypatch):
     """Both pin their head to the one-node head pool and mount the same ReadWriteOnce volume:
     the RayJob is refused, naming the delete, while the RayCluster exists."""
@@ -920,3 +946,18 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
         GkeSettings(project_id=PROJECT, workload="breakout")
     with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
         GkeSettings.for_workload("breakout", project_id=PROJECT)
+
+
+def test_the_gpu_check_compiles_the_learner_s_convolution_with_xla_here(tmp_path):
+    """The plan's GPU check, run with this machine's TensorFlow (no GPU): it answers with the
+    count and an XLA-compiled convolution, and the check refuses a head that has no GPU, or
+    whose compile ran elsewhere than on a GPU."""
+    import sys
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    out = subprocess.run([sys.executable, "-c", preflight.GPU_CHECK], capture_output=True,
+                         text=True, timeout=180, env=env, check=True).stdout
+    assert "gpus 0" in out and "xla ok" in out and "CPU:0" in out
+    assert "sees 0 GPU(s)" in preflight.gpu_problems(out, "nvidia-l4")[0]
+    on_cpu = out.replace("gpus 0", "gpus 1")
+    assert "did not run on the head's GPU (ok" in preflight.gpu_problems(on_cpu, "nvidia-l4")[0]

@@ -189,6 +189,21 @@ def test_a_pod_below_the_restricted_standard_is_refused_by_rule(break_it, rule):
         m.validate(cluster)
 
 
+@pytest.mark.parametrize("workload", ["cartpole", "pong"])
+def test_kuberay_s_deadline_leaves_the_run_its_whole_budget(workload):
+    """KubeRay counts activeDeadlineSeconds from the RayJob's start, the head's start-up
+    included; the run's --max-seconds counts from its driver's. A deadline equal to the budget
+    (4 h for Pong, as it was) kills the run before it writes results.json."""
+    import shlex
+
+    from distrl.gke.settings import NODE_READY_S
+
+    job = m.ray_job(GkeSettings.for_workload(workload, project_id="demo-project-1"))
+    argv = shlex.split(job["spec"]["entrypoint"])
+    budget = float(argv[argv.index("--max-seconds") + 1])
+    assert job["spec"]["activeDeadlineSeconds"] >= NODE_READY_S + budget + m.JOB_CLOSE_S
+
+
 def test_pods_reach_only_what_they_need():
     policy = next(d for _, d in m.load_dir(K8S) if d["kind"] == "NetworkPolicy"
                   and d["spec"]["policyTypes"] == ["Egress"])

@@ -26,7 +26,7 @@ from pathlib import Path
 
 from distrl.gke import manifests as k8s
 from distrl.gke import preflight
-from distrl.gke.cost import estimate_cost, monthly_costs
+from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
 from distrl.gke.manifests import head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
@@ -367,10 +367,10 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
         steps.append(Step(
             "Check TensorFlow sees the GPU in the head pod",
             s.kubectl("exec", ns, f"service/{s.prefix}-head-svc", "--container=ray-head", "--",
-                      "python", "-c",
-                      "import tensorflow as tf; print(len(tf.config.list_physical_devices('GPU')))"),
-            "The learner trains on it; a missing driver or CUDA wheel shows here, not hours "
-            "later as a slow run.",
+                      "python", "-c", preflight.GPU_CHECK),
+            "The learner trains on it, its update compiled with XLA: a missing driver, CUDA "
+            "wheel, ptxas or libdevice shows here in seconds, not at the first update after "
+            "the Spot pool is up.",
             check=functools.partial(preflight.gpu_problems, gpu_type=s.gpu_type)))
     steps += [
         Step("Verify: list the pods", s.kubectl("get", "pods", ns, "--output=wide")),
@@ -402,7 +402,7 @@ def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
     """Run the RayJob of `write_manifests` (a one-shot training with a cluster of its own),
     refusing while the RayCluster still runs: both pin their head to the one-node head pool
     and mount the same ReadWriteOnce run volume, so the RayJob's head would stay Pending until
-    its activeDeadlineSeconds (4 h) ran out."""
+    its activeDeadlineSeconds ran out (manifests.job_deadline_s)."""
     ns = f"--namespace={s.namespace}"
 
     def cluster_gone(out: str) -> list[str]:
@@ -443,20 +443,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--project-id", required=True)
     for field in dataclasses.fields(GkeSettings):
         if field.name != "project_id":
+            # The actor pool's two fields default to the workload's (GkeSettings.for_workload).
+            pool = field.name in ("actor_machine_type", "max_actor_nodes")
             parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(field.default),
-                                default=field.default)
+                                default=None if pool else field.default,
+                                help="default: the workload's" if pool else None)
     parser.add_argument("--manifests-dir", default="runs/gke/manifests")
     parser.add_argument("--auth-token-file", default=str(DEFAULT_TOKEN_FILE),
                         help="the Ray auth token for the cluster (created if missing)")
     args = parser.parse_args(argv)
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GkeSettings)}
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GkeSettings)
+              if getattr(args, f.name) is not None}
     try:
-        settings = GkeSettings(**values)
+        settings = GkeSettings.for_workload(values.pop("workload"), **values)
     except ValueError as e:
         parser.error(str(e))
     if args.action == "cost":
         print(estimate_cost(settings).table())
         print(monthly_costs(settings).table())
+        print(f"\none {settings.workload} training:")
+        print(estimate_run_cost(settings).table())
         return 0
     k8s.write_manifests(settings, args.manifests_dir)
     plan = create_plan(settings, args.manifests_dir, args.auth_token_file)

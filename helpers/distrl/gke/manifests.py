@@ -31,6 +31,7 @@ from distrl.gke.settings import (
     IMAGE_PYTHON,
     IMAGE_PYTHON_ENV,
     MANAGED_OTEL_NAMESPACE,
+    NODE_READY_S,
     OTLP_PORTS,
     RAY_VERSION,
     WORKLOADS,
@@ -488,20 +489,34 @@ def ray_cluster(s: GkeSettings) -> dict:
             "metadata": _meta(s, s.prefix, "ray-cluster"), "spec": ray_cluster_spec(s)}
 
 
+# KubeRay counts a RayJob's activeDeadlineSeconds from the job's start (Status.StartTime, set
+# before its cluster is created), and a job past it is Failed (DeadlineExceeded), its cluster
+# deleted, without a retry (ray-project/kuberay ray-operator/controllers/ray/rayjob_controller.go).
+# The run's own budget (--max-seconds) counts from its driver's start: the deadline adds the
+# head's start before it (NODE_READY_S: node, ~8 GB image, GPU driver) and the run's close after
+# it (final evaluation, checkpoint, results.json), so the run, not KubeRay, ends the run.
+JOB_CLOSE_S = 600
+
+
+def job_deadline_s(s: GkeSettings) -> int:
+    """The RayJob's activeDeadlineSeconds: the head's start, the run's budget, its close."""
+    return round(NODE_READY_S + WORKLOADS[s.workload].run_hours * 3600 + JOB_CLOSE_S)
+
+
 def ray_job(s: GkeSettings) -> dict:
     spec = commented({
         "entrypoint": shlex.join(training_command(s)),
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": 600,
-        "activeDeadlineSeconds": 4 * 3600,
+        "activeDeadlineSeconds": job_deadline_s(s),
         "submissionMode": "K8sJobMode",
         "rayClusterSpec": ray_cluster_spec(s, autoscale=False),
     }, {"entrypoint": "one actor per Spot CPU; the head's CPUs and GPU to the learner "
                       "(cluster_train_args)",
         "shutdownAfterJobFinishes": "the cluster bills by the hour; the results are on the run volume",
         "ttlSecondsAfterFinished": "time to read the pods' logs before KubeRay deletes the cluster",
-        "activeDeadlineSeconds": "the run waits for Spot pods without end: this caps what a stuck "
-                                 "job bills",
+        "activeDeadlineSeconds": "caps what a stuck job bills: the head's start, the run's "
+                                 "--max-seconds and its close (job_deadline_s)",
         "submissionMode": "a submitter Job follows the run's log: kubectl logs job/<this RayJob>",
         "rayClusterSpec": "a cluster of its own on the head pool and run volume: delete the "
                           "RayCluster first"})

@@ -219,16 +219,40 @@ def _gib(text: str) -> float:
     return float(match.group(1)) * units.get(match.group(2), 2 ** -30)
 
 
+# Run in the head pod: how many GPUs TensorFlow sees, then one convolution of the Nature torso
+# compiled with XLA on the first of them, as the learner compiles its update (jit_compile). XLA
+# needs ptxas and libdevice from the CUDA wheels: a missing one fails here, in seconds, not at
+# the learner's first update after the Spot pool is up.
+GPU_CHECK = """\
+import tensorflow as tf
+print("gpus", len(tf.config.list_physical_devices("GPU")))
+try:
+    conv = tf.function(lambda x, k: tf.nn.conv2d(x, k, 4, "VALID"), jit_compile=True)
+    with tf.device("/GPU:0"):
+        y = conv(tf.ones((1, 84, 84, 4)), tf.ones((8, 8, 4, 32)))
+    print("xla ok", y.device)
+except Exception as e:
+    print("xla failed", type(e).__name__, (str(e).strip().splitlines() or [""])[0][:300])
+"""
+
+
 def gpu_problems(output: str, gpu_type: str) -> list[str]:
-    """TensorFlow in the head pod, asked how many GPUs it sees (the last line of output)."""
-    lines = output.strip().splitlines()
-    count = lines[-1].strip() if lines else ""
-    if count.isdigit() and int(count) >= 1:
-        return []
-    return [f"TensorFlow in the head pod sees {count or 'no'} GPU(s) although the head pool "
-            f"has a {gpu_type}: check the driver install (`kubectl describe node` lists "
-            "nvidia.com/gpu under Allocatable once GKE's driver installer has run) and that the "
-            "image has TensorFlow's CUDA wheels (Dockerfile, the lock file's # gpu: lines)"]
+    """GPU_CHECK's output: TensorFlow sees a GPU, and an XLA-compiled convolution ran on it."""
+    lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1:] for line in output.strip().splitlines()
+             if line.startswith(("gpus ", "xla "))}
+    count = (lines.get("gpus") or [""])[0].strip()
+    if not (count.isdigit() and int(count) >= 1):
+        return [f"TensorFlow in the head pod sees {count or 'no'} GPU(s) although the head pool "
+                f"has a {gpu_type}: check the driver install (`kubectl describe node` lists "
+                "nvidia.com/gpu under Allocatable once GKE's driver installer has run) and that "
+                "the image has TensorFlow's CUDA wheels (Dockerfile, the lock file's # gpu: lines)"]
+    xla = (lines.get("xla") or ["no answer"])[0]
+    if not xla.startswith("ok") or "GPU" not in xla:
+        return [f"an XLA-compiled convolution did not run on the head's GPU ({xla}): the learner "
+                "compiles its update the same way, so it would fail at its first update. XLA "
+                "needs ptxas and libdevice from the CUDA wheels (nvidia-cuda-nvcc-cu12 in the "
+                "lock file's # gpu: lines); `--jit-compile false` trains without XLA, slower"]
+    return []
 
 
 def autoscaler_token_problems(value: str) -> list[str]:
