@@ -87,12 +87,14 @@ STAND_IN = """#!{python}
 # value or positional its reference does not accept: tests/cli_reference.py, exit 2), and
 # answers the rest with hand-written answers shaped like a healthy project's, not recorded from
 # one (HEALTHY_PROJECT_ANSWERS in tests/conftest.py; STAND_IN_ANSWERS overrides them);
-# `kubectl exec ... -- tar` runs tar here (a rehearsed pod's files are on this machine). A
-# describe or `get secret` that no answer names finds nothing (exit 1) unless
-# FAKE_EXISTS lists it; FAKE_FAIL makes a matching command fail with a quota error.
+# `kubectl exec ... -- tar` runs tar here (a rehearsed pod's files are on this machine). What
+# the plan makes lives in a project that remembers it (tests/stand_in_project.py); any other
+# describe or `get secret` finds nothing (exit 1) unless FAKE_EXISTS lists it; FAKE_FAIL makes
+# a matching command fail with a quota error.
 import json, os, sys
 sys.path.insert(0, {tests!r})
 from cli_reference import refusal
+from stand_in_project import answer as remembered
 argv = sys.argv[1:]
 with open(os.environ["FAKE_LOG"], "a") as log:
     log.write(json.dumps(["{name}", *argv]) + "\\n")
@@ -106,9 +108,13 @@ if os.environ.get("FAKE_FAIL") and os.environ["FAKE_FAIL"] in line:
     sys.exit(1)
 answers = json.loads(os.environ["STAND_IN_ANSWERS"])
 for key, answer in answers.items():
-    if key in line:
-        print(answer["out"])
+    if key in line:  # a failing command says why on stderr, as gcloud and kubectl do
+        print(answer["out"], file=sys.stderr if answer.get("code", 0) else sys.stdout)
         sys.exit(answer.get("code", 0))
+found = remembered("{name}", argv)  # a thing the plan makes: the stand-in project knows it
+if found is not None:
+    print(found[1], file=sys.stderr if found[0] else sys.stdout)
+    sys.exit(found[0])
 if " describe " in line or " get secret " in line:
     if any(e and e in line for e in os.environ.get("FAKE_EXISTS", "").split("|")):
         print("found")
@@ -168,6 +174,7 @@ HEALTHY_PROJECT_ANSWERS = {
     "get deployments --all-namespaces": {"out": json.dumps({"items": []})},
     "describe nodes": {"out": DESCRIBE_NODE},
     "RAY_AUTH_MODE": {"out": "token"},
+    "compute disks list": {"out": ""},
     "list_physical_devices": {"out": "gpus 1\nxla ok /job:localhost/replica:0/task:0/device:GPU:0"},
     "--output=jsonpath={.items[0].metadata.name}": {"out": "distrl-head-x7k2p"},
 }

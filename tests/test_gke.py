@@ -13,6 +13,7 @@ import pytest
 from conftest import DESCRIBE_NODE, respond
 
 from distrl.gke import create as gke
+from distrl.gke import manifests as k8s
 from distrl.gke import preflight
 from distrl.gke.cost import PRICES, estimate_cost, monthly_costs
 from distrl.gke.create import create_plan, teardown_plan
@@ -103,6 +104,7 @@ IMAGE = f"europe-west4-docker.pkg.dev/{PROJECT}/rl-images/distrl:t1"
 NODE_SA = f"rl-nodes@{PROJECT}.iam.gserviceaccount.com"
 CONTEXT = f"--context=gke_{PROJECT}_europe-west4-b_rl-cluster"
 KC = ["kubectl", CONTEXT]  # every kubectl command names the cluster's context
+DESCRIPTION = "--description=made by distrl's GKE plan, prefix rl"  # accounts take no labels
 
 
 def expected_standard(manifests: Path, token: Path, exists: bool = False) -> list[list[str]]:
@@ -127,11 +129,13 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         *made(["gcloud", "iam", "service-accounts", "describe", BUILD_SA, P,
                "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-build",
-               "--display-name=distrl image builds", P]),
+               "--display-name=distrl image builds", DESCRIPTION, P]),
         # europe-west4 is not among the regions every project may build in: us-central1.
         *made(["gcloud", "storage", "buckets", "describe", BUCKET, P, "--format=value(name)"],
               ["gcloud", "storage", "buckets", "create", BUCKET, "--location=us-central1",
                "--uniform-bucket-level-access", P]),
+        ["gcloud", "storage", "buckets", "update", BUCKET,
+         "--update-labels=app=distrl,distrl-prefix=rl", P],
         ["gcloud", "storage", "buckets", "add-iam-policy-binding", BUCKET,
          f"--member=serviceAccount:{BUILD_SA}", "--role=roles/storage.admin", P],
         ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "rl-images",
@@ -151,7 +155,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         *made(["gcloud", "iam", "service-accounts", "describe", NODE_SA, P,
                "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-nodes",
-               "--display-name=distrl GKE nodes", P]),
+               "--display-name=distrl GKE nodes", DESCRIPTION, P]),
         ["gcloud", "projects", "add-iam-policy-binding", PROJECT,
          f"--member=serviceAccount:{NODE_SA}", "--role=roles/container.defaultNodeServiceAccount",
          "--condition=None", P],
@@ -192,7 +196,7 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         [*KC, "describe", "nodes", "--selector=cloud.google.com/gke-nodepool=rl-head"],
         *made(["gcloud", "iam", "service-accounts", "describe", GSA, P, "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-ray",
-               "--display-name=distrl Ray pods (metrics and traces)", P]),
+               "--display-name=distrl Ray pods (metrics and traces)", DESCRIPTION, P]),
         *[["gcloud", "projects", "add-iam-policy-binding", PROJECT,
            f"--member=serviceAccount:{GSA}", f"--role={role}", "--condition=None", P]
           for role in ("roles/monitoring.metricWriter", "roles/cloudtrace.agent",
@@ -219,35 +223,67 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
     ]
 
 
-def expected_teardown(manifests: Path) -> list[list[str]]:
+def expected_teardown(manifests: Path, live: bool = False) -> list[list[str]]:
     """Newest first: the namespace (and the run volume's disk) first, the cluster after its
-    node pools, the image last of all."""
+    node pools, the image last of all, then the disks the cluster left. With live=True, what
+    each undo asks first, as run_teardown runs it: the cluster's credentials before kubectl,
+    and whether the plan made what it would delete (its label, or an account's description)."""
+    credentials = ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P]
+    namespace = [*KC, "get", "namespace", "rl",
+                 "--output=jsonpath={.metadata.labels.app\\.kubernetes\\.io/instance}"]
+
+    def account(email: str) -> list[str]:
+        return ["gcloud", "iam", "service-accounts", "describe", email, P,
+                "--format=value(description)"]
+
+    def labelled(*describe: str, field: str = "labels") -> list[str]:
+        return ["gcloud", *describe, f"--format=value({field}.distrl-prefix)"]
+
+    def undo(argv: list[str], *first: list[str]) -> list[list[str]]:
+        return [*first, argv] if live else [argv]
+
     unbind = ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
               f"--member=serviceAccount:{GSA}"]
+    pool = ["--cluster=rl-cluster", ZONE, P]
     return [
-        [*KC, "delete", f"--filename={manifests}/cluster", "--recursive",
-         "--ignore-not-found", "--wait=true"],
-        [*KC, "delete", "namespace", "rl", "--ignore-not-found", "--wait=true"],
-        [*unbind, "--role=roles/telemetry.metricsWriter", "--condition=None", P],
-        [*unbind, "--role=roles/cloudtrace.agent", "--condition=None", P],
-        [*unbind, "--role=roles/monitoring.metricWriter", "--condition=None", P],
-        ["gcloud", "iam", "service-accounts", "delete", GSA, P, "--quiet"],
-        ["gcloud", "container", "node-pools", "delete", "rl-actors", "--cluster=rl-cluster",
-         ZONE, P, "--quiet"],
-        ["gcloud", "container", "node-pools", "delete", "rl-head", "--cluster=rl-cluster",
-         ZONE, P, "--quiet"],
-        ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"],
-        ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
-         f"--member=serviceAccount:{NODE_SA}", "--role=roles/container.defaultNodeServiceAccount",
-         "--condition=None", P],
-        ["gcloud", "iam", "service-accounts", "delete", NODE_SA, P, "--quiet"],
-        ["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
-         f"--member=serviceAccount:{BUILD_SA}", "--role=roles/logging.logWriter",
-         "--condition=None", P],
-        ["gcloud", "storage", "rm", "--recursive", BUCKET, P],
-        ["gcloud", "iam", "service-accounts", "delete", BUILD_SA, P, "--quiet"],
-        ["gcloud", "artifacts", "repositories", "delete", "rl-images", "--location=europe-west4",
-         P, "--quiet"],
+        *undo([*KC, "delete", f"--filename={manifests}/cluster", "--recursive",
+               "--ignore-not-found", "--wait=true"], credentials, namespace),
+        *undo([*KC, "delete", "namespace", "rl", "--ignore-not-found", "--wait=true"],
+              credentials, namespace),
+        *undo([*unbind, "--role=roles/telemetry.metricsWriter", "--condition=None", P],
+              account(GSA)),
+        *undo([*unbind, "--role=roles/cloudtrace.agent", "--condition=None", P], account(GSA)),
+        *undo([*unbind, "--role=roles/monitoring.metricWriter", "--condition=None", P],
+              account(GSA)),
+        *undo(["gcloud", "iam", "service-accounts", "delete", GSA, P, "--quiet"], account(GSA)),
+        *undo(["gcloud", "container", "node-pools", "delete", "rl-actors", *pool, "--quiet"],
+              labelled("container", "node-pools", "describe", "rl-actors", *pool,
+                       field="config.resourceLabels")),
+        *undo(["gcloud", "container", "node-pools", "delete", "rl-head", *pool, "--quiet"],
+              labelled("container", "node-pools", "describe", "rl-head", *pool,
+                       field="config.resourceLabels")),
+        *undo(["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"],
+              labelled("container", "clusters", "describe", "rl-cluster", ZONE, P,
+                       field="resourceLabels")),
+        *undo(["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
+               f"--member=serviceAccount:{NODE_SA}",
+               "--role=roles/container.defaultNodeServiceAccount", "--condition=None", P],
+              account(NODE_SA)),
+        *undo(["gcloud", "iam", "service-accounts", "delete", NODE_SA, P, "--quiet"],
+              account(NODE_SA)),
+        *undo(["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
+               f"--member=serviceAccount:{BUILD_SA}", "--role=roles/logging.logWriter",
+               "--condition=None", P], account(BUILD_SA)),
+        *undo(["gcloud", "storage", "rm", "--recursive", BUCKET, P],
+              labelled("storage", "buckets", "describe", BUCKET, P)),
+        *undo(["gcloud", "iam", "service-accounts", "delete", BUILD_SA, P, "--quiet"],
+              account(BUILD_SA)),
+        *undo(["gcloud", "artifacts", "repositories", "delete", "rl-images",
+               "--location=europe-west4", P, "--quiet"],
+              labelled("artifacts", "repositories", "describe", "rl-images",
+                       "--location=europe-west4", P)),
+        ["gcloud", "compute", "disks", "list", "--filter=labels.distrl-prefix=rl",
+         "--format=value(name,zone.basename())", P],
     ]
 
 
@@ -344,6 +380,7 @@ PREREQS = [["gcloud", "version", "--format=json"],
 
 def test_live_run_executes_the_plan_in_order_and_teardown_undoes_it(stand_ins, tmp_path):
     s, manifests, token = settings(), tmp_path / "m", tmp_path / "token"
+    k8s.write_manifests(s, manifests)
     plan = create_plan(s, manifests, token)
     found = check_prerequisites(s)
     assert found.account == "reader@example.com" and found.gcloud_version == "578.0.0"
@@ -353,9 +390,9 @@ def test_live_run_executes_the_plan_in_order_and_teardown_undoes_it(stand_ins, t
     assert stand_ins() == PREREQS + expected_standard(manifests, token, exists=True)
     assert f"done: kubectl {CONTEXT} get pods --namespace=rl --output=wide" in output  # streamed
     assert output.count("check passed") == sum(step.check is not None for step in plan)
-    run_plan(teardown_plan(plan), out=output.append)
+    run_teardown(teardown_plan(plan), out=output.append)
     assert stand_ins()[len(PREREQS) + len(expected_standard(manifests, token, True)):] == \
-        expected_teardown(manifests)
+        expected_teardown(manifests, live=True)
 
 
 def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
@@ -631,7 +668,7 @@ def test_cli_create_and_teardown_run_live_against_the_stand_ins(stand_ins, tmp_p
     assert gke.main(["teardown", *args]) == 0
     # A teardown checks tools, version, login and project only: no quota may block it.
     assert stand_ins()[len(created):len(created) + 3] == PREREQS[:3]
-    assert stand_ins()[len(created) + 3:] == expected_teardown(tmp_path / "m")
+    assert stand_ins()[len(created) + 3:] == expected_teardown(tmp_path / "m", live=True)
 
 
 def test_a_teardown_is_not_blocked_by_quotas_or_billing(stand_ins, monkeypatch):
@@ -786,10 +823,12 @@ def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_pa
 
 def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at_the_end(
         stand_ins, tmp_path, monkeypatch):
-    """The create stopped at the GPU pool (quota). The teardown removes bindings that were
-    never granted (gcloud: not found), one undo fails for another reason, and the cluster, the
-    last and most expensive undo, is still deleted; the failure is named at the end."""
-    monkeypatch.setenv("FAKE_FAIL", "node-pools create rl-head")
+    """The create stopped at the actor pool (quota). The teardown finds that what the plan never
+    made is not there (the namespace, the pods' account and its bindings, the actor pool) and
+    deletes nothing of it; it removes bindings that were never granted (gcloud: not found); one
+    undo fails for another reason, and the cluster, the last and most expensive undo, is still
+    deleted; the failure is named at the end."""
+    monkeypatch.setenv("FAKE_FAIL", "node-pools create rl-actors")
     plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
     with pytest.raises(StepFailed):
         run_plan(plan, out=lambda line: None)
@@ -797,21 +836,71 @@ def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at
     respond(monkeypatch, "remove-iam-policy-binding", "ERROR: (gcloud.projects.remove-iam-"
             "policy-binding) Policy binding with the specified principal, role, and condition "
             "not found!", code=1)
-    respond(monkeypatch, "service-accounts delete rl-ray@", "ERROR: (gcloud.iam.service-"
-            "accounts.delete) NOT_FOUND: Unknown service account", code=1)
-    respond(monkeypatch, "node-pools delete rl-actors", "ERROR: (gcloud.container.node-pools."
+    respond(monkeypatch, "node-pools delete rl-head", "ERROR: (gcloud.container.node-pools."
             "delete) ResponseError: code=400, message=Operation in progress", code=1)
     before = len(stand_ins())
     output = []
     with pytest.raises(TeardownIncomplete) as e:
         run_teardown(gke.teardown_plan(plan), out=output.append)
     ran = stand_ins()[before:]
-    assert ran == expected_teardown(tmp_path / "m")  # every undo, in order
+    never_made = [argv for argv in expected_teardown(tmp_path / "m") if (
+        argv[:3] == [*KC, "delete"] or any(GSA in a for a in argv) or "rl-actors" in argv)]
+    assert len(never_made) == 7
+    assert ran == [a for a in expected_teardown(tmp_path / "m", live=True) if a not in never_made]
     assert ["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"] in ran
-    assert [f.title for f, _, _ in e.value.failures] == ["Undo: Create the Spot CPU node pool "
-                                                         "for actors"]
+    assert [f.title for f, _, _ in e.value.failures] == ["Undo: Create the head node pool "
+                                                         "(on-demand, GPU)"]
     assert "Operation in progress" in str(e.value) and "run the teardown again" in str(e.value)
-    assert output.count("already gone: done") == 6  # five unbinds and one service account
+    # seven never made, two bindings never granted
+    assert output.count("already gone: done") == 9
+
+
+def test_teardown_keeps_what_it_did_not_make_and_stops_a_create_that_would_adopt_it(
+        stand_ins, tmp_path, monkeypatch):
+    """A repository and a service account of the plan's names were there before it, without
+    its label: create stops at the first rather than build into it, and a teardown (run where
+    nothing else of the plan exists) deletes neither, saying why."""
+    monkeypatch.setenv("FAKE_FOREIGN", "repositories describe rl-images|rl-build@")
+    k8s.write_manifests(settings(), tmp_path / "m")
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    with pytest.raises(StepFailed) as e:
+        run_plan(plan, out=lambda line: None)
+    assert e.value.step.title == "Create the Artifact Registry repository"
+    assert "it was there before this plan" in str(e.value)
+    assert "choose another prefix" in str(e.value)
+    before, output = len(stand_ins()), []
+    run_teardown(gke.teardown_plan(plan), out=output.append)
+    ran = stand_ins()[before:]
+    assert not [a for a in ran if "delete" in a and ("rl-images" in a or BUILD_SA in a)]
+    assert sum(line.startswith("kept: its label says nothing") for line in output) == 3
+    assert output[-1].startswith("kept 3 thing(s) of the same name that this plan did not make")
+
+
+def test_teardown_fetches_the_credentials_and_deletes_the_disks_the_cluster_left(
+        stand_ins, tmp_path, monkeypatch):
+    """Teardown on another machine (no kube context): the kubectl undos fetch the credentials
+    first. A run volume's disk that outlived the cluster (its deletion does not guarantee the
+    PVC's disk) is found by the plan's label and deleted; once the cluster is gone, a second
+    teardown counts its kubectl undos done instead of failing on a missing context."""
+    k8s.write_manifests(settings(), tmp_path / "m")
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    run_plan(plan, out=lambda line: None)
+    respond(monkeypatch, "compute disks list", "pvc-3f1c9a2e europe-west4-b")
+    before, output = len(stand_ins()), []
+    run_teardown(gke.teardown_plan(plan), out=output.append)
+    ran = stand_ins()[before:]
+    credentials = ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P]
+    assert ran[0] == credentials and ran[ran.index(credentials) + 2][:3] == [*KC, "delete"]
+    assert ran[-1] == ["gcloud", "compute", "disks", "delete", "pvc-3f1c9a2e",
+                       "--zone=europe-west4-b", P, "--quiet"]
+    respond(monkeypatch, "get-credentials", "ERROR: (gcloud.container.clusters.get-credentials) "
+            "ResponseError: code=404, message=Not found: projects/demo-project-1/zones/"
+            "europe-west4-b/clusters/rl-cluster.", code=1)
+    respond(monkeypatch, "compute disks list", "")
+    output = []
+    run_teardown(gke.teardown_plan(plan), out=output.append)
+    assert output.count(f"gone with what {shlex.join(credentials)} names: done") == 2
+    assert output.count("already gone: done") == 13
 
 
 def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_path):

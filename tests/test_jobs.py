@@ -96,3 +96,35 @@ def test_an_archive_past_the_size_or_file_limits_is_refused(tmp_path):
     set_uid = _member("tool", b"#!", mode=0o4755)
     jobs.unpack_tar(_tar(set_uid), tmp_path / "d")
     assert (tmp_path / "d" / "tool").stat().st_mode & 0o4000 == 0
+
+
+def test_notebook_04_starts_no_paid_pong_run_unless_asked():
+    """The parameters cell's PONG, on either cluster, is a smoke job of minutes; the hours-long
+    workload needs PONG = "full", and only on GKE."""
+    import ast
+    import shlex
+
+    from distrl.apex.train import build_parser
+    from distrl.gke.settings import NODE_READY_S, REPO_ROOT, WORKLOADS
+
+    cells = json.loads((REPO_ROOT / "notebooks" / "04-distributed-training.ipynb").read_text())
+    [params] = [c for c in cells["cells"] if "parameters" in c["metadata"].get("tags", [])]
+    values = {node.targets[0].id: ast.literal_eval(node.value)
+              for node in ast.parse("".join(params["source"])).body}
+    default = values["PONG"]
+    assert default != "full"
+    for cluster in ("local", "gke"):
+        args = jobs.pong_job_args(default, cluster, ["--num-actors", "56"])
+        config = build_parser().parse_args(args)
+        assert config.max_seconds <= jobs.PONG_SMOKE_SECONDS + NODE_READY_S
+        assert config.max_learner_updates == 1 and config.num_actors == 1
+    full = jobs.pong_job_args("full", "gke", ["--num-actors", "56"])
+    assert shlex.join(WORKLOADS["pong"].command_args()) in shlex.join(full)
+    assert full[full.index("--num-actors") + 1] == "56"
+    with pytest.raises(ValueError, match="PONG='full' is the workload's run on GKE"):
+        jobs.pong_job_args("full", "local")
+    with pytest.raises(ValueError, match="PONG=True: expected one of 'smoke', 'full', 'off'"):
+        jobs.pong_job_args(True, "local")
+    with pytest.raises(ValueError, match="cluster='kind': expected 'local' or 'gke'"):
+        jobs.pong_job_args("smoke", "kind")
+    assert jobs.pong_job_args("off", "gke") is None

@@ -66,7 +66,7 @@ def test_rendered_manifests_validate_for_every_variant(variant, tmp_path):
     for _, doc in docs:
         m.validate(doc)
         assert doc["metadata"]["labels"]["app.kubernetes.io/instance"] == s.prefix
-        if doc["kind"] != "Namespace":
+        if doc["kind"] not in ("Namespace", "StorageClass"):  # cluster-wide kinds
             assert doc["metadata"]["namespace"] == s.namespace
     cluster = next(d for _, d in docs if d["kind"] == "RayCluster")
     head = cluster["spec"]["headGroupSpec"]["template"]["spec"]
@@ -523,3 +523,17 @@ def test_wait_for_head_script_gives_up_with_a_clear_error(tmp_path):
                           text=True, env={k: v for k, v in _env().items()
                                           if k != "RAY_HEAD_ADDRESS"})
     assert proc.returncode != 0 and "set RAY_HEAD_ADDRESS" in proc.stderr
+
+
+def test_the_run_volume_s_disk_carries_the_label_the_teardown_finds_it_by():
+    """The claim's class gives the disk the plan's labels (the CSI driver's `labels`
+    parameter); the teardown lists disks with labels.distrl-prefix=PREFIX after the cluster."""
+    s = GkeSettings(project_id="demo-project-1", prefix="rl")
+    claim, storage = m.runs_volume(s), m.runs_storage_class(s)
+    assert claim["spec"]["storageClassName"] == storage["metadata"]["name"] == "rl-runs"
+    assert storage["provisioner"] == "pd.csi.storage.gke.io"
+    labels = dict(kv.split("=") for kv in storage["parameters"]["labels"].split(","))
+    assert labels == s.labels and labels["distrl-prefix"] == "rl"
+    assert storage["reclaimPolicy"] == "Delete"
+    for rel in ("cluster/20-runs-volume.yaml", "plain/20-runs-volume.yaml"):
+        assert [d["kind"] for d in m.render(s)[rel]] == ["StorageClass", "PersistentVolumeClaim"]

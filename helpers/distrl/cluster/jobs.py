@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from distrl.gke.settings import NODE_READY_S, WORKLOADS
+
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 _shown: dict[str, int] = {}  # job id -> characters of its log already printed
 
@@ -34,6 +36,39 @@ def training_entrypoint(train_args: Sequence[str], output_dir: str) -> str:
         raise ValueError("train_args must not contain --output-dir; pass output_dir instead")
     return shlex.join(["python", "-m", "distrl.apex.train", *train_args, "--progress", "false",
                        "--output-dir", str(output_dir)])
+
+
+# Notebook 04's Pong job. "smoke": a few hundred frames through every part (one actor, a small
+# replay, one update), minutes on any cluster; "full": the workload's run (WORKLOADS["pong"],
+# hours of a GPU head and a Spot pool, the reader's money), on GKE only and only when asked.
+PONG_MODES = ("smoke", "full", "off")
+PONG_SMOKE_SECONDS = 120
+PONG_SMOKE_ARGS = ("--hidden-sizes", "512", "--num-actors", "1", "--actor-cpus", "1",
+                   "--envs-per-actor", "2", "--actor-block-steps", "50", "--replay-capacity",
+                   "2000", "--min-replay-size", "200", "--batch-size", "32",
+                   "--batches-per-fetch", "1", "--max-learner-updates", "1", "--target-return",
+                   "none", "--eval-episodes", "1")
+
+
+def pong_job_args(mode: str, cluster: str, cluster_args: Sequence[str] = ()) -> list[str] | None:
+    """The training options of notebook 04's Pong job (None for "off"). On GKE a smoke job
+    waits for a Spot node (autoscaling), its budget longer by NODE_READY_S; the full run takes
+    its actors and GPU from the RayCluster (cluster_args)."""
+    if mode not in PONG_MODES:
+        raise ValueError(f"PONG={mode!r}: expected one of {', '.join(map(repr, PONG_MODES))}")
+    if cluster not in ("local", "gke"):
+        raise ValueError(f"cluster={cluster!r}: expected 'local' or 'gke'")
+    pong = WORKLOADS["pong"]
+    if mode == "off":
+        return None
+    if mode == "smoke":
+        seconds = PONG_SMOKE_SECONDS + (NODE_READY_S if cluster == "gke" else 0)
+        wait = ["--autoscaling", "true"] if cluster == "gke" else []
+        return ["--env", pong.env_id, *PONG_SMOKE_ARGS, "--max-seconds", f"{seconds:g}", *wait]
+    if cluster != "gke":
+        raise ValueError("PONG='full' is the workload's run on GKE (hours, a GPU and "
+                         f"{pong.max_actor_nodes} Spot nodes); on this machine use 'smoke'")
+    return [*pong.command_args(), *cluster_args, "--autoscaling", "true"]
 
 
 def submit_training(client, train_args: Sequence[str], output_dir: str,

@@ -29,7 +29,7 @@ from distrl.gke import preflight
 from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
 from distrl.gke.manifests import head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
-from distrl.gke.runner import Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
+from distrl.gke.runner import Owner, Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
 from distrl.gke.settings import (
     ADDON_ROLLOUT_S,
     APIS,
@@ -56,13 +56,26 @@ def _labels_flag(settings: GkeSettings) -> str:
     return "--labels=" + ",".join(f"{k}={v}" for k, v in settings.labels.items())
 
 
+def _labelled(s: GkeSettings, describe: tuple[str, ...], field: str = "labels") -> Owner:
+    """Made by this plan: the describe command's `field` carries the prefix label."""
+    return Owner((*describe, f"--format=value({field}.distrl-prefix)"), s.prefix)
+
+
+def _account_owner(s: GkeSettings, email: str, project: str) -> Owner:
+    """Service accounts take no labels: their description says who made them."""
+    return Owner(("gcloud", "iam", "service-accounts", "describe", email, project,
+                  "--format=value(description)"), s.owner_description)
+
+
 def _grant(title: str, member: str, role: str, group: tuple[str, ...], subject: str,
-           flags: tuple[str, ...], why: str, undo: bool = True) -> Step:
+           flags: tuple[str, ...], why: str, undo: bool = True, owner: Owner | None = None) -> Step:
     """An IAM binding: `gcloud <group> add-iam-policy-binding <subject> --member --role <flags>`;
-    undo=False where deleting the subject removes the binding with it."""
+    undo=False where deleting the subject removes the binding with it. owner: the member's
+    account, whose bindings the teardown removes only if this plan made it."""
     binding = (subject, f"--member={member}", f"--role={role}", *flags)
     return Step(title, ("gcloud", *group, "add-iam-policy-binding", *binding), why,
-                ("gcloud", *group, "remove-iam-policy-binding", *binding) if undo else None)
+                ("gcloud", *group, "remove-iam-policy-binding", *binding) if undo else None,
+                owner=owner)
 
 
 def create_plan(settings: GkeSettings, manifests_dir: str | Path,
@@ -110,6 +123,10 @@ def _project_steps(s: GkeSettings, project: str) -> list[Step]:
 
 def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[Step]:
     labels, build_member = _labels_flag(s), f"serviceAccount:{s.build_email}"
+    repository = ("gcloud", "artifacts", "repositories", "describe", s.repository,
+                  f"--location={s.region}", project)
+    bucket = ("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}", project)
+    build_owner = _account_owner(s, s.build_email, project)
     return [
         Step("Create the Artifact Registry repository",
              ("gcloud", "artifacts", "repositories", "create", s.repository,
@@ -117,9 +134,8 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
              "Where Cloud Build pushes the training image, in the cluster's region.",
              ("gcloud", "artifacts", "repositories", "delete", s.repository,
               f"--location={s.region}", project, "--quiet"),
-             exists=("gcloud", "artifacts", "repositories", "describe", s.repository,
-                     f"--location={s.region}", project, "--format=value(name)")),
-        _service_account("Create the build service account", s.build_service_account,
+             exists=(*repository, "--format=value(name)"), owner=_labelled(s, repository)),
+        _service_account("Create the build service account", s, s.build_service_account,
                          s.build_email, "distrl image builds", project,
                          "Cloud Build's default identity in new projects is the Compute Engine "
                          "default service account, which may hold no roles; this one holds "
@@ -130,8 +146,13 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
              "The build's source upload and its logs (a build with its own service account must "
              "name where its logs go), in the region the build runs in.",
              ("gcloud", "storage", "rm", "--recursive", f"gs://{s.build_bucket}", project),
-             exists=("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}",
-                     project, "--format=value(name)")),
+             exists=(*bucket, "--format=value(name)"), owner=_labelled(s, bucket)),
+        # Labels are set with `buckets update --update-labels`, as Cloud Storage's own page
+        # shows (cloud.google.com/storage/docs/using-bucket-labels); updating twice is harmless.
+        Step("Label the build bucket",
+             ("gcloud", "storage", "buckets", "update", f"gs://{s.build_bucket}",
+              "--update-labels=" + ",".join(f"{k}={v}" for k, v in s.labels.items()), project),
+             "The teardown deletes the bucket only if it carries this plan's label."),
         _grant("Let the build account use its bucket", build_member, BUILD_BUCKET_ROLE,
                ("storage", "buckets"), f"gs://{s.build_bucket}", (project,),
                "Storage Admin on this bucket only: what Cloud Build asks for a user-created logs "
@@ -142,7 +163,7 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
                "Push images: this repository only.", undo=False),
         _grant("Let the build account write build logs", build_member, BUILD_LOG_ROLE,
                ("projects",), s.project_id, ("--condition=None", project),
-               "Cloud Logging of the build steps."),
+               "Cloud Logging of the build steps.", owner=build_owner),
         Step("Build the image with Cloud Build",
              ("gcloud", "builds", "submit", str(source_dir), f"--tag={s.image}",
               f"--region={s.build_region}",
@@ -161,20 +182,23 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
     ]
 
 
-def _service_account(title: str, account: str, email: str, display: str, project: str,
-                     why: str) -> Step:
-    """Create a service account (deleted on teardown; skipped when it exists)."""
+def _service_account(title: str, s: GkeSettings, account: str, email: str, display: str,
+                     project: str, why: str) -> Step:
+    """Create a service account (deleted on teardown if this plan made it; skipped when it
+    exists)."""
     return Step(title, ("gcloud", "iam", "service-accounts", "create", account,
-                        f"--display-name={display}", project), why,
+                        f"--display-name={display}", f"--description={s.owner_description}",
+                        project), why,
                 ("gcloud", "iam", "service-accounts", "delete", email, project, "--quiet"),
                 exists=("gcloud", "iam", "service-accounts", "describe", email, project,
-                        "--format=value(email)"))
+                        "--format=value(email)"),
+                owner=_account_owner(s, email, project))
 
 
 def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
     member = f"serviceAccount:{s.node_email}"
     return [
-        _service_account("Create the node service account", s.node_service_account,
+        _service_account("Create the node service account", s, s.node_service_account,
                          s.node_email, "distrl GKE nodes", project,
                          "The nodes' own identity: where the organization policy "
                          "iam.automaticIamGrantsForDefaultServiceAccounts is enforced "
@@ -182,7 +206,8 @@ def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
                          "account has no roles and nodes running as it cannot pull the image."),
         _grant("Let the nodes act as GKE nodes", member, NODE_ROLE, ("projects",),
                s.project_id, ("--condition=None", project),
-               "What a node needs to run (logs, metrics, the node's own API calls)."),
+               "What a node needs to run (logs, metrics, the node's own API calls).",
+               owner=_account_owner(s, s.node_email, project)),
         _grant("Let the nodes pull from the repository", member, NODE_PULL_ROLE,
                ("artifacts", "repositories"), s.repository, (f"--location={s.region}", project),
                "Image pulls use the node's account, also with Workload Identity.", undo=False),
@@ -208,7 +233,8 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
             "later); Managed OpenTelemetry, whose collector forwards OTLP to Cloud Monitoring "
             f"and Cloud Trace (GKE {preflight.MIN_GKE_OTEL} or later, hence the rapid channel; "
             "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
-            delete_cluster, exists=(*describe, "--format=value(name)"))
+            delete_cluster, exists=(*describe, "--format=value(name)"),
+            owner=_labelled(s, describe, "resourceLabels"))
     else:
         # gcloud 576.0.0 promoted --managed-otel-scope to GA for clusters create, create-auto
         # and update alike (its release notes); create-auto takes no --workload-pool
@@ -221,7 +247,8 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
             "Autopilot makes nodes for the pods' requests, running as the node service account: "
             "actors ask for Spot with the node selector cloud.google.com/gke-spot, the head for "
             "a GPU with cloud.google.com/gke-accelerator. Workload Identity is always on.",
-            delete_cluster, exists=(*describe, "--format=value(name)"))
+            delete_cluster, exists=(*describe, "--format=value(name)"),
+            owner=_labelled(s, describe, "resourceLabels"))
     steps = [
         create,
         Step("Fetch cluster credentials for kubectl",
@@ -283,6 +310,7 @@ def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
              "Ray autoscaler's requests.")):
         head = pool == s.head_pool
         pool_ref = (f"--cluster={s.cluster}", loc, project)
+        describe_pool = ("gcloud", "container", "node-pools", "describe", pool, *pool_ref)
         steps.append(Step(
             ("Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU")
              + ")") if head else "Create the Spot CPU node pool for actors",
@@ -290,8 +318,8 @@ def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
              loc, *args, f"--disk-size={DISK_GB}", f"--node-labels=distrl/pool={pool}",
              f"--service-account={s.node_email}", labels, project), why,
             ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
-            exists=("gcloud", "container", "node-pools", "describe", pool, *pool_ref,
-                    "--format=value(name)")))
+            exists=(*describe_pool, "--format=value(name)"),
+            owner=_labelled(s, describe_pool, "config.resourceLabels")))
     cpu, memory = head_pod_request(s)
     steps.append(Step(
         "Check the head node has room for the head pod",
@@ -305,16 +333,13 @@ def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
 
 def _pod_identity_steps(s: GkeSettings, project: str) -> list[Step]:
     return [
-        Step("Create the Google service account for telemetry",
-             ("gcloud", "iam", "service-accounts", "create", s.service_account,
-              "--display-name=distrl Ray pods (metrics and traces)", project),
-             "The identity the Ray pods act as in Google Cloud.",
-             ("gcloud", "iam", "service-accounts", "delete", s.gsa_email, project, "--quiet"),
-             exists=("gcloud", "iam", "service-accounts", "describe", s.gsa_email, project,
-                     "--format=value(email)")),
+        _service_account("Create the Google service account for telemetry", s,
+                         s.service_account, s.gsa_email, "distrl Ray pods (metrics and traces)",
+                         project, "The identity the Ray pods act as in Google Cloud."),
         *(_grant(f"Grant {role}", f"serviceAccount:{s.gsa_email}", role, ("projects",),
                  s.project_id, ("--condition=None", project),
-                 "Least privilege: write metrics and traces, nothing else.")
+                 "Least privilege: write metrics and traces, nothing else.",
+                 owner=_account_owner(s, s.gsa_email, project))
           for role in TELEMETRY_ROLES),
         Step("Let the Kubernetes service account act as it (Workload Identity)",
              ("gcloud", "iam", "service-accounts", "add-iam-policy-binding", s.gsa_email,
@@ -329,11 +354,27 @@ def _pod_identity_steps(s: GkeSettings, project: str) -> list[Step]:
 def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -> list[Step]:
     ns = f"--namespace={s.namespace}"
     secret = f"{s.prefix}-ray-token"
+    # A teardown fetches the credentials before its kubectl steps (the context may be gone, or
+    # this another machine); when the cluster is gone, so is what they delete.
+    credentials = ("gcloud", "container", "clusters", "get-credentials", s.cluster,
+                   s.location_flag, f"--project={s.project_id}")
+    namespace = Owner(s.kubectl("get", "namespace", s.namespace, "--output=jsonpath="
+                                "{.metadata.labels.app\\.kubernetes\\.io/instance}"), s.prefix)
+    # The run volume's disk: the CSI driver deletes it after its claim, unless the cluster goes
+    # first ("deletion of these resources is not always guaranteed: ... persistent disk
+    # volumes", cloud.google.com/sdk/gcloud/reference/container/clusters/delete). It carries the
+    # plan's labels (manifests.runs_storage_class), so the teardown finds what is left.
+    disks = (("gcloud", "compute", "disks", "list",
+              f"--filter=labels.distrl-prefix={s.prefix}", "--format=value(name,zone.basename())",
+              f"--project={s.project_id}"),
+             lambda line: ("gcloud", "compute", "disks", "delete", line.split()[0],
+                           f"--zone={line.split()[-1]}", f"--project={s.project_id}", "--quiet"))
     steps = [
         Step("Create the namespace and its service account",
              s.kubectl("apply", f"--filename={manifests / 'cluster' / '00-namespace.yaml'}"),
              "The service account carries the Workload Identity annotation.",
-             s.kubectl("delete", "namespace", s.namespace, "--ignore-not-found", "--wait=true")),
+             s.kubectl("delete", "namespace", s.namespace, "--ignore-not-found", "--wait=true"),
+             owner=namespace, needs=credentials),
         Step("Store the Ray auth token as a Secret",
              s.kubectl("create", "secret", "generic", secret, ns,
                        f"--from-file=auth_token={auth_token_file}"),
@@ -346,7 +387,8 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
              "NetworkPolicy, run volume, the RayCluster (head + Spot actors group, TensorBoard "
              "beside the head) and the TensorBoard Service.",
              s.kubectl("delete", f"--filename={manifests / 'cluster'}", "--recursive",
-                       "--ignore-not-found", "--wait=true")),
+                       "--ignore-not-found", "--wait=true"),
+             owner=namespace, needs=credentials, leftovers=disks),
         Step("Wait for the Ray head",
              s.kubectl("wait", f"raycluster/{s.prefix}", ns, "--for=condition=HeadPodReady",
                        f"--timeout={NODE_READY_S:.0f}s"),
@@ -424,11 +466,17 @@ def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
 
 
 def teardown_plan(plan: list[Step]) -> list[Step]:
-    """The teardown twins of a plan's steps, newest first: deletes exactly what it created,
-    the namespace (and the run volume's disk with it) first, the cluster last of what costs
-    by the hour. Run it with run_teardown, which runs every step whatever the ones before did."""
-    return [Step(f"Undo: {step.title}", step.teardown) for step in reversed(plan)
-            if step.teardown is not None]
+    """The teardown twins of a plan's steps, newest first: deletes what it created, the
+    namespace (and the run volume's disk with it) first, the cluster last of what costs by the
+    hour, then what the cluster left behind (the run volume's disk, found by its labels). An
+    undo deletes only what carries the plan's label (a same-named thing made before is kept),
+    and its kubectl steps fetch the cluster's credentials first. Run it with run_teardown,
+    which runs every step whatever the ones before did."""
+    undo = [Step(f"Undo: {step.title}", step.teardown, owner=step.owner, needs=step.needs)
+            for step in reversed(plan) if step.teardown is not None]
+    left = [Step(f"Delete what is left of: {step.title}", step.leftovers[0],
+                 each=step.leftovers[1]) for step in plan if step.leftovers]
+    return undo + left
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -469,10 +469,23 @@ def egress_policy(s: GkeSettings) -> dict:
             ]}}
 
 
+def runs_storage_class(s: GkeSettings) -> dict:
+    """The run volume's class: GKE's pd-balanced disk, carrying the plan's labels (the CSI
+    driver's `labels` parameter, kubernetes-sigs/gcp-compute-persistent-disk-csi-driver
+    README), so a teardown finds a disk the cluster's deletion left behind."""
+    return {"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+            "metadata": _meta(s, f"{s.prefix}-runs", "runs", namespaced=False),
+            "provisioner": "pd.csi.storage.gke.io",
+            "parameters": {"type": "pd-balanced",
+                           "labels": ",".join(f"{k}={v}" for k, v in s.labels.items())},
+            "reclaimPolicy": "Delete", "volumeBindingMode": "WaitForFirstConsumer",
+            "allowVolumeExpansion": True}
+
+
 def runs_volume(s: GkeSettings) -> dict:
     return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
             "metadata": _meta(s, f"{s.prefix}-runs", "runs"),
-            "spec": {"accessModes": ["ReadWriteOnce"],
+            "spec": {"accessModes": ["ReadWriteOnce"], "storageClassName": f"{s.prefix}-runs",
                      "resources": {"requests": {"storage": f"{RUNS_VOLUME_GB}Gi"}}}}
 
 
@@ -516,7 +529,7 @@ def ray_job(s: GkeSettings) -> dict:
         "shutdownAfterJobFinishes": "the cluster bills by the hour; the results are on the run volume",
         "ttlSecondsAfterFinished": "time to read the pods' logs before KubeRay deletes the cluster",
         "activeDeadlineSeconds": "caps what a stuck job bills: the head's start, the run's "
-                                 "--max-seconds and its close (job_deadline_s)",
+                                 "--max-seconds, its close (job_deadline_s)",
         "submissionMode": "a submitter Job follows the run's log: kubectl logs job/<this RayJob>",
         "rayClusterSpec": "a cluster of its own on the head pool and run volume: delete the "
                           "RayCluster first"})
@@ -578,13 +591,13 @@ def render(s: GkeSettings) -> dict[str, list[dict]]:
     return {
         "cluster/00-namespace.yaml": namespace_docs(s),
         "cluster/10-network-policy.yaml": [network_policy(s), egress_policy(s)],
-        "cluster/20-runs-volume.yaml": [runs_volume(s)],
+        "cluster/20-runs-volume.yaml": [runs_storage_class(s), runs_volume(s)],
         "cluster/30-raycluster.yaml": [ray_cluster(s)],
         "cluster/40-tensorboard.yaml": [tensorboard_service(s)],
         "job/rayjob.yaml": [ray_job(s)],
         "plain/00-namespace.yaml": namespace_docs(s),
         "plain/10-network-policy.yaml": [network_policy(s), egress_policy(s)],
-        "plain/20-runs-volume.yaml": [runs_volume(s)],
+        "plain/20-runs-volume.yaml": [runs_storage_class(s), runs_volume(s)],
         "plain/30-head.yaml": plain_docs(s)[:2],
         "plain/40-actors.yaml": plain_docs(s)[2:],
         "plain/50-tensorboard.yaml": [tensorboard_service(s, "plain-head")],

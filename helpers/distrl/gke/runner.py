@@ -14,6 +14,7 @@ stops the plan before anything that depends on it is created.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shlex
 import subprocess
@@ -27,6 +28,16 @@ RETRY_EVERY_S = 15.0  # a check step with retry_s asks again this often
 
 
 @dataclass(frozen=True)
+class Owner:
+    """A read-only command that prints the label the plan puts on what it creates, and the
+    value that means "this plan made it". A same-named thing with another value (or none) was
+    there before: create stops rather than adopt it, teardown keeps it."""
+
+    argv: tuple[str, ...]
+    value: str
+
+
+@dataclass(frozen=True)
 class Step:
     """One command of a plan.
 
@@ -37,6 +48,12 @@ class Step:
     each naming its fix; any problem stops the plan.
     retry_s: for a check of something that appears by itself (an add-on still rolling out
     after the cluster's create returned), how long to keep asking before judging.
+    owner: whether what `exists` found, or what the teardown would delete, is this plan's.
+    needs: teardown only: a command run first (fetching the cluster's credentials); when what
+    it names is gone, this undo is done (what it deletes went with it).
+    leftovers: teardown only, after every undo: a command listing what this step's resources
+    leave behind that bills (one per line), and a function from a line to the delete of it.
+    each: the teardown's own steps: run for every line `argv` printed (from `leftovers`).
     """
 
     title: str
@@ -46,6 +63,10 @@ class Step:
     exists: tuple[str, ...] | None = None
     check: Callable[[str], list[str]] | None = None
     retry_s: float = 0.0  # a check step: asked again every RETRY_EVERY_S for this long
+    owner: Owner | None = None
+    needs: tuple[str, ...] | None = None
+    leftovers: tuple[tuple[str, ...], Callable[[str], tuple[str, ...]]] | None = None
+    each: Callable[[str], tuple[str, ...]] | None = None
 
     def __str__(self) -> str:
         return shlex.join(self.argv)
@@ -61,7 +82,13 @@ def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: b
             out(f"#    {step.why}")
         if step.exists:
             out(f"#    skipped when this succeeds: {shlex.join(step.exists)}")
+        if step.needs:
+            out(f"#    first: {shlex.join(step.needs)} (not found: done)")
+        if step.owner:
+            out(f"#    only if this prints {step.owner.value}: {shlex.join(step.owner.argv)}")
         out(str(step))
+        if step.each:
+            out(f"#    then for each line it prints: {shlex.join(step.each('NAME ZONE'))}")
 
 
 class StepFailed(RuntimeError):
@@ -92,6 +119,10 @@ def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: in
     for i, step in enumerate(plan[start - 1:], start):
         out(f"# {i}/{len(plan)}. {step.title}")
         if step.exists and _quiet(step.exists, timeout_s) == 0:
+            if step.owner and (problem := _not_ours(step.owner, timeout_s)):
+                raise StepFailed(step, i, 0, "", [
+                    f"{problem}: it was there before this plan. Delete it, or choose another "
+                    "prefix (GkeSettings.prefix), so that neither create nor teardown touches it"])
             out(f"already there ({shlex.join(step.exists)} succeeded): skipped")
             continue
         out(f"$ {step}")
@@ -138,11 +169,39 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
     step whose target is already gone counts as done, any other failure is reported at the
     end (TeardownIncomplete), after the later steps have run. A partial create leaves the
     most expensive things (the cluster, the GPU pool) for the last steps, which must run."""
-    failures = []
+    failures, kept = [], []
     for i, step in enumerate(plan, 1):
         out(f"# {i}/{len(plan)}. {step.title}")
+        if step.needs:
+            code, _, err = capture_all(step.needs, timeout_s)
+            if code != 0:
+                if ALREADY_GONE.search(err):
+                    out(f"gone with what {shlex.join(step.needs)} names: done")
+                else:
+                    failures.append((step, code, f"{shlex.join(step.needs)}: {err.strip()}"))
+                continue
+        if step.owner:
+            code, value, err = capture_all(step.owner.argv, timeout_s)
+            if code != 0 and ALREADY_GONE.search(err):
+                out("already gone: done")
+                continue
+            if code != 0:
+                failures.append((step, code, f"{shlex.join(step.owner.argv)}: {err.strip()}"))
+                continue
+            if value.strip() != step.owner.value:
+                out(f"kept: its label says {value.strip() or 'nothing'}, not "
+                    f"{step.owner.value}: this plan did not make it")
+                kept.append(step)
+                continue
         out(f"$ {step}")
         returncode, stdout, stderr = _stream(step.argv, out, timeout_s)
+        listed = [line for line in stdout.splitlines() if line.strip()]
+        for line in listed if returncode == 0 and step.each else ():
+            argv = step.each(line)
+            out(f"$ {shlex.join(argv)}")
+            code, _, err = _stream(argv, out, timeout_s)
+            if code != 0 and not ALREADY_GONE.search(err):
+                failures.append((dataclasses.replace(step, argv=argv), code, err.strip()))
         if returncode == 0:
             continue
         if ALREADY_GONE.search(stderr) or ALREADY_GONE.search(stdout):
@@ -150,8 +209,21 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
             continue
         out(f"failed (exit code {returncode}); going on with the rest")
         failures.append((step, returncode, stderr.strip() or stdout))
+    if kept:
+        out(f"kept {len(kept)} thing(s) of the same name that this plan did not make: "
+            + "; ".join(step.title.removeprefix("Undo: ") for step in kept))
     if failures:
         raise TeardownIncomplete(failures)
+
+
+def _not_ours(owner: Owner, timeout_s: float) -> str | None:
+    """Why what owner.argv describes is not this plan's (None: it is)."""
+    code, value, err = capture_all(owner.argv, timeout_s)
+    if code == 0 and value.strip() == owner.value:
+        return None
+    said = value.strip() if code == 0 else f"exit code {code}: {err.strip()[-200:]}"
+    return (f"its label, read by `{shlex.join(owner.argv)}`, is {said or 'empty'}, not "
+            f"{owner.value}")
 
 
 def capture(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
@@ -163,6 +235,18 @@ def capture(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
     except subprocess.TimeoutExpired:
         return 124, ""
     return proc.returncode, proc.stdout
+
+
+def capture_all(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str, str]:
+    """(exit code, stdout, stderr) of a read-only command; 127 when it is not on PATH, 124 on
+    timeout."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    except FileNotFoundError:
+        return 127, "", f"{argv[0]}: command not found on PATH"
+    except subprocess.TimeoutExpired:
+        return 124, "", f"no answer in {timeout_s:.0f} s"
+    return proc.returncode, proc.stdout, proc.stderr
 
 
 def _quiet(argv: Sequence[str], timeout_s: float) -> int:

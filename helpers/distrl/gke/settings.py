@@ -319,6 +319,11 @@ class GkeSettings:
         return {"app": "distrl", "distrl-prefix": self.prefix}
 
     @property
+    def owner_description(self) -> str:
+        """What a service account (which takes no labels) says about who made it."""
+        return f"made by distrl's GKE plan, prefix {self.prefix}"
+
+    @property
     def location_flag(self) -> str:
         return f"--zone={self.zone}" if self.mode == "standard" else f"--region={self.region}"
 

@@ -1,0 +1,88 @@
+"""The project behind the gcloud and kubectl stand-ins (conftest.STAND_IN): it remembers what
+the commands made, with the label each carried, and what they deleted, as the real project
+would. A describe finds what a create made and no delete removed, and prints the label its
+--format asks for; what was there before a test is named by FAKE_EXISTS (made by this plan
+earlier: its label is FAKE_PREFIX, default "rl") or FAKE_FOREIGN (same name, no label of ours).
+The state is a JSON file beside the stand-ins' log."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+
+GROUPS = (("artifacts", "repositories"), ("iam", "service-accounts"), ("storage", "buckets"),
+          ("container", "clusters"), ("container", "node-pools"))
+VERBS = {"create": "create", "create-auto": "create", "delete": "delete", "describe": "describe",
+         "update": "label"}
+# The describes that ask who made a thing: the plan's label, or an account's description.
+OWNER_FORMAT = re.compile(r"distrl-prefix\)|value\(description\)|io/instance\}")
+
+
+def resource(tool: str, argv: list[str]) -> tuple[str, str] | None:
+    """(verb, key) of a command that makes, labels, deletes or describes a thing the plan
+    makes; None for any other command."""
+    words = [a for a in argv if not a.startswith("-")]
+    flags = dict(a.partition("=")[::2] for a in argv if a.startswith("--"))
+    if tool == "kubectl":
+        if words[:1] == ["apply"] and flags.get("--filename", "").endswith("00-namespace.yaml"):
+            return "create", "namespace"
+        if words[:2] in (["delete", "namespace"], ["get", "namespace"]):
+            return ("delete" if words[0] == "delete" else "describe"), "namespace"
+        return None
+    if words[:2] == ["builds", "submit"] and "--tag" in flags:
+        return "create", f"image {flags['--tag']}"
+    if words[:4] == ["artifacts", "docker", "images", "describe"]:
+        return "describe", f"image {words[4]}"
+    if words[:2] == ["storage", "rm"]:
+        return "delete", f"storage buckets {words[2]}"
+    for group in GROUPS:
+        if tuple(words[:2]) == group and len(words) > 3 and words[2] in VERBS:
+            return VERBS[words[2]], f"{' '.join(group)} {words[3].split('@')[0]}"
+    return None
+
+
+def label_of(tool: str, argv: list[str]) -> str:
+    """The prefix label a create or label command gives what it makes ('' for none)."""
+    line = " ".join(argv)
+    if tool == "kubectl":  # the namespace's manifest, as kubectl apply reads it
+        path = Path(next(a.partition("=")[2] for a in argv if a.startswith("--filename=")))
+        text = path.read_text() if path.exists() else ""  # a test that rendered no manifests
+        found = re.search(r"app\.kubernetes\.io/instance: (\S+)", text)
+        return found.group(1) if found else ""
+    found = re.search(r"distrl-prefix=([^,\s]+)|GKE plan, prefix (\S+)", line)
+    return (found.group(1) or found.group(2)) if found else ""
+
+
+def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
+    """(exit code, output) for a command about a thing the plan makes; None for others. A
+    missing thing answers gcloud's and kubectl's NOT_FOUND on stderr (the code is 1)."""
+    what = resource(tool, argv)
+    if what is None:
+        return None
+    verb, key = what
+    path = Path(os.environ["FAKE_LOG"] + ".state")
+    state = json.loads(path.read_text()) if path.exists() else {}
+    line = " ".join([tool, *argv])
+    listed = lambda name: any(e and e in line for e in os.environ.get(name, "").split("|"))  # noqa: E731
+    if key not in state and listed("FAKE_EXISTS"):
+        state[key] = os.environ.get("FAKE_PREFIX", "rl")
+    elif key not in state and listed("FAKE_FOREIGN"):
+        state[key] = ""
+    if verb == "create":
+        state[key] = label_of(tool, argv)
+    elif verb == "label" and key in state:
+        state[key] = label_of(tool, argv)
+    elif verb in ("delete", "label", "describe") and key not in state:
+        return 1, "ERROR: NOT_FOUND"
+    elif verb == "delete":
+        del state[key]
+    path.write_text(json.dumps(state))
+    if verb == "describe":
+        if not OWNER_FORMAT.search(line):
+            return 0, "found"
+        label = state[key]
+        return 0, f"made by distrl's GKE plan, prefix {label}" if (
+            "description" in line and label) else label
+    return 0, f"done: {line}"
