@@ -70,9 +70,7 @@ def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
         state[key] = os.environ.get("FAKE_PREFIX", "rl")
     elif key not in state and listed("FAKE_FOREIGN"):
         state[key] = ""
-    if verb == "create":
-        state[key] = label_of(tool, argv)
-    elif verb == "label" and key in state:
+    if verb == "create" or verb == "label" and key in state:
         state[key] = label_of(tool, argv)
     elif verb in ("delete", "label", "describe") and key not in state:
         return 1, "ERROR: NOT_FOUND"
