@@ -285,7 +285,9 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     assert "USD per pong run of at most 4 h" in text
     assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text and "secretName: rl-demo-ray-token" in text
     docs = manifests.load_dir(out_dir / "manifests")
-    assert {d["metadata"]["namespace"] for _, d in docs if d["kind"] != "Namespace"} == {"rl-demo"}
+    cluster_wide = ("Namespace", "StorageClass")
+    assert {d["metadata"]["namespace"] for _, d in docs if d["kind"] not in cluster_wide} == {
+        "rl-demo"}
     job = next(d for _, d in docs if d["kind"] == "RayJob")
     assert "--env ALE/Pong-v5" in job["spec"]["entrypoint"]
 
@@ -318,7 +320,10 @@ def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, st
     for step in plan:  # describe before create, then the command
         expected += [list(step.exists)] if step.exists else []
         expected.append(list(step.argv))
-    expected += [list(s.argv) for s in gke.teardown_plan(plan)]
+    for step in gke.teardown_plan(plan):  # what the plan made carries its label: all deleted
+        expected += [list(step.needs)] if step.needs else []
+        expected += [list(step.owner.argv)] if step.owner else []
+        expected.append(list(step.argv))
     assert stand_ins() == expected
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
 
