@@ -1026,10 +1026,26 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
                                  frame_headroom=frames_per_block(config, (84, 84, 4)),
                                  share=MEMORY_SHARE, available=head_memory)
     assert config.min_replay_size < capacity
-    # The run's cost: the cluster's hourly cost for its whole budget.
+    # The run's cost: the cluster's hourly cost for its whole budget, and beside it the Spot
+    # price's drift, the nodes' addresses and the telemetry the run sends.
+    from distrl.gke import cost
+
     hourly, run = estimate_cost(pong), estimate_run_cost(pong)
-    assert run.max_per_hour == pytest.approx(hourly.max_per_hour * 4)
-    assert run.min_per_hour == pytest.approx(hourly.min_per_hour * 4)
+    extra = {line.item.split(",")[0].split(":")[0]: line for line in run.lines[len(hourly.lines):]}
+    drift = next(line for line in run.lines if line.item.startswith("Spot price drift"))
+    high = 16 * PRICES["e2_spot_high"]["vcpu"] + 64 * PRICES["e2_spot_high"]["memory_gib"]
+    assert drift.maximum == pytest.approx(4 * 4 * (high - PRICES["machines"]["e2-standard-16"][1]))
+    assert extra["external IPv4 addresses"].maximum == pytest.approx(4 * 2 * 0.005)
+    spans = (cost.SPANS_PER_SECOND_RUN + cost.SPANS_PER_SECOND_ACTOR * 56) * 4 * 3600
+    assert extra["spans"].maximum == pytest.approx(spans / 1e6 * 0.20)
+    assert 6.2e6 < spans < 6.4e6  # the issue's "about 6.3 M spans a run"
+    samples = (cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * 56) * 4 * 120
+    assert extra["metric samples"].maximum == pytest.approx(samples / 1e6 * 0.06)
+    nodes_and_disks = sum(line.maximum for line in run.lines if line.item.endswith(", 4 h")
+                          and not line.item.startswith(("Spot price", "external")))
+    assert nodes_and_disks == pytest.approx(hourly.max_per_hour * 4)
+    assert run.min_per_hour == pytest.approx(hourly.min_per_hour * 4 + 2 * 4 * 0.005 + sum(
+        line.minimum for line in run.lines if line.item.startswith(("metric", "spans"))))
     assert "pong run of at most 4 h" in run.table() and "e2-standard-16 (Spot)" in run.table()
     with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
         GkeSettings(project_id=PROJECT, workload="breakout")

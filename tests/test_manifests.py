@@ -537,3 +537,19 @@ def test_the_run_volume_s_disk_carries_the_label_the_teardown_finds_it_by():
     assert storage["reclaimPolicy"] == "Delete"
     for rel in ("cluster/20-runs-volume.yaml", "plain/20-runs-volume.yaml"):
         assert [d["kind"] for d in m.render(s)[rel]] == ["StorageClass", "PersistentVolumeClaim"]
+
+
+@pytest.mark.parametrize("mode, location", [("standard", "cloud.availability_zone=europe-west4-b"),
+                                            ("autopilot", "cloud.region=europe-west4")])
+def test_the_pods_resource_carries_what_the_telemetry_api_labels_targets_with(mode, location):
+    """prometheus_target needs a location (from location, cloud.availability_zone or
+    cloud.region) beside gcp.project_id; the cluster's name tells two clusters apart."""
+    s = GkeSettings(project_id="demo-project-1", region="europe-west4", zone="europe-west4-b",
+                    mode=mode)
+    env = {e["name"]: e.get("value") for e in
+           m.ray_cluster_spec(s)["headGroupSpec"]["template"]["spec"]["containers"][0]["env"]}
+    attributes = dict(kv.split("=", 1) for kv in env["OTEL_RESOURCE_ATTRIBUTES"].split(","))
+    assert attributes["gcp.project_id"] == "demo-project-1"
+    assert attributes["k8s.cluster.name"] == "distrl-cluster"
+    key, value = location.split("=")
+    assert attributes[key] == value

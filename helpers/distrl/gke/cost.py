@@ -16,13 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors, pod_sizes
-from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE, WORKLOADS
+from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE, WORKLOADS, machine
 
 PRICES = {
     "date": "2026-11",
     "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing, "
-              "/compute/disks-image-pricing and /kubernetes-engine/pricing, us-central1 list "
-              "prices (approximate)",
+              "/compute/disks-image-pricing, /kubernetes-engine/pricing, /spot-vms/pricing, "
+              "/vpc/network-pricing and /products/observability/pricing, us-central1 list "
+              "prices (approximate; Spot prices move daily)",
     "currency": "USD",
     "cluster_fee": 0.10,
     # "$74.40 in monthly credits per billing account ... applied to zonal and Autopilot
@@ -50,6 +51,15 @@ PRICES = {
         "gpu": {"nvidia-l4": [0.5600, 0.2240], "nvidia-tesla-t4": [0.3500, 0.1400],
                 "nvidia-tesla-p4": [0.6000, 0.2400]},
     },
+    # Spot prices "can change up to once every day" (cloud.google.com/spot-vms/pricing): the
+    # highest E2 Spot rates seen in copies of that page, per vCPU-hour and GiB-hour (us-central1;
+    # the issue's copy $0.00872 and $0.001169, another undated copy $0.01007 and $0.00135). A
+    # run's estimate goes up to them; the other series have one price seen, their table's.
+    "e2_spot_high": {"vcpu": 0.01007, "memory_gib": 0.00135},
+    # An external IPv4 address per node (Standard nodes get one unless the cluster has private
+    # nodes), per hour: a standard VM's, a Spot VM's (cloud.google.com/vpc/network-pricing, as a
+    # third-party copy dated 2026-10-16 quotes it; not read first-hand here).
+    "external_ip": [0.005, 0.0025],
     "pd_balanced_gb_month": 0.10,
     # Managed Service for Prometheus bills samples ingested (cloud.google.com/stackdriver/docs/
     # managed-prometheus/cost-controls); OTLP metrics land there (docs/reference/telemetry/
@@ -165,17 +175,35 @@ def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
     return CostEstimate(lines, prices["currency"], prices["date"], prices["source"])
 
 
-def estimate_run_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
-    """What one run of the settings' workload costs (WORKLOADS: its --max-seconds budget), the
-    cluster's hourly cost times its hours: from every actor node missing (Spot capacity that
-    never came) to all of them there throughout. The run ends sooner where it reaches its
-    target; the cluster costs its hourly rate until you delete it."""
-    hourly = estimate_cost(settings, prices)
-    hours = WORKLOADS[settings.workload].run_hours
+def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
+                      export_interval_s: float = 30.0) -> CostEstimate:
+    """What one run of the settings' workload costs (WORKLOADS: its --max-seconds budget): the
+    cluster's hourly cost times its hours, from every actor node missing (Spot capacity that
+    never came) to all of them there throughout at the highest Spot price seen; the nodes'
+    external addresses; and the telemetry the run sends (samples and spans, from none of the
+    month's free spans left to all of them). The run ends sooner where it reaches its target;
+    the cluster costs its hourly rate until you delete it."""
+    prices = _load(prices)
+    s, hourly = settings, estimate_cost(settings, prices)
+    hours = WORKLOADS[s.workload].run_hours
     lines = [CostLine(f"{line.item}, {hours:g} h", line.count_min, line.count_max,
                       line.unit_price * hours) for line in hourly.lines]
+    if s.mode == "standard":
+        if s.actor_machine_type.startswith("e2-"):
+            i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
+            shape, high = machine(s.actor_machine_type), prices["e2_spot_high"]
+            drift = max(0.0, shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
+                        - prices["machines"][s.actor_machine_type][1])
+            lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {hours:g} h",
+                                         0, s.max_actor_nodes, drift * hours))
+        on_demand_ip, spot_ip = prices["external_ip"]
+        lines.append(CostLine(f"external IPv4 addresses: system and head nodes, {hours:g} h", 2,
+                              2, on_demand_ip * hours))
+        lines.append(CostLine(f"external IPv4 addresses: actor nodes (Spot), {hours:g} h", 0,
+                              s.max_actor_nodes, spot_ip * hours))
+    lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
-                        per=f"{settings.workload} run of at most {hours:g} h")
+                        per=f"{s.workload} run of at most {hours:g} h")
 
 
 # Telemetry volume: what `python benchmarks/telemetry_volume.py` (2 actors, 40 s, an export
@@ -196,19 +224,11 @@ def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
     builds, image storage, the run volume and alerting conditions. The ranges run from the
     free allotments to none left."""
     prices = _load(prices)
-    actors = num_actors(settings)
-    per_export = SAMPLES_PER_EXPORT_RUN + SAMPLES_PER_EXPORT_ACTOR * actors
-    samples = per_export * hours_training * 3600 / export_interval_s
-    spans = (SPANS_PER_SECOND_RUN + SPANS_PER_SECOND_ACTOR * actors) * hours_training * 3600
-    paid_spans = max(0.0, spans - prices["free_spans_per_month"])
     minutes = builds * BUILD_MINUTES
     paid_minutes = max(0, minutes - prices["free_build_minutes"])
     paid_gb = max(0.0, image_gb * builds - prices["free_registry_gb"])
     lines = [
-        CostLine(f"metric samples: {per_export}/export, {actors} actors, {hours_training:g} h, "
-                 "millions", samples / 1e6, samples / 1e6, prices["metric_samples_per_million"]),
-        CostLine(f"spans: {spans / 1e6:.1f} M ({prices['free_spans_per_month'] / 1e6:g} M free), "
-                 "millions", paid_spans / 1e6, spans / 1e6, prices["spans_per_million"]),
+        *telemetry_lines(settings, hours_training, export_interval_s, prices),
         CostLine(f"Cloud Build: {builds} x {BUILD_MINUTES} min ({prices['free_build_minutes']} "
                  "min free), minutes", paid_minutes, minutes, prices["build_minute"]),
         CostLine(f"Artifact Registry: {builds} images x {image_gb:g} GB "
@@ -221,3 +241,21 @@ def monthly_costs(settings, hours_training: float = 20, builds: int = 2,
     ]
     return CostEstimate(lines, prices["currency"], prices["date"], prices["source"],
                         per="month")
+
+
+def telemetry_lines(settings, hours: float, export_interval_s: float,
+                    prices: dict) -> list[CostLine]:
+    """Metric samples and spans of `hours` of training on the settings' pool, at the rates
+    benchmarks/telemetry_volume.py measured per process (the constants above); the spans range
+    from the month's free allotment left whole to none of it left."""
+    actors = num_actors(settings)
+    per_export = SAMPLES_PER_EXPORT_RUN + SAMPLES_PER_EXPORT_ACTOR * actors
+    samples = per_export * hours * 3600 / export_interval_s
+    spans = (SPANS_PER_SECOND_RUN + SPANS_PER_SECOND_ACTOR * actors) * hours * 3600
+    paid_spans = max(0.0, spans - prices["free_spans_per_month"])
+    return [
+        CostLine(f"metric samples: {per_export}/export, {actors} actors, {hours:g} h, "
+                 "millions", samples / 1e6, samples / 1e6, prices["metric_samples_per_million"]),
+        CostLine(f"spans: {spans / 1e6:.1f} M ({prices['free_spans_per_month'] / 1e6:g} M free), "
+                 "millions", paid_spans / 1e6, spans / 1e6, prices["spans_per_million"]),
+    ]

@@ -161,6 +161,14 @@ def token_secret_name(s: GkeSettings) -> str:
     return f"{s.prefix}-ray-token"
 
 
+def _location_attribute(s: GkeSettings) -> str:
+    """The Telemetry API writes OTLP metrics to the prometheus_target resource, whose location
+    label it takes from the resource's location, cloud.availability_zone or cloud.region
+    (cloud.google.com/stackdriver/docs/reference/telemetry/v1.metrics): the cluster's."""
+    return (f"cloud.availability_zone={s.zone}" if s.mode == "standard"
+            else f"cloud.region={s.region}")
+
+
 def _env(s: GkeSettings) -> list[dict]:
     """The seed's OTEL_* variables pointed at GKE's managed collector. KubeRay adds the Ray
     token (RAY_AUTH_MODE, RAY_AUTH_TOKEN) to every container from spec.authOptions."""
@@ -179,10 +187,11 @@ def _env(s: GkeSettings) -> list[dict]:
         # several users; Google's own OTLP examples add it with a resource processor,
         # cloud.google.com/stackdriver/docs/otlp-logs/migrate-to-otlp). Harmless if the
         # managed collector adds it too.
-        var("OTEL_RESOURCE_ATTRIBUTES", "gcp.project_id: the Telemetry API refuses OTLP whose "
-            "resource lacks it",
+        var("OTEL_RESOURCE_ATTRIBUTES", "the Telemetry API needs gcp.project_id and a location "
+            "(prometheus_target's labels)",
             value=f"service.namespace={s.namespace},k8s.namespace.name={s.namespace},"
-                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id}"),
+                  f"k8s.pod.name=$(POD_NAME),gcp.project_id={s.project_id},"
+                  f"k8s.cluster.name={s.cluster},{_location_attribute(s)}"),
         var("OTEL_METRIC_EXPORT_INTERVAL", "ms; Cloud Monitoring bills by the sample, 30 s is "
             "fresh enough", value="30000"),
         var("TF_CPP_MIN_LOG_LEVEL", "keeps TensorFlow's C++ info and warning lines out of the "
