@@ -303,6 +303,24 @@ def test_a_greedy_evaluation_ends_at_its_step_cap_in_a_game_without_an_end():
     assert lengths.max() == 5 and returns.shape == (3,)
 
 
+def test_atari_is_evaluated_epsilon_greedy_as_its_literature_does():
+    """Epsilon 0.05 on Atari (Nature DQN), greedy elsewhere. An epsilon-greedy evaluation
+    takes other actions than the greedy one, the same ones for the same seed; a bad epsilon is
+    refused."""
+    from distrl.rl.actor import EVAL_EPSILON_ATARI, eval_epsilon
+
+    assert eval_epsilon("ALE/Pong-v5") == EVAL_EPSILON_ATARI == 0.05
+    assert eval_epsilon("CartPole-v1") == eval_epsilon("MinAtar/Breakout-v1") == 0.0
+    spec, weights = NetworkSpec(4, 2), init_weights(NetworkSpec(4, 2), 0)
+    greedy = evaluate_greedy("CartPole-v1", weights, 6, seed=3, spec=spec)[1]
+    noisy = [evaluate_greedy("CartPole-v1", weights, 6, seed=3, spec=spec, epsilon=0.5)[1]
+             for _ in range(2)]
+    np.testing.assert_array_equal(noisy[0], noisy[1])
+    assert not np.array_equal(greedy, noisy[0])
+    with pytest.raises(ValueError, match=r"epsilon=1.5: expected a probability in \[0, 1\)"):
+        evaluate_greedy("CartPole-v1", weights, 1, seed=0, spec=spec, epsilon=1.5)
+
+
 RACE = """
 import threading
 from distrl.rl.actor import env_spec

@@ -27,7 +27,15 @@ from distrl.apex.process_telemetry import (
     traced,
 )
 from distrl.otel import conventions as otel
-from distrl.rl.actor import Actor, evaluate_greedy, frames_per_block, frames_per_transition, network_for
+from distrl.rl.actor import (
+    EVAL_MAX_STEPS,
+    Actor,
+    eval_epsilon,
+    evaluate_greedy,
+    frames_per_block,
+    frames_per_transition,
+    network_for,
+)
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import Learner, configure_tensorflow, write_checkpoint
 from distrl.rl.network import NetworkSpec, init_weights
@@ -462,7 +470,8 @@ class ActorWorker:
 
 
 class EvaluatorWorker:
-    """Greedy (epsilon = 0) evaluation; its returns, not the actors', are the score."""
+    """Greedy evaluation (Atari: epsilon-greedy, eval_epsilon); its returns, not the actors',
+    are the score."""
 
     def __init__(self, config: ApexConfig):
         self.config = config
@@ -480,13 +489,17 @@ class EvaluatorWorker:
         version, weights = versioned_weights
         seed = self.config.seed + 10_000 * (self.count + 1)
         self.count += 1
+        epsilon = eval_epsilon(self.config.env_id)
         returns, lengths = evaluate_greedy(self.config.env_id, weights,
-                                           self.config.eval_episodes, seed, self.spec)
+                                           self.config.eval_episodes, seed, self.spec,
+                                           epsilon=epsilon)
         self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
         self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
                         self.tel.attrs)
         return {"weights_version": version, "returns": returns.tolist(),
-                "lengths": lengths.tolist(), "mean_return": float(returns.mean())}
+                "lengths": lengths.tolist(), "mean_return": float(returns.mean()),
+                "epsilon": epsilon,  # episodes cut at the cap count with the return they had
+                "capped": int((lengths >= EVAL_MAX_STEPS).sum())}
 
     def close(self) -> float:
         """Flush telemetry; returns the CPU seconds this process used."""

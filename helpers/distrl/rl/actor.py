@@ -545,13 +545,30 @@ class Actor:
 EVAL_MAX_STEPS = 27_000
 
 
+# Atari is evaluated epsilon-greedy, as its literature does: epsilon 0.05 in the Nature DQN
+# ("an epsilon-greedy policy with epsilon = 0.05", Mnih et al. 2015, Methods; Dopamine's
+# dqn_nature.gin: DQNAgent.epsilon_eval = 0.05; Dopamine's own default is 0.001). Without
+# sticky actions (make_env) a greedy policy is deterministic after its no-ops, and a young one
+# can return the ball forever without scoring: an episode that ends at EVAL_MAX_STEPS with a
+# return near 0 would read as learning. Other environments are evaluated greedily.
+EVAL_EPSILON_ATARI = 0.05
+
+
+def eval_epsilon(env_id: str) -> float:
+    """The evaluation's epsilon: EVAL_EPSILON_ATARI for Atari, 0 (greedy) elsewhere."""
+    return EVAL_EPSILON_ATARI if stacks_frames(env_id) else 0.0
+
+
 def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed: int,
-                    spec: NetworkSpec, max_steps: int = EVAL_MAX_STEPS
+                    spec: NetworkSpec, max_steps: int = EVAL_MAX_STEPS, epsilon: float = 0.0
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """Returns and lengths of `episodes` greedy (epsilon = 0) episodes of the network spec with
-    these weights, stepped together; an episode still running after max_steps counts with the
-    return it has then."""
+    """Returns and lengths of `episodes` greedy episodes (epsilon-greedy with a small epsilon:
+    eval_epsilon) of the network spec with these weights, stepped together; an episode still
+    running after max_steps counts with the return it has then."""
+    if not 0.0 <= epsilon < 1.0:
+        raise ValueError(f"epsilon={epsilon!r}: expected a probability in [0, 1)")
     envs = EnvBatch(env_id, episodes, training=False)
+    rng = np.random.default_rng(seed)
     try:
         obs = envs.reset(seeds=[seed + i for i in range(episodes)])
         returns = np.zeros(episodes)
@@ -559,7 +576,11 @@ def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed:
         running = np.ones(episodes, dtype=bool)
         # A slot that has ended starts again; only its first episode counts.
         while running.any() and lengths.max() < max_steps:
-            actions = spec.q_values(weights, obs).argmax(axis=1)
+            q = spec.q_values(weights, obs)
+            actions = q.argmax(axis=1)
+            if epsilon > 0:
+                explore = rng.random(episodes) < epsilon
+                actions = np.where(explore, rng.integers(q.shape[1], size=episodes), actions)
             obs, reward, terminated, truncated, _, _ = envs.step(actions)
             returns += np.where(running, reward, 0.0)
             lengths += running
@@ -592,6 +613,7 @@ def record_greedy_episode(env_id: str, weights: list[np.ndarray], spec: NetworkS
         env.close()
 
 
-__all__ = ["Actor", "EnvBatch", "NStepFolder", "as_observation", "env_spec", "evaluate_greedy",
+__all__ = ["Actor", "EnvBatch", "NStepFolder", "as_observation", "env_spec", "eval_epsilon",
+           "evaluate_greedy",
            "frames_per_block", "frames_per_transition", "initial_priorities", "make_env", "network_for",
            "record_greedy_episode", "register_env", "slot_epsilons", "stacks_frames"]
