@@ -124,7 +124,8 @@ class ApexConfig:
     target_return: float | None = 475.0
     """stop when the greedy evaluation's mean return reaches this (None: never)"""
     eval_episodes: int = 10
-    """greedy (epsilon = 0) episodes per evaluation, run as vectorised environments"""
+    """greedy episodes per evaluation (Atari: epsilon 0.05, actor.eval_epsilon), run as vectorised
+    environments"""
     eval_interval_s: float = 1.0
     """seconds between evaluations"""
     max_env_steps: int | None = None
