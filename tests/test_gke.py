@@ -771,9 +771,14 @@ def test_cli_workload_sizes_the_actor_pool_and_prices_its_run(stand_ins, tmp_pat
                        str(tmp_path / name), *extra]) == 0
         plans[name] = capsys.readouterr().out
     assert plans["pong"] != plans["cartpole"]
-    assert "--machine-type=e2-standard-16" in plans["pong"] and "--max-nodes=4" in plans["pong"]
-    assert "--machine-type=e2-standard-8" in plans["cartpole"]
-    assert "--max-nodes=2" in plans["pong-2"] and "--machine-type=e2-standard-16" in plans["pong-2"]
+    assert "--machine-type=e2-standard-8" in plans["pong"] and "--max-nodes=3" in plans["pong"]
+    from distrl.gke import manifests
+
+    job = next(d for _, d in manifests.load_dir(tmp_path / "pong") if d["kind"] == "RayJob")
+    assert "--num-actors 18 " in job["spec"]["entrypoint"]
+    assert "--machine-type=e2-standard-8" in plans["cartpole"] and "--max-nodes=4" in plans[
+        "cartpole"]
+    assert "--max-nodes=2" in plans["pong-2"] and "--machine-type=e2-standard-8" in plans["pong-2"]
     assert "ALE/Pong-v5" in (tmp_path / "pong" / "job" / "rayjob.yaml").read_text()
     assert distrl(["gke", "cost", "--project-id", PROJECT, "--workload", "pong"]) == 0
     out = capsys.readouterr().out
@@ -1000,7 +1005,7 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     from distrl.rl.replay import MEMORY_SHARE, sized_capacity
 
     pong = GkeSettings.for_workload("pong", project_id=PROJECT)
-    assert (pong.actor_machine_type, pong.max_actor_nodes) == ("e2-standard-16", 4)
+    assert (pong.actor_machine_type, pong.max_actor_nodes) == ("e2-standard-8", 3)
     assert GkeSettings.for_workload("pong", project_id=PROJECT,
                                     max_actor_nodes=2).max_actor_nodes == 2
     manifests.write_manifests(pong, tmp_path / "manifests")
@@ -1015,7 +1020,8 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     assert argv[:3] == ["python", "-m", "distrl.apex.train"]
     config = ApexConfig(**vars(build_parser().parse_args(argv[3:])))
     assert config.env_id == "ALE/Pong-v5" and config.replay_capacity is None
-    assert config.num_gpus == 1 and config.num_actors == 4 * 14 and config.batch_size == 512
+    assert config.num_gpus == 1 and config.num_actors == 3 * 6 and config.batch_size == 512
+    assert config.replay_shards == 2
     assert config.max_seconds == WORKLOADS["pong"].run_hours * 3600
     assert network_for(config).conv_layers == NATURE_TORSO
     # The replay, sized in the head pod as the replay process sizes itself, holds what the
@@ -1033,20 +1039,20 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     hourly, run = estimate_cost(pong), estimate_run_cost(pong)
     extra = {line.item.split(",")[0].split(":")[0]: line for line in run.lines[len(hourly.lines):]}
     drift = next(line for line in run.lines if line.item.startswith("Spot price drift"))
-    high = 16 * PRICES["e2_spot_high"]["vcpu"] + 64 * PRICES["e2_spot_high"]["memory_gib"]
-    assert drift.maximum == pytest.approx(4 * 4 * (high - PRICES["machines"]["e2-standard-16"][1]))
-    assert extra["external IPv4 addresses"].maximum == pytest.approx(4 * 2 * 0.005)
-    spans = (cost.SPANS_PER_SECOND_RUN + cost.SPANS_PER_SECOND_ACTOR * 56) * 4 * 3600
+    high = 8 * PRICES["e2_spot_high"]["vcpu"] + 32 * PRICES["e2_spot_high"]["memory_gib"]
+    assert drift.maximum == pytest.approx(3 * 4 * (high - PRICES["machines"]["e2-standard-8"][1]))
+    addresses = [line for line in run.lines if line.item.startswith("external IPv4")]
+    assert [a.maximum for a in addresses] == pytest.approx([4 * 2 * 0.005, 4 * 3 * 0.0025])
+    spans = (cost.SPANS_PER_SECOND_RUN + cost.SPANS_PER_SECOND_ACTOR * 18) * 4 * 3600
     assert extra["spans"].maximum == pytest.approx(spans / 1e6 * 0.20)
-    assert 6.2e6 < spans < 6.4e6  # the "about 6.3 M spans a run"
-    samples = (cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * 56) * 4 * 120
+    samples = (cost.SAMPLES_PER_EXPORT_RUN + cost.SAMPLES_PER_EXPORT_ACTOR * 18) * 4 * 120
     assert extra["metric samples"].maximum == pytest.approx(samples / 1e6 * 0.06)
     nodes_and_disks = sum(line.maximum for line in run.lines if line.item.endswith(", 4 h")
                           and not line.item.startswith(("Spot price", "external")))
     assert nodes_and_disks == pytest.approx(hourly.max_per_hour * 4)
     assert run.min_per_hour == pytest.approx(hourly.min_per_hour * 4 + 2 * 4 * 0.005 + sum(
         line.minimum for line in run.lines if line.item.startswith(("metric", "spans"))))
-    assert "pong run of at most 4 h" in run.table() and "e2-standard-16 (Spot)" in run.table()
+    assert "pong run of at most 4 h" in run.table() and "e2-standard-8 (Spot)" in run.table()
     with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
         GkeSettings(project_id=PROJECT, workload="breakout")
     with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):

@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, list[str]] = {
                                                  "--hidden-sizes", "512", "--per-call", "1",
                                                  "--updates", "4"],
     "replay_throughput.py": [],
+    "pong_pool.py": ["--figure", "docs/pong_pool.png"],
     "replay_memory.py": ["--capacity", "20000", "--fills", "2"],
     "replay_headroom.py": [],
     "conv_forward.py": ["--batch", "1", "16", "64", "--seconds", "3"],
@@ -59,7 +60,11 @@ NOT_IN_BENCH = {
     "wait_by_test.py": "runs the slow tests to see which wait and which compute",
     "baseline_dqn.py": "the peer of time_to_solve.py, which runs it",
     "baseline_minatar_dqn.py": "the peer of image_peer.py, which runs it",
+    "gpu_check.py": "needs a GPU: on a machine with one, `python tools/bench.py gpu_check` "
+                    "records it (GPU_BENCHMARKS)",
 }
+# Run only when named, on a machine with a GPU.
+GPU_BENCHMARKS: dict[str, list[str]] = {"gpu_check.py": []}
 
 
 def result_path(name: str) -> Path:
@@ -79,7 +84,7 @@ def machine() -> str:
 
 def run(name: str) -> int:
     script = name.split()[0]
-    command = ["python", f"benchmarks/{script}", *BENCHMARKS[name]]
+    command = ["python", f"benchmarks/{script}", *(BENCHMARKS | GPU_BENCHMARKS)[name]]
     commit = subprocess.run(["git", "-C", str(ROOT), "describe", "--always", "--dirty"],
                             capture_output=True, text=True).stdout.strip()
     header = (f"$ {' '.join(command)}\n# commit {commit}, {time.strftime('%Y-%m-%d %H:%M')}, "
@@ -110,10 +115,11 @@ def main() -> int:
         for name in BENCHMARKS:
             print(f"{name:<50} -> {result_path(name).relative_to(ROOT)}")
         return 0
-    chosen = [n for n in BENCHMARKS if not args.names or any(
+    known = BENCHMARKS | GPU_BENCHMARKS if args.names else BENCHMARKS
+    chosen = [n for n in known if not args.names or any(
         n.split()[0] in (a, f"{a}.py") or n == a for a in args.names)]
     unknown = [a for a in args.names if not any(n.split()[0] in (a, f"{a}.py") or n == a
-                                                for n in BENCHMARKS)]
+                                                for n in known)]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; known: "
                      f"{sorted({n.split()[0] for n in BENCHMARKS})}")

@@ -123,10 +123,29 @@ class Workload:
 
 
 # What notebook 04 runs on GKE. "pong" is Ape-X's own domain, Atari from pixels: a GPU learner,
-# the Nature DQN torso, and Spot actors stepping 84x84x4 frames. The Ape-X values below are as
-# a reimplementation gives them (kakaoenterprise/JORLDY, config/apex/atari.py: n = 3, batch 512,
-# target network copied every 2,500 updates, priority exponents 0.6 and 0.4); the paper's own
-# text (Horgan et al. 2018, arXiv 1803.00933) could not be read from here to check them. These
+# the Nature DQN torso, and Spot actors stepping 84x84x4 frames.
+#
+# Ape-X's values as a reimplementation gives them (kakaoenterprise/JORLDY,
+# jorldy/config/ape_x/atari.py: n = 3, a distributed batch of 512, the target copied every
+# 2,500 updates, priority exponents 0.6 and 0.4, 2 M transitions, learning from 50,000).
+# Second-hand, not read in the paper (Horgan et al. 2018, arXiv 1803.00933, whose body could
+# not be read from here): the optimiser (JORLDY: centred RMSProp at 0.00025 / 4, gradient norm
+# clipped at 40; here Adam at 0.0001), whether the dueling streams share a layer, the learner's
+# 19 batches of 512 a second on a 2018 GPU and the 360 actors at about 139 frames/s each.
+#
+# The pool, from `python benchmarks/pong_pool.py` (results/pong_pool.txt, this machine): one
+# replay shard samples about 18 batches of 512 a second (with update_priorities; it ingests
+# over 500,000 transitions/s), so a learner at the paper's rate needs more than one: two shards.
+# One actor steps 680 times a second on a core (actor_throughput-pong-v5.txt): 18 actors insert
+# 12,240 transitions/s, which a learner at 19 batches of 512 samples 0.79 times each, the
+# paper's own ratio (9,728 sampled against 12,510 inserted a second); the 56 actors planned
+# before would insert 38,080 (0.26). Three e2-standard-8 Spot nodes hold 18 (6 each).
+#
+# Yardsticks (Pong, Ape-X on Ray's RLlib, each with its hardware): "~20 reward in 50 minutes
+# (6M train steps, 2M env steps)" on a p3.2xlarge (one V100; ray-project/ray
+# rllib/tuned_examples/pong-apex.yaml, 4 workers x 8 envs) and "~19 reward in < 40 minutes
+# (3M env steps)" on a p3.8xlarge (rllib/tuned_examples/apex_dqn/pong-apex-dqn.yaml). The run
+# stops at a return of 20; its 4 hours are a cap, which the cost estimate prices whole. These
 # settings have not been run on GKE here; the first run is yours.
 WORKLOADS = {
     "cartpole": Workload("CartPole-v1", (), 600 / 3600),  # ApexConfig's default budget
@@ -139,11 +158,12 @@ WORKLOADS = {
         "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
         "--min-replay-size", "50000",
         "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
+        "--replay-shards", "2",             # one shard samples ~18 batches/s (pong_pool.py)
         "--envs-per-actor", "16",           # the actor at 56% of the raw env's rate, 8 at 48%
         "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "--eval-episodes", "4", "--eval-interval-s", "60",
         "--checkpoint-interval-s", "300"),
-        4.0, actor_machine_type="e2-standard-16", max_actor_nodes=4),  # 14 actors a node
+        4.0, actor_machine_type="e2-standard-8", max_actor_nodes=3),  # 6 actors a node: 18
 }
 
 
