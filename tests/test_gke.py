@@ -1072,3 +1072,29 @@ def test_the_gpu_check_compiles_the_learner_s_convolution_with_xla_here(tmp_path
     assert "sees 0 GPU(s)" in preflight.gpu_problems(out, "nvidia-l4")[0]
     on_cpu = out.replace("gpus 0", "gpus 1")
     assert "did not run on the head's GPU (ok" in preflight.gpu_problems(on_cpu, "nvidia-l4")[0]
+
+
+def test_cli_check_telemetry_reads_the_managed_collector_s_log(stand_ins, monkeypatch, capsys):
+    """`distrl gke check-telemetry`, the check notebook 04 runs after a GKE job, from the
+    command line: the collector's log through the cluster's own context, a refusal named."""
+    args = ["check-telemetry", "--project-id", PROJECT, "--prefix", "rl"]
+    assert gke.main(args) == 0
+    assert stand_ins()[-1] == [
+        "kubectl", f"--context=gke_{PROJECT}_us-central1-a_rl-cluster", "logs",
+        "--namespace=gke-managed-otel", "deployment/opentelemetry-collector", "--since=30m",
+        "--tail=2000"]
+    respond(monkeypatch, "deployment/opentelemetry-collector",
+            "2026-12-05T08:00:00Z error exporting: rpc error: code = PermissionDenied desc = "
+            "Permission monitoring.timeSeries.create denied")
+    assert gke.main(args) == 1
+    assert "lacks roles/monitoring.metricWriter" in capsys.readouterr().err
+
+
+def test_the_free_trial_advice_fits_the_smallest_plan():
+    """No setting fits Free Trial's 8 vCPUs: a system node and a CPU head are 12 already."""
+    from distrl.gke.preflight import FREE_TRIAL_GPUS
+    from distrl.gke.settings import SYSTEM_MACHINE, machine
+
+    smallest = settings(gpu_type="none", max_actor_nodes=1)
+    assert machine(SYSTEM_MACHINE).vcpus + machine(smallest.head_machine_type).vcpus == 12
+    assert "needs 12 vCPUs" in FREE_TRIAL_GPUS and "gpu_type='none'" not in FREE_TRIAL_GPUS

@@ -485,7 +485,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
     parser = argparse.ArgumentParser(prog="distrl gke", description=__doc__.splitlines()[0])
-    parser.add_argument("action", choices=["plan", "create", "teardown", "cost", "render"])
+    parser.add_argument("action", choices=["plan", "create", "teardown", "cost", "render",
+                                           "check-telemetry"],
+                        help="check-telemetry: after a training run, whether Google Cloud "
+                             "refused what the managed collector forwarded")
     parser.add_argument("--resume-from", type=int, default=1, metavar="STEP",
                         help="create: start at this step (the number a failed run printed)")
     parser.add_argument("--project-id", required=True)
@@ -512,6 +515,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\none {settings.workload} training:")
         print(estimate_run_cost(settings).table())
         return 0
+    if args.action == "check-telemetry":
+        try:
+            run_plan([telemetry_check_step(settings.kube_context)])
+        except StepFailed as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+        return 0
     k8s.write_manifests(settings, args.manifests_dir)
     plan = create_plan(settings, args.manifests_dir, args.auth_token_file)
     if args.action in ("render", "plan"):
@@ -523,6 +533,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "create":
             ensure_auth_token(args.auth_token_file)
             run_plan(plan, start=args.resume_from)
+            print("After the first training run, `distrl gke check-telemetry` with the same "
+                  "options reads the managed collector's log for exports Google Cloud refused.")
         else:
             run_teardown(teardown_plan(plan))
     except (PrerequisiteError, StepFailed, TeardownIncomplete, ValueError) as e:

@@ -352,10 +352,13 @@ def quota_problems(settings, region_json: str, project_json: str | None = None) 
     return problems
 
 
-# Free Trial billing accounts cannot add GPUs to VMs nor ask for more quota
-# (cloud.google.com/free/docs/free-cloud-features, "Free Trial restrictions").
-FREE_TRIAL_GPUS = ("a Free Trial billing account gets no GPUs and no quota increase: upgrade it "
-                   "to a paid account (the remaining credit stays), or gpu_type='none'")
+# Free Trial billing accounts may run at most 8 vCPUs at once, add no GPUs to VMs and ask for
+# no more quota (cloud.google.com/free/docs/free-cloud-features, "Free Trial restrictions", as
+# older copies of the page word it). The smallest plan, a system node and a CPU head, already
+# needs 12 vCPUs: no setting makes it fit, so the advice is the upgrade.
+FREE_TRIAL_GPUS = ("a Free Trial billing account gets no GPUs, at most 8 vCPUs at once and no "
+                   "quota increase, and the smallest plan (system node and head) needs 12 "
+                   "vCPUs: upgrade it to a paid account (the remaining credit stays)")
 
 
 def gpu_quota_problems(settings, project_json: str) -> list[str]:
