@@ -12,11 +12,12 @@ rate (actor_throughput-pong-v5.txt), each actor with one block in the store on i
 being made, as ActorWorker sends them; and batches of 512 leave at the learner's rate (the
 paper's 19 a second, second-hand), two fetches in flight, as the learner prefetches. Sampled
 every 0.5 s: the memory unique to the shards and to Ray's own processes (USS) and the store's
-use of /dev/shm, printed against the head container's limit. Not measured here: the learner's TensorFlow (and, on a GPU,
-CUDA and XLA) host memory and the evaluator, which share the rest.
+use of /dev/shm, printed against the head container's limit. Not measured here: the learner's
+TensorFlow (and, on a GPU, CUDA and XLA) host memory and the evaluator, which share the rest.
 """
 
 import argparse
+import contextlib
 import os
 import shutil
 import sys
@@ -50,10 +51,8 @@ def uss_of(title: str) -> int:
     for p in psutil.process_iter(["cmdline"]):
         cmd = (p.info["cmdline"] or [""])
         if " ".join(cmd).startswith(title) or Path(cmd[0]).name == title:
-            try:
+            with contextlib.suppress(psutil.Error):  # ended while looked at
                 total += p.memory_full_info().uss
-            except psutil.Error:  # ended while looked at
-                pass
     return total
 
 
