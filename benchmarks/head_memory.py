@@ -96,7 +96,7 @@ def main() -> None:
             shard_config.replace(seed=s), spec, error_buffer) for s in range(config.replay_shards)]
         refs = [ray.put(b) for b in blocks]
         start = time.perf_counter()
-        for s, shard in enumerate(shards):  # fill: the same real blocks until the ring is full
+        for shard in shards:  # fill: the same real blocks until the ring is full
             fills = int(np.ceil(shard_config.replay_capacity / per_block)) + 1
             for i in range(0, fills, 8):
                 ray.get([shard.add.remote(refs[(i + k) % len(refs)], None)
