@@ -35,6 +35,7 @@ from distrl.apex.driver import replay_settings  # noqa: E402
 from distrl.apex.workers import ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
+from distrl.ray_runtime import init_local_ray  # noqa: E402
 from distrl.rl.actor import Actor, frames_per_block, frames_per_transition, network_for  # noqa: E402
 from distrl.rl.network import init_weights  # noqa: E402
 from distrl.rl.replay import MEMORY_SHARE, sized_capacity  # noqa: E402
@@ -88,8 +89,8 @@ def main() -> None:
                                 r"([\d,]+)/s")
 
     shm = shutil.disk_usage("/dev/shm").used
-    ray.init(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
-             object_store_memory=int(OBJECT_STORE_SHARE * head), log_to_driver=False)
+    init_local_ray(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
+                   object_store_memory=int(OBJECT_STORE_SHARE * head), log_to_driver=False)
     try:
         shard_config, error_buffer = replay_settings(config)
         shards = [ray.remote(ReplayWorker).options(num_cpus=0, max_concurrency=actors + 8).remote(

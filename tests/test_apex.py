@@ -34,6 +34,9 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     assert result.reached_target, result.evals[-5:]
     assert result.replay_check["ok"] and result.replay_check["shards"] == 2
     assert 0 < result.transitions_inserted <= result.env_steps
+    # Every transition an actor counts as sent is one the replay took, and the other way round.
+    assert result.actor_restarts == [0, 0]
+    assert sum(result.actor_transitions_sent) == result.transitions_inserted
     assert result.stop_reason == "target_return"
     assert result.best_eval_return >= 150 and result.time_to_target_s < 120
     assert result.env_steps > 10_000 and result.learner_updates > 100

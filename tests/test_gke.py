@@ -1053,9 +1053,9 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     assert run.min_per_hour == pytest.approx(hourly.min_per_hour * 4 + 2 * 4 * 0.005 + sum(
         line.minimum for line in run.lines if line.item.startswith(("metric", "spans"))))
     assert "pong run of at most 4 h" in run.table() and "e2-standard-8 (Spot)" in run.table()
-    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
+    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong, seed-scale"):
         GkeSettings(project_id=PROJECT, workload="breakout")
-    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong"):
+    with pytest.raises(ValueError, match="workload='breakout': one of cartpole, pong, seed-scale"):
         GkeSettings.for_workload("breakout", project_id=PROJECT)
 
 
@@ -1098,3 +1098,27 @@ def test_the_free_trial_advice_fits_the_smallest_plan():
     smallest = settings(gpu_type="none", max_actor_nodes=1)
     assert machine(SYSTEM_MACHINE).vcpus + machine(smallest.head_machine_type).vcpus == 12
     assert "needs 12 vCPUs" in FREE_TRIAL_GPUS and "gpu_type='none'" not in FREE_TRIAL_GPUS
+
+
+def test_the_seed_s_scale_is_a_workload_planned_and_priced(tmp_path):
+    """100 actors or more, as the seed ran: 4 Spot e2-standard-32 nodes of 30 actors each,
+    within the quotas the plan checks for it, and priced."""
+    from distrl.apex.train import build_parser
+    from distrl.gke import manifests
+    from distrl.gke.cost import estimate_run_cost
+    from distrl.gke.preflight import quota_needs
+    from distrl.rl.config import ApexConfig
+
+    seed = GkeSettings.for_workload("seed-scale", project_id=PROJECT)
+    job = manifests.ray_job(seed)
+    config = ApexConfig(**vars(build_parser().parse_args(shlex.split(
+        job["spec"]["entrypoint"])[3:])))
+    assert config.num_actors == 120 >= 100 and config.env_id == "CartPole-v1"
+    assert config.envs_per_actor == 4
+    cpus = {need.metric: need.amount for need in quota_needs(seed, {})}
+    assert cpus["CPUS"] == 4 + 8 + 4 * 32  # system node, the L4's g2-standard-8, the pool
+    assert "seed-scale run of at most 10 min" in estimate_run_cost(seed).table()
+    lines = []
+    dry_run(create_plan(seed, tmp_path), out=lines.append)
+    assert any("--machine-type=e2-standard-32" in line and "--max-nodes=4" in line
+               for line in lines)

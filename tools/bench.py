@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "replay_throughput.py": [],
     "pong_pool.py": ["--figure", "docs/pong_pool.png"],
     "head_memory.py": [],
+    "hundred_actors.py": [],
     "replay_memory.py": ["--capacity", "20000", "--fills", "2"],
     "replay_headroom.py": [],
     "conv_forward.py": ["--batch", "1", "16", "64", "--seconds", "3"],

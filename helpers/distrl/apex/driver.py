@@ -100,6 +100,8 @@ class TrainingResult:
     actor_epsilons: list[list[float] | None] = field(default_factory=list)  # as each used
     actor_weights_versions: list[int | None] = field(default_factory=list)
     actor_env_steps: list[int] = field(default_factory=list)  # each actor's, all its lives
+    # each actor's transitions that replay accepted, its last life's (None: it never reported)
+    actor_transitions_sent: list[int | None] = field(default_factory=list)
     actor_restarts: list[int] = field(default_factory=list)
     actor_nodes: list[str | None] = field(default_factory=list)
     actor_states: list[str] = field(default_factory=list)
@@ -754,7 +756,9 @@ class _Run:
                       for i in range(len(t.actors))],
             actor_steps=[fleet.base[i] + fleet.last[i]["env_steps"]
                          for i in range(len(t.actors))],
-            restarts=list(fleet.restarts), nodes=list(fleet.nodes), states=states)
+            restarts=list(fleet.restarts), nodes=list(fleet.nodes), states=states,
+            sent=[actor_finals[i]["transitions_sent"] if i in actor_finals else None
+                  for i in range(len(t.actors))])
 
     def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
         self.stop(reason, detail)
@@ -801,7 +805,7 @@ class _Run:
 
     def _result(self, env_steps, updates, replay, checkpoint, weights, replay_check,
                 cpu_seconds, weights_versions, epsilons, actor_steps, restarts, nodes,
-                states) -> TrainingResult:
+                states, sent=()) -> TrainingResult:
         c = self.config
         wall = time.monotonic() - self.t_start
         updates_this_run = updates - (self.resumed or {}).get("updates", 0)
@@ -828,7 +832,7 @@ class _Run:
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
             stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
             actor_epsilons=epsilons, actor_weights_versions=weights_versions,
-            actor_env_steps=actor_steps,
+            actor_env_steps=actor_steps, actor_transitions_sent=list(sent),
             actor_restarts=restarts, actor_nodes=nodes, actor_states=states,
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,

@@ -186,7 +186,8 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
     prices = _load(prices)
     s, hourly = settings, estimate_cost(settings, prices)
     hours = WORKLOADS[s.workload].run_hours
-    lines = [CostLine(f"{line.item}, {hours:g} h", line.count_min, line.count_max,
+    span = f"{hours:g} h" if hours >= 1 else f"{hours * 60:.0f} min"
+    lines = [CostLine(f"{line.item}, {span}", line.count_min, line.count_max,
                       line.unit_price * hours) for line in hourly.lines]
     if s.mode == "standard":
         if s.actor_machine_type.startswith("e2-"):
@@ -194,16 +195,16 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
             shape, high = machine(s.actor_machine_type), prices["e2_spot_high"]
             drift = max(0.0, shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
                         - prices["machines"][s.actor_machine_type][1])
-            lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {hours:g} h",
+            lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
                                          0, s.max_actor_nodes, drift * hours))
         on_demand_ip, spot_ip = prices["external_ip"]
-        lines.append(CostLine(f"external IPv4 addresses: system and head nodes, {hours:g} h", 2,
+        lines.append(CostLine(f"external IPv4 addresses: system and head nodes, {span}", 2,
                               2, on_demand_ip * hours))
-        lines.append(CostLine(f"external IPv4 addresses: actor nodes (Spot), {hours:g} h", 0,
+        lines.append(CostLine(f"external IPv4 addresses: actor nodes (Spot), {span}", 0,
                               s.max_actor_nodes, spot_ip * hours))
     lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
-                        per=f"{s.workload} run of at most {hours:g} h")
+                        per=f"{s.workload} run of at most {span}")
 
 
 # Telemetry volume: what `python benchmarks/telemetry_volume.py` (2 actors, 40 s, an export
@@ -254,7 +255,7 @@ def telemetry_lines(settings, hours: float, export_interval_s: float,
     spans = (SPANS_PER_SECOND_RUN + SPANS_PER_SECOND_ACTOR * actors) * hours * 3600
     paid_spans = max(0.0, spans - prices["free_spans_per_month"])
     return [
-        CostLine(f"metric samples: {per_export}/export, {actors} actors, {hours:g} h, "
+        CostLine(f"metric samples: {per_export}/export, {actors} actors, {hours:.3g} h, "
                  "millions", samples / 1e6, samples / 1e6, prices["metric_samples_per_million"]),
         CostLine(f"spans: {spans / 1e6:.1f} M ({prices['free_spans_per_month'] / 1e6:g} M free), "
                  "millions", paid_spans / 1e6, spans / 1e6, prices["spans_per_million"]),
