@@ -20,7 +20,6 @@ import io
 import os
 import tempfile
 import threading
-import time
 
 import psutil
 
