@@ -37,6 +37,8 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     # Every transition an actor counts as sent is one the replay took, and the other way round.
     assert result.actor_restarts == [0, 0]
     assert sum(result.actor_transitions_sent) == result.transitions_inserted
+    # Every evaluation says how it played: CartPole greedily, no episode cut at the cap.
+    assert {(e["epsilon"], e["capped"]) for e in result.evals} == {(0.0, 0)}
     assert result.stop_reason == "target_return"
     assert result.best_eval_return >= 150 and result.time_to_target_s < 120
     assert result.env_steps > 10_000 and result.learner_updates > 100

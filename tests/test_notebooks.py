@@ -401,7 +401,6 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     pong = json.loads((out_dir / "job-pong" / "results.json").read_text())
     assert pong["env_id"] == "ALE/Pong-v5" and pong["learner_updates"] == 1
     assert pong["replay_check"]["ok"] and pong["transitions_inserted"] >= 200
-    assert {e["epsilon"] for e in pong["evals"]} == {0.05}  # Atari's evaluation, as DQN's
     assert re.search(r"Pong: [\d,]+ agent steps \([\d,]+ frames\), [\d,]+ transitions into the "
                      r"frame replay, 1 learner update; replay check: ok", text), text[-3000:]
     assert "processes left: 0" in text

@@ -665,10 +665,12 @@ class _Run:
                    "learner_updates": self.throughput[-1]["learner_updates"]}
             best = max((e["mean_return"] for e in self.evals), default=None)
             self.evals.append(ev)
+            # Atari is evaluated with a small epsilon (actor.eval_epsilon): the log says so.
+            how = f"epsilon-{ev['epsilon']:g}" if ev.get("epsilon") else "greedy"
             if best is None or ev["mean_return"] > best:
                 # A job's log shows learning as it happens (the progress bar, where there is
                 # one, shows the latest return already).
-                self.say("eval_best", f"greedy mean return {ev['mean_return']:.1f}, the best so "
+                self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
                          f"far, after {ev['time_s']:.1f} s and {ev['learner_updates']:,} updates",
                          print_it=not self.config.progress)
             self.topology.learner.log_scalars.remote(
@@ -677,7 +679,7 @@ class _Run:
             target = self.config.target_return
             if target is not None and ev["mean_return"] >= target:
                 self.time_to_target = ev["time_s"]
-                self.stop("target_return", f"greedy mean return {ev['mean_return']:.1f} >= "
+                self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
                           f"target {target:g} after {ev['time_s']:.1f} s")
 
     # --- the end ---

@@ -228,13 +228,8 @@ def _not_ours(owner: Owner, timeout_s: float) -> str | None:
 
 def capture(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str]:
     """(exit code, stdout) of a read-only command; 127 when it is not on PATH, 124 on timeout."""
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
-    except FileNotFoundError:
-        return 127, ""
-    except subprocess.TimeoutExpired:
-        return 124, ""
-    return proc.returncode, proc.stdout
+    code, stdout, _ = capture_all(argv, timeout_s)
+    return code, stdout
 
 
 def capture_all(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str, str]:
