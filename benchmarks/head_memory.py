@@ -17,7 +17,6 @@ TensorFlow (and, on a GPU, CUDA and XLA) host memory and the evaluator, which sh
 """
 
 import argparse
-import contextlib
 import os
 import shutil
 import sys
@@ -26,10 +25,9 @@ import time
 from pathlib import Path
 
 import numpy as np
-import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pong_pool import GPU_UPDATES_SECOND_HAND, pong_config, record_rate  # noqa: E402
+from pong_pool import GPU_UPDATES_SECOND_HAND, pong_actor_rate, pong_config, uss_of  # noqa: E402
 
 from distrl.apex.driver import replay_settings  # noqa: E402
 from distrl.apex.workers import ReplayWorker  # noqa: E402
@@ -44,17 +42,9 @@ GIB = 2**30
 OBJECT_STORE_SHARE = 0.3  # Ray's default object store: 30% of the memory it sees (the pod's)
 
 
-def uss_of(title: str) -> int:
-    """Memory unique to this machine's processes whose command line starts with `title` (or
-    whose program is `title`): their USS, which leaves out the object store's pages they map
-    (those are counted once, as /dev/shm's use)."""
-    total = 0
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = (p.info["cmdline"] or [""])
-        if " ".join(cmd).startswith(title) or Path(cmd[0]).name == title:
-            with contextlib.suppress(psutil.Error):  # ended while looked at
-                total += p.memory_full_info().uss
-    return total
+def titled(title: str):
+    """Matches a process whose command line starts with `title` or whose program is `title`."""
+    return lambda argv: " ".join(argv).startswith(title) or Path(argv[0]).name == title
 
 
 def main() -> None:
@@ -84,9 +74,7 @@ def main() -> None:
     finally:
         actor.close()
     per_block = float(np.mean([len(b) for b in blocks]))
-    rate = actors * record_rate("actor_throughput-pong-v5.txt",
-                                r"16 envs: raw .*?actor \(inference \+ n-step \+ priorities\) +"
-                                r"([\d,]+)/s")
+    rate = actors * pong_actor_rate()
 
     shm = shutil.disk_usage("/dev/shm").used
     init_local_ray(num_cpus=max(2, os.cpu_count() or 2), include_dashboard=False,
@@ -113,8 +101,8 @@ def main() -> None:
 
         def watch():
             while not stop.is_set():
-                peaks["shards"] = max(peaks["shards"], uss_of("ray::ReplayWorker"))
-                peaks["ray"] = max(peaks["ray"], uss_of("raylet") + uss_of("gcs_server"))
+                peaks["shards"] = max(peaks["shards"], uss_of(titled("ray::ReplayWorker")))
+                peaks["ray"] = max(peaks["ray"], uss_of(titled("raylet")) + uss_of(titled("gcs_server")))
                 peaks["shm"] = max(peaks["shm"], shutil.disk_usage("/dev/shm").used - shm)
                 time.sleep(0.5)
 

@@ -18,30 +18,29 @@ import argparse
 import contextlib
 import io
 import os
+import sys
 import tempfile
 import threading
+from pathlib import Path
 
-import psutil
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pong_pool import uss_of  # noqa: E402
 
-from distrl.apex.driver import ApeX
-from distrl.ray_runtime import init_local_ray, shutdown_ray
-from distrl.rl.config import ApexConfig
+from distrl.apex.driver import ApeX  # noqa: E402
+from distrl.ray_runtime import init_local_ray, shutdown_ray  # noqa: E402
+from distrl.rl.config import ApexConfig  # noqa: E402
 
 GIB = 2**30
 
 
+def is_ray(argv: list[str]) -> bool:
+    cmd = " ".join(argv)
+    return cmd.startswith("ray::") or "/ray/" in argv[0] or "ray/core" in cmd
+
+
 def ray_memory() -> tuple[int, int]:
     """(USS of the ActorWorker processes, USS of every Ray process) on this machine."""
-    actors = everything = 0
-    for p in psutil.process_iter(["cmdline"]):
-        cmd = " ".join(p.info["cmdline"] or [])
-        if not (cmd.startswith("ray::") or "/ray/" in cmd.split(" ")[0] or "ray/core" in cmd):
-            continue
-        with contextlib.suppress(psutil.Error):
-            uss = p.memory_full_info().uss
-            everything += uss
-            actors += uss if cmd.startswith("ray::ActorWorker") else 0
-    return actors, everything
+    return (uss_of(lambda argv: " ".join(argv).startswith("ray::ActorWorker")), uss_of(is_ray))
 
 
 def main() -> None:

@@ -53,6 +53,27 @@ def record_rate(name: str, pattern: str) -> float:
     return float(found.group(1).replace(",", ""))
 
 
+def pong_actor_rate() -> float:
+    """One Pong actor's env steps/s on a core with 16 envs (actor_throughput-pong-v5.txt)."""
+    return record_rate("actor_throughput-pong-v5.txt",
+                       r"16 envs: raw .*?actor \(inference \+ n-step \+ priorities\) +([\d,]+)/s")
+
+
+def uss_of(match) -> int:
+    """Memory unique to this machine's processes whose argv `match` accepts: their USS, which
+    leaves out shared pages they map (Ray's object store in /dev/shm is counted once, apart)."""
+    import contextlib
+
+    import psutil
+
+    total = 0
+    for p in psutil.process_iter(["cmdline"]):
+        if match(p.info["cmdline"] or [""]):
+            with contextlib.suppress(psutil.Error):  # ended while looked at
+                total += p.memory_full_info().uss
+    return total
+
+
 def pong_config(smoke: bool) -> ApexConfig:
     args = [*WORKLOADS["pong"].command_args(), "--num-actors", "18"]  # one actor makes the blocks
     config = ApexConfig(**vars(build_parser().parse_args(args)))
@@ -119,9 +140,7 @@ def main() -> None:
           f"sample({batch}) + update_priorities {sample:,.1f} batches/s "
           f"({sample * batch:,.0f} transitions/s)")
 
-    actor_rate = record_rate("actor_throughput-pong-v5.txt",
-                             r"16 envs: raw .*?actor \(inference \+ n-step \+ priorities\) +"
-                             r"([\d,]+)/s")
+    actor_rate = pong_actor_rate()
     cpu_learner = record_rate("learner_throughput-pong-v5.txt",
                               r"without XLA \(jit_compile=False\) .*?then ([\d.]+) updates/s")
     print(f"one actor on a core: {actor_rate:,.0f} env steps/s (actor_throughput-pong-v5.txt); "
