@@ -402,3 +402,39 @@ def test_atari_frames_are_preprocessed_stacked_and_packed_once_into_blocks():
     # What replay is sized for holds what the blocks packed.
     assert planes / transitions <= frames_per_transition(config, (84, 84, 4)) * 1.02
     assert planes / transitions < 1.2
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_atari_is_stepped_by_ale_s_vector_env_exactly_as_make_env_steps_it(monkeypatch, training):
+    """EnvBatch steps Atari through ale_py's AtariVectorEnv: channels last, the same frames,
+    rewards (clipped in training only: Space Invaders scores 5-30 a hit) and episode ends as
+    make_env's wrappers give, step for step. No-ops off, both are deterministic."""
+    from distrl.rl import actor as actor_module
+
+    monkeypatch.setattr(actor_module, "NOOP_MAX", 0)
+    env_id, k = "ALE/SpaceInvaders-v5", 2
+    vector, single = EnvBatch(env_id, k, training=training), EnvBatch(env_id, k, vectorised=False,
+                                                                      training=training)
+    try:
+        assert vector.vector is not None and single.vector is None
+        seeds = [2**31 + 5, 7]  # above a C int: reduced, not refused
+        np.testing.assert_array_equal(vector.reset(seeds), single.reset(seeds))
+        assert vector.obs.shape == (k, 84, 84, 4) and vector.obs.flags.c_contiguous
+        actions = np.random.default_rng(0).integers(0, 6, size=(3000, k))
+        rewards = []
+        for row in actions:  # up to the first episode's end (the two reset it differently)
+            got, want = vector.step(row), single.step(row)
+            for a, b in zip(got[2:5], want[2:5]):  # terminated, truncated, final obs
+                np.testing.assert_array_equal(a, b)
+            np.testing.assert_array_equal(got[1], want[1])
+            rewards.append(got[1])
+            if got[2].any():
+                break
+            np.testing.assert_array_equal(got[0], want[0])
+        else:
+            raise AssertionError("no episode ended in 3,000 steps")
+    finally:
+        vector.close()
+        single.close()
+    rewards = np.concatenate(rewards)
+    assert rewards.max() == 1.0 if training else rewards.max() >= 5.0

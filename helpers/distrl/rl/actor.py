@@ -52,6 +52,7 @@ def register_env(env_id: str) -> None:
 # training. gymnasium's AtariPreprocessing does all but the stack and the clip, with these
 # defaults (gymnasium/wrappers/atari_preprocessing.py).
 FRAME_STACK = 4
+NOOP_MAX = 30
 
 
 def stacks_frames(env_id: str) -> bool:
@@ -74,9 +75,11 @@ def make_env(env_id: str, training: bool = True, render_mode: str | None = None)
     from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation, TransformObservation
 
     env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
-    env = AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+    env = AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=4, screen_size=84,
                              terminal_on_life_loss=False, grayscale_obs=True)
-    env = FrameStackObservation(env, FRAME_STACK)  # (4, 84, 84), the first frame repeated
+    # (4, 84, 84); an episode's first observation has zero planes before its first frame, as
+    # ale_py's AtariVectorEnv stacks them (EnvBatch steps Atari through that one).
+    env = FrameStackObservation(env, FRAME_STACK, padding_type="zero")
     space = gym.spaces.Box(0, 255, (84, 84, FRAME_STACK), np.uint8)
     env = TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), space)
     return ClipReward(env, -1.0, 1.0) if training else env
@@ -356,11 +359,12 @@ def initial_priorities(spec: NetworkSpec, weights, block: Transitions) -> np.nda
 class EnvBatch:
     """K gymnasium envs stepped in lockstep; an episode that ends starts again by itself.
 
-    Where gymnasium ships a vectorised version of the env (a `vector_entry_point`, as
-    CartPole-v1 has: its physics in numpy, all K slots in one call), that steps them, far
-    cheaper per env step than K single envs. Otherwise K single envs are stepped in a loop, as
-    fast as gymnasium's SyncVectorEnv and without its autoreset rules.
-    `python benchmarks/actor_throughput.py` measures all three.
+    Where the env has a vectorised version, that steps all K slots in one call, far cheaper
+    per env step than K single envs: gymnasium's own (a `vector_entry_point`, as CartPole-v1
+    has: its physics in numpy), or for Atari ale_py's AtariVectorEnv (C++ stepping and
+    preprocessing). Otherwise K single envs are stepped in a loop, as fast as gymnasium's
+    SyncVectorEnv and without its autoreset rules. `python benchmarks/actor_throughput.py`
+    measures all three.
 
     step() returns (next_obs, reward, terminated, truncated, final_obs, stepped): final_obs is
     the observation an episode ended on, for bootstrapping a truncated one. Single envs are
@@ -375,13 +379,14 @@ class EnvBatch:
         training: False for evaluation (make_env: Atari rewards unclipped)."""
         self.num_envs = num_envs
         register_env(env_id)
-        self.vector = _vector_env(env_id, num_envs) if vectorised is not False else None
+        self.vector = _vector_env(env_id, num_envs, training) if vectorised is not False else None
         if vectorised and self.vector is None:
             raise ValueError(f"vectorised=True: gymnasium has no vectorised {env_id} "
                              "(no vector_entry_point in its registration, or make_env "
                              "preprocesses it)")
         self.envs = [] if self.vector is not None else [make_env(env_id, training)
                                                         for _ in range(num_envs)]
+        self.channels_first = self.vector is not None and stacks_frames(env_id)
         self.obs = None
         self.resetting = np.zeros(num_envs, dtype=bool)  # vectorised: slots its next step resets
 
@@ -389,12 +394,15 @@ class EnvBatch:
         return self.num_envs
 
     def reset(self, seeds: list[int]) -> np.ndarray:
-        """Start every slot; a vectorised env takes one seed (the first) for all its slots."""
-        if self.vector is not None:
+        """Start every slot. gymnasium's vectorised envs take one seed (the first) for all
+        their slots; AtariVectorEnv takes one a slot, each below 2**31 (a C int)."""
+        if self.channels_first:
+            obs, _ = self.vector.reset(seed=np.asarray(seeds, np.int64) % 2**31)
+        elif self.vector is not None:
             obs, _ = self.vector.reset(seed=int(seeds[0]))
         else:
             obs = np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
-        self.obs = as_observation(obs)
+        self.obs = self._channels_last(as_observation(obs))
         self.resetting[:] = False
         return self.obs.copy()
 
@@ -436,9 +444,15 @@ class EnvBatch:
             durations_ms.append((time.perf_counter() - t0) * 1e3 / self.num_envs)
         stepped = ~self.resetting
         self.resetting = terminated | truncated
-        self.obs = as_observation(obs)
+        self.obs = self._channels_last(as_observation(obs))
         return (self.obs.copy(), np.asarray(reward, np.float64), terminated, truncated,
                 self.obs.copy(), stepped)
+
+    def _channels_last(self, obs: np.ndarray) -> np.ndarray:
+        """ale_py's AtariVectorEnv stacks frames channels first; the network takes them last."""
+        if self.channels_first:
+            return np.ascontiguousarray(obs.transpose(0, 2, 3, 1))
+        return obs
 
     def close(self) -> None:
         if self.vector is not None:
@@ -447,16 +461,34 @@ class EnvBatch:
             env.close()
 
 
-def _vector_env(env_id: str, num_envs: int):
-    """gymnasium's own vectorised env for env_id, or None where it has none (or its
-    dependencies are missing, as JAX is for phys2d/CartPole). Not for Atari: ale_py's
-    AtariVectorEnv preprocesses in its own way, channels first; make_env's wrappers apply."""
-    if gym.spec(env_id).vector_entry_point is None or stacks_frames(env_id):
+def _vector_env(env_id: str, num_envs: int, training: bool = True):
+    """A vectorised env for env_id, or None where there is none: ale_py's AtariVectorEnv for
+    Atari, else gymnasium's own (a `vector_entry_point`, as CartPole-v1 has; None where its
+    dependencies are missing, as JAX is for phys2d/CartPole)."""
+    if stacks_frames(env_id):
+        return _atari_vector_env(env_id, num_envs, training)
+    if gym.spec(env_id).vector_entry_point is None:
         return None
     try:
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
     except (ImportError, gym.error.Error):
         return None
+
+
+def _atari_vector_env(env_id: str, num_envs: int, training: bool):
+    """ale_py's AtariVectorEnv (C++ stepping and preprocessing), set to make_env's Atari: the
+    same frames, rewards and episode ends, step for step (tests/test_actor.py compares them).
+    Its defaults differ in two places: it fires on reset, and it clips rewards in evaluation
+    too. One thread: an actor process has one CPU."""
+    from ale_py.vector_env import AtariVectorEnv
+
+    spec = gym.spec(env_id)
+    return AtariVectorEnv(spec.kwargs["game"], num_envs, num_threads=1,
+                          max_num_frames_per_episode=spec.kwargs["max_num_frames_per_episode"],
+                          repeat_action_probability=0.0, frameskip=4, stack_num=FRAME_STACK,
+                          img_height=84, img_width=84, grayscale=True, maxpool=True,
+                          noop_max=NOOP_MAX, episodic_life=False, use_fire_reset=False,
+                          reward_clipping=training)
 
 
 class Actor:

