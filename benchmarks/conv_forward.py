@@ -3,15 +3,13 @@ Keras, for the Nature torso on 84x84x4 frames and the small torso on 10x10x4 gri
 
     python benchmarks/conv_forward.py [--batch 1 16] [--seconds 2] [--smoke]
 
-distrl: distrl.rl.network.conv2d_relu, chosen on this benchmark: space to depth for a kernel
-twice its stride (the Nature torso's first two: the image cut into stride x stride blocks, one
-product with the kernel's four quarters, no window copied), im2col for the others; im2col: the
-windows copied into one matrix, then one product, for every layer; offsets: one matrix product per kernel offset over a strided view
+im2col: the windows copied into one matrix, then one product (distrl.rl.network.conv2d_relu,
+chosen on this benchmark); offsets: one matrix product per kernel offset over a strided view
 of the input, no copy; einsum: numpy's einsum over the window view. Keras: the learner's model
 on the same batch, on one thread, called eagerly ("keras") and as a `tf.function` graph
 ("tf.function", the fair Keras baseline: an actor that used Keras would trace its forward pass
 once). Every way is timed from the uint8 batch to the numpy Q-values an actor needs. Each
-prints ms per batch and its time over distrl's; every way must agree with eager Keras.
+prints ms per batch and its time over im2col's; every way must agree with eager Keras.
 """
 
 import argparse
@@ -31,15 +29,6 @@ from distrl.rl.network import (
     init_weights,
     numpy_q_values,
 )
-
-
-def conv_im2col(x, kernel, bias, stride):
-    k, _, channels, filters = kernel.shape
-    windows = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
-    batch, out_h, out_w = windows.shape[:3]
-    cols = windows.transpose(0, 1, 2, 4, 5, 3).reshape(batch * out_h * out_w, k * k * channels)
-    out = cols @ kernel.reshape(k * k * channels, filters) + bias
-    return np.maximum(out, 0.0, out=out).reshape(batch, out_h, out_w, filters)
 
 
 def conv_offsets(x, kernel, bias, stride):
@@ -62,8 +51,7 @@ def conv_einsum(x, kernel, bias, stride):
     return np.maximum(out, 0.0, out=out)
 
 
-WAYS = {"distrl": conv2d_relu, "im2col": conv_im2col, "offsets": conv_offsets,
-        "einsum": conv_einsum}
+WAYS = {"im2col": conv2d_relu, "offsets": conv_offsets, "einsum": conv_einsum}
 
 
 def q_values(conv, spec, weights, obs):
@@ -124,7 +112,7 @@ def main() -> None:
                 args.seconds)
             times["tf.function"] = per_call_ms(
                 lambda g=graph, o=obs: g(o.astype(np.float32)).numpy(), args.seconds)
-            base = times["distrl"]
+            base = times["im2col"]
             print(f"{name:<16}{batch:>6}  " + "".join(
                 f"{t:>10.2f} {t / base:>5.1f}x" for t in times.values()))
 

@@ -39,7 +39,7 @@ IMAGE_SPECS = [
     NetworkSpec(36 * 36 * 4, 6, (32,), True, NATURE_TORSO, (36, 36, 4), 1 / 255),
     NetworkSpec(10 * 10 * 4, 3, (16,), False, SMALL_TORSO, (10, 10, 4)),
     NetworkSpec(9 * 7 * 2, 2, (8,), True, ((4, 3, 2), (3, 2, 1)), (9, 7, 2)),  # not square
-    # a kernel twice its stride (space to depth) on sides its stride does not divide
+    # a kernel twice its stride on sides its stride does not divide
     NetworkSpec(11 * 13 * 3, 2, (8,), True, ((4, 4, 2), (2, 2, 1)), (11, 13, 3)),
 ]
 

@@ -170,40 +170,16 @@ def numpy_q_values(weights: list[np.ndarray], obs: np.ndarray, dueling: bool = T
 
 def conv2d_relu(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, stride: int) -> np.ndarray:
     """relu(conv2d(x) + bias) of a batch of images (batch, height, width, channels), "valid"
-    padding. A kernel twice its stride (the Nature torso's first two) goes through
-    _conv_space_to_depth; others copy their windows into one matrix (im2col) for one matrix
-    product. Chosen on `python benchmarks/conv_forward.py`, which compares them with other
-    numpy ways and Keras (benchmarks/results/conv_forward.txt)."""
+    padding: the windows copied into one matrix (im2col), then one matrix product. Chosen on
+    `python benchmarks/conv_forward.py`, which compares it with two other numpy ways and Keras
+    (benchmarks/results/conv_forward.txt)."""
     k, _, channels, filters = kernel.shape
-    if stride > 1 and k == 2 * stride:
-        out = _conv_space_to_depth(x, kernel, stride)
-    else:
-        windows = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
-        batch, out_h, out_w = windows.shape[:3]
-        cols = windows.transpose(0, 1, 2, 4, 5, 3).reshape(batch * out_h * out_w, k * k * channels)
-        out = (cols @ kernel.reshape(k * k * channels, filters)).reshape(batch, out_h, out_w, filters)
+    windows = sliding_window_view(x, (k, k), axis=(1, 2))[:, ::stride, ::stride]
+    batch, out_h, out_w = windows.shape[:3]
+    cols = windows.transpose(0, 1, 2, 4, 5, 3).reshape(batch * out_h * out_w, k * k * channels)
+    out = cols @ kernel.reshape(k * k * channels, filters)
     out += bias
-    return np.maximum(out, 0.0, out=out)
-
-
-def _conv_space_to_depth(x: np.ndarray, kernel: np.ndarray, stride: int) -> np.ndarray:
-    """conv2d(x) without bias for a kernel of 2 x stride: the image cut into stride x stride
-    blocks (each block's pixels one vector), every block multiplied once by the kernel's four
-    quarters, and each output the sum of its 2 x 2 blocks' products. No window is copied, so
-    an 84x84 frame stack's 8x8/4 convolution reads its input once instead of four times."""
-    batch, height, width, channels = x.shape
-    s, filters = stride, kernel.shape[3]
-    rows, cols = height // s, width // s
-    blocks = (x[:, :rows * s, :cols * s].reshape(batch, rows, s, cols, s, channels)
-              .transpose(0, 1, 3, 2, 4, 5).reshape(batch * rows * cols, s * s * channels))
-    # kernel (2s, 2s, c, f) -> (s, s, c) x (quarter 2 x 2, f), matching the blocks' layout
-    quarters = (kernel.reshape(2, s, 2, s, channels, filters).transpose(1, 3, 4, 0, 2, 5)
-                .reshape(s * s * channels, 4 * filters))
-    z = (blocks @ quarters).reshape(batch, rows, cols, 2, 2, filters)
-    out = z[:, :-1, :-1, 0, 0] + z[:, :-1, 1:, 0, 1]
-    out += z[:, 1:, :-1, 1, 0]
-    out += z[:, 1:, 1:, 1, 1]
-    return out
+    return np.maximum(out, 0.0, out=out).reshape(batch, out_h, out_w, filters)
 
 
 def build_keras_model(spec: NetworkSpec, weights: list[np.ndarray] | None = None):
