@@ -4,11 +4,12 @@
 
 Raw: the K envs the actor steps, as the actor steps them (distrl.rl.actor.EnvBatch: a
 vectorised version where the env has one, gymnasium's for CartPole and ale_py's AtariVectorEnv
-for Atari; else K single envs in a loop), with random actions and nothing else. Actor: the Actor class as the Ray actor runs it: numpy
-inference for the batch of K envs, epsilon-greedy, n-step folding and initial priorities. Both
-step the same K envs, so the ratio is what the actor's own work costs. Target (issue 2): actor
->= 50% of raw. For Atari, also against gymnasium's SyncVectorEnv of make_env's wrappers (what
-the actor stepped before AtariVectorEnv); issue 51's goal: 0.8x.
+for Atari; else K single envs in a loop), with random actions and nothing else. Actor: the
+Actor class as the Ray actor runs it: numpy inference for the batch of K envs, epsilon-greedy,
+n-step folding and initial priorities. Both step the same K envs, so the ratio is what the
+actor's own work costs. Target (issue 2): actor >= 50% of raw. For Atari, also against
+gymnasium's SyncVectorEnv of make_env's wrappers (what the actor stepped before
+AtariVectorEnv); issue 51's goal: 0.8x.
 
 Then the ways to step K envs with random actions, each over the same seconds: EnvBatch (what the
 actor uses), K single envs in a loop (EnvBatch(vectorised=False)), and gymnasium's own

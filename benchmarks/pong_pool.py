@@ -75,7 +75,9 @@ def uss_of(match) -> int:
 
 
 def pong_config(smoke: bool) -> ApexConfig:
-    args = [*WORKLOADS["pong"].command_args(), "--num-actors", "18"]  # one actor makes the blocks
+    """The Pong workload's config as its RayJob runs it (its pool: one actor a CPU)."""
+    actors = manifests.num_actors(GkeSettings.for_workload("pong", project_id="my-project-id"))
+    args = [*WORKLOADS["pong"].command_args(), "--num-actors", str(actors)]
     config = ApexConfig(**vars(build_parser().parse_args(args)))
     if smoke:
         from dataclasses import replace
@@ -150,7 +152,7 @@ def main() -> None:
 
     print(f"\n{'actors':>6} {'inserted/s':>11} {'shard share, CPU learner':>25} "
           f"{'shard share, GPU learner':>25} {'replay ratio (GPU)':>19} {'shards':>7}")
-    pools, shares, ratios = (6, 12, 18, 28, 42, 56, 70, 100), [], []
+    pools, shares, ratios = (6, 12, 18, 24, 42, 56, 70, 100), [], []
     for actors in pools:
         inserted = actors * actor_rate
         share = {name: inserted / ingest + rate / sample
@@ -172,7 +174,10 @@ def main() -> None:
                              share=MEMORY_SHARE, available=head)
     inserted = actors * actor_rate
     share = inserted / ingest + GPU_UPDATES_SECOND_HAND / sample
-    print(f"\nthe workload (WORKLOADS['pong']): {actors} actors insert {inserted:,.0f} "
+    paper_pool = round(GPU_UPDATES_SECOND_HAND * 512 / PAPER_RATIO / actor_rate)
+    print(f"\nthe paper's replay ratio ({PAPER_RATIO:.2f}) with a learner at its rate asks for "
+          f"{paper_pool} actors of {actor_rate:,.0f} env steps/s")
+    print(f"the workload (WORKLOADS['pong']): {actors} actors insert {inserted:,.0f} "
           "transitions/s, "
           f"{share:.0%} of one shard's time with a GPU learner at the paper's rate: "
           f"{max(1, math.ceil(share / SHARD_BUSY))} shard(s); the head pod's "

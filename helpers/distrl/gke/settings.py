@@ -136,10 +136,11 @@ class Workload:
 # The pool, from `python benchmarks/pong_pool.py` (results/pong_pool.txt, this machine): one
 # replay shard samples about 18 batches of 512 a second (with update_priorities; it ingests
 # over 500,000 transitions/s), so a learner at the paper's rate needs more than one: two shards.
-# One actor steps 680 times a second on a core (actor_throughput-pong-v5.txt): 18 actors insert
-# 12,240 transitions/s, which a learner at 19 batches of 512 samples 0.79 times each, the
-# paper's own ratio (9,728 sampled against 12,510 inserted a second); the 56 actors planned
-# before would insert 38,080 (0.26). Three e2-standard-8 Spot nodes hold 18 (6 each).
+# One actor steps about 1,000 times a second on a core (actor_throughput-pong-v5.txt, stepping
+# ale_py's AtariVectorEnv): 12 actors insert about 12,000 transitions/s, which a learner at 19
+# batches of 512 samples about 0.8 times each, the paper's own ratio (9,728 sampled against
+# 12,510 inserted a second); pong_pool.py prints the pool that ratio asks for. The 56 actors
+# planned before would insert over four times as much. Two e2-standard-8 Spot nodes hold 12.
 #
 # Yardsticks (Pong, Ape-X on Ray's RLlib, each with its hardware): "~20 reward in 50 minutes
 # (6M train steps, 2M env steps)" on a p3.2xlarge (one V100; ray-project/ray
@@ -159,11 +160,11 @@ WORKLOADS = {
         "--min-replay-size", "50000",
         "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
         "--replay-shards", "2",             # one shard samples ~18 batches/s (pong_pool.py)
-        "--envs-per-actor", "16",           # the actor at 56% of the raw env's rate, 8 at 48%
+        "--envs-per-actor", "16",           # 8 or 16: the same rate (actor_throughput.py)
         "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "--eval-episodes", "4", "--eval-interval-s", "60",
         "--checkpoint-interval-s", "300"),
-        4.0, actor_machine_type="e2-standard-8", max_actor_nodes=3),  # 6 actors a node: 18
+        4.0, actor_machine_type="e2-standard-8", max_actor_nodes=2),  # 6 actors a node: 12
     # The seed's own scale: its tutorial ran 100 actors on 128 vCPUs. CartPole on 4 Spot
     # e2-standard-32 nodes, 30 actors each: 120. `python benchmarks/hundred_actors.py`
     # rehearses 100 on this machine (results/hundred_actors.txt): every transition accounted
