@@ -7,9 +7,11 @@ Fills a collector with `--series` gauge series (and `--descriptor-points` more p
 which ListMetricDescriptors is timed), then runs `--exporters` processes that each
 export small requests back to back (what a training's processes do) for `--seconds`, first
 alone and then beside two processes that read every series (ListTimeSeries) and list the
-metric descriptors in a loop. Prints export latency p50/p99 for both, their ratio, the queries
-answered or refused, and the collector's resident memory after max_exports concurrent exports
-of nearly the largest message it takes.
+metric descriptors in a loop; then beside each load issue 52 names (40 looping readers, 18
+stalled calls reopened every 5 s, reads cancelled 10 ms after they start). Prints export
+latency p50/p99, the share of exports accepted at their first try, the queries answered or
+refused, and the collector's resident memory after max_exports concurrent exports of nearly
+the largest message it takes.
 """
 
 import distrl  # noqa: F401 - first: it turns gRPC's fork support off (grpc/grpc#43055)
@@ -17,6 +19,7 @@ import distrl  # noqa: F401 - first: it turns gRPC's fork support off (grpc/grpc
 # isort: split
 
 import argparse
+import contextlib
 import datetime as dt
 import multiprocessing as mp
 import tempfile
@@ -49,15 +52,91 @@ def gauge_request(name: str, series: range, t: int, value: float = 1.0):
 
 
 def exporter(endpoint: str, index: int, seconds: float, out) -> None:
+    """Small exports back to back, each once (no retry): (latency s, accepted) of each."""
     stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
-    latencies, k, end = [], 0, time.monotonic() + seconds
+    results, k, end = [], 0, time.monotonic() + seconds
     while time.monotonic() < end:
         k += 1
         request = gauge_request(f"bench.exporter{index}", range(20), time.time_ns(), float(k))
         start = time.perf_counter()
-        stub.Export(request, timeout=60)
-        latencies.append(time.perf_counter() - start)
-    out.put(latencies)
+        try:
+            stub.Export(request, timeout=60)
+            accepted = True
+        except grpc.RpcError:
+            accepted = False
+        results.append((time.perf_counter() - start, accepted))
+    out.put(results)
+
+
+LIGHT = 'metric.type = "prometheus.googleapis.com/bench.exporter0/gauge"'
+METRICS_EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
+LIST_TIME_SERIES = "/google.monitoring.v3.MetricService/ListTimeSeries"
+
+
+def hostile(kind: str, endpoint: str, stop, out) -> None:
+    """One of the loads issue 52 names, until stop: "readers" (40 loops of light reads through
+    google-cloud-monitoring's client), "stalled" (18 calls that send headers and no message,
+    reopened every 5 s), "cancelled" (reads cancelled 10 ms after they start). Puts how many
+    calls it made."""
+    import threading
+
+    calls = [0]
+
+    def read_loop():
+        client = monitoring_v3.MetricServiceClient(
+            transport=monitoring_v3.services.metric_service.transports.MetricServiceGrpcTransport(
+                channel=grpc.insecure_channel(endpoint)))
+        now = dt.datetime.now(dt.UTC)
+        while not stop.is_set():
+            # a refused read loops at once: the harshest client
+            with contextlib.suppress(Exception):
+                list(client.list_time_series(request={
+                    "name": "projects/bench", "filter": LIGHT,
+                    "interval": {"end_time": now, "start_time": now - dt.timedelta(hours=1)}},
+                    timeout=30))
+            calls[0] += 1
+
+    def stall_loop():
+        channel = grpc.insecure_channel(endpoint)
+        export = channel.stream_unary(METRICS_EXPORT, request_serializer=bytes,
+                                      response_deserializer=bytes)
+        while not stop.is_set():
+            again = threading.Event()
+
+            def never(again=again):
+                again.wait()
+                yield from ()
+            futures = [export.future(never(), timeout=60) for _ in range(18)]
+            calls[0] += 18
+            stop.wait(5)
+            again.set()
+            for f in futures:
+                f.cancel()
+
+    def cancel_loop():
+        channel = grpc.insecure_channel(endpoint)
+        request = monitoring_v3.ListTimeSeriesRequest(
+            name="projects/bench", filter='metric.type = "prometheus.googleapis.com/'
+            'bench.filled/gauge"', interval={"start_time": {"seconds": 0},
+                                             "end_time": {"seconds": 2**40}})._pb
+        call = channel.unary_unary(LIST_TIME_SERIES,
+                                   request_serializer=lambda m: m.SerializeToString(),
+                                   response_deserializer=bytes)
+        while not stop.is_set():
+            future = call.future(request, timeout=30)
+            time.sleep(0.01)
+            future.cancel()
+            calls[0] += 1
+
+    loops = {"readers": [read_loop] * 40, "stalled": [stall_loop],
+             "cancelled": [cancel_loop] * 4}[kind]
+    threads = [threading.Thread(target=loop, daemon=True) for loop in loops]
+    for thread in threads:
+        thread.start()
+    stop.wait()
+    for thread in threads:
+        thread.join(40)
+    out.put(calls[0])
 
 
 def querier(endpoint: str, project: str, stop, out) -> None:
@@ -86,23 +165,31 @@ def querier(endpoint: str, project: str, stop, out) -> None:
     out.put((answered, refused, first_error))
 
 
-def export_latencies(endpoint: str, exporters: int, seconds: float, queries: int):
+def export_latencies(endpoint: str, exporters: int, seconds: float, queries: int = 0,
+                     load: str | None = None):
+    """(latencies in ms, share of exports accepted, what the loads counted) of `exporters`
+    processes exporting for `seconds` beside `queries` heavy query loops or a hostile load."""
     ctx = mp.get_context("spawn")
-    out, stop = ctx.Queue(), ctx.Event()
-    readers = [ctx.Process(target=querier, args=(endpoint, "bench", stop, out))
+    out, stop, load_out = ctx.Queue(), ctx.Event(), ctx.Queue()
+    readers = [ctx.Process(target=querier, args=(endpoint, "bench", stop, load_out))
                for _ in range(queries)]
+    if load:
+        readers.append(ctx.Process(target=hostile, args=(load, endpoint, stop, load_out)))
     for r in readers:
         r.start()
+    if load:
+        time.sleep(3)  # the load is running before the exports start
     writers = [ctx.Process(target=exporter, args=(endpoint, i, seconds, out))
                for i in range(exporters)]
     for w in writers:
         w.start()
-    latencies = np.concatenate([out.get(timeout=seconds + 120) for _ in writers]) * 1e3
+    results = [r for _ in writers for r in out.get(timeout=seconds + 120)]
     stop.set()
-    query_counts = [out.get(timeout=120) for _ in readers]
+    counts = [load_out.get(timeout=120) for _ in readers]
     for p in readers + writers:
         p.join(timeout=30)
-    return latencies, query_counts
+    latencies = np.array([latency for latency, _ in results]) * 1e3
+    return latencies, float(np.mean([ok for _, ok in results])), counts
 
 
 def main() -> None:
@@ -135,15 +222,31 @@ def main() -> None:
               f"{time.perf_counter() - start:.2f} s ({len(descriptors)} descriptors)")
         print(f"filled {args.series:,} series; {args.exporters} exporter processes, "
               f"{args.seconds:g} s each", flush=True)
-        quiet, _ = export_latencies(endpoint, args.exporters, args.seconds, queries=0)
-        loaded, counts = export_latencies(endpoint, args.exporters, args.seconds, queries=2)
-        for label, lat in [("alone", quiet), ("beside 2 query loops", loaded)]:
-            print(f"export latency {label}: p50 {np.percentile(lat, 50):.1f} ms, "
-                  f"p99 {np.percentile(lat, 99):.1f} ms, max {lat.max():.0f} ms "
-                  f"({len(lat):,} exports)")
-        print(f"p99 ratio loaded/alone: {np.percentile(loaded, 99) / np.percentile(quiet, 99):.1f}"
+        quiet, accepted, _ = export_latencies(endpoint, args.exporters, args.seconds)
+        p99_alone = np.percentile(quiet, 99)
+        print(f"export latency alone: p50 {np.percentile(quiet, 50):.1f} ms, p99 "
+              f"{p99_alone:.1f} ms, max {quiet.max():.0f} ms ({len(quiet):,} exports, "
+              f"{accepted:.1%} accepted)", flush=True)
+        loaded, accepted, counts = export_latencies(endpoint, args.exporters, args.seconds,
+                                                    queries=2)
+        print(f"export latency beside 2 query loops: p50 {np.percentile(loaded, 50):.1f} ms, "
+              f"p99 {np.percentile(loaded, 99):.1f} ms, max {loaded.max():.0f} ms "
+              f"({len(loaded):,} exports, {accepted:.1%} accepted)")
+        print(f"p99 ratio loaded/alone: {np.percentile(loaded, 99) / p99_alone:.1f}"
               f"; query loops answered {sum(c[0] for c in counts)}, refused "
-              f"{sum(c[1] for c in counts)} {next((c[2] for c in counts if c[2]), '')}")
+              f"{sum(c[1] for c in counts)} {next((c[2] for c in counts if c[2]), '')}",
+              flush=True)
+        # Issue 52's goals beside each hostile load: at least 99% of exports accepted at their
+        # first try, and an export p99 at most 3x its value alone.
+        for load, label in (("readers", "40 looping readers"),
+                            ("stalled", "18 stalled calls reopened every 5 s"),
+                            ("cancelled", "reads cancelled after 10 ms")):
+            lat, accepted, (calls,) = export_latencies(endpoint, args.exporters, args.seconds,
+                                                       load=load)
+            ratio = np.percentile(lat, 99) / p99_alone
+            print(f"beside {label} ({calls:,} calls): {accepted:.1%} of {len(lat):,} exports "
+                  f"accepted (goal 99%), p99 {np.percentile(lat, 99):.1f} ms = {ratio:.1f}x "
+                  f"alone (goal 3x)", flush=True)
         process = psutil.Process(collector.process.pid)
         before = process.memory_info().rss
         limits = Limits()

@@ -361,3 +361,15 @@ def test_only_what_no_node_could_host_is_refused():
     assert any("9 CPUs" in p and "the cluster has 1" in p for p in fixed), fixed
     no_gpu = apex.cannot_host(plan, [{"CPU": 1.0}], [bigger], True, 1.0)
     assert no_gpu and "num_gpus=1 for the learner but the cluster has 0 GPU(s)" in no_gpu[0]
+
+
+def test_an_output_dir_the_results_cannot_be_written_to_is_refused_before_the_run(tmp_path):
+    """results.json is written when the run ends: a directory of that name lost a whole run's
+    results. It is refused when the run is made, before any process starts."""
+    (tmp_path / "run" / "results.json").mkdir(parents=True)
+    with pytest.raises(ValueError, match="holds a results.json that is not a file"):
+        ApeX(output_dir=str(tmp_path / "run"))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="is a file; expected a directory"):
+        ApeX(output_dir=str(tmp_path / "file"))
+    assert ApeX(output_dir=str(tmp_path / "fresh")).output_dir.is_dir()

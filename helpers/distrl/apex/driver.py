@@ -410,6 +410,11 @@ def _check_output_dir(path: Path) -> None:
             pass
     except OSError as err:
         raise ValueError(f"output_dir={str(path)!r} cannot be written: {err.strerror}") from None
+    results = path / "results.json"  # written at the end: a run would lose it there
+    if results.exists() and not results.is_file():
+        raise ValueError(f"output_dir={str(path)!r} holds a results.json that is not a file; "
+                         "the run writes its results there: remove it or choose another "
+                         "output_dir")
 
 
 class _Run:

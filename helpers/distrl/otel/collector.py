@@ -14,10 +14,11 @@ A point that is exported twice (an exporter retry) is stored once; a second, dif
 of a series at a stored time is refused, as is a point that no read could use (a summary, a
 non-finite value, buckets beyond a double): each in the reply's partial_success, naming it.
 
-No client holds the collector for long: a call has MESSAGE_WAIT_S to send its message before
-it takes a turn (exports and reads each have their own), a caller without the token (when one
-is set) is refused at its headers, and a failed commit (a full disk) is answered UNAVAILABLE,
-which exporters retry.
+No client takes the exports' capacity: the gRPC receiver runs on one asyncio loop, where a
+call waiting for its message or a reader holds no thread; a call has MESSAGE_WAIT_S to send its
+message before it takes a turn (exports and reads each have their own), a caller without the
+token (when one is set) is refused at its headers, and a failed commit (a full disk) is
+answered UNAVAILABLE, which exporters retry. One collector writes a database (_lock_writer).
 
 With http_port, the same store also takes OTLP/HTTP with protobuf bodies (POST /v1/metrics,
 /v1/traces: what GKE's managed collector documents on its port 4318).
@@ -29,14 +30,13 @@ documents, so google-cloud-monitoring's own client reads what was stored.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import base64
 import contextlib
 import dataclasses
 import functools
-import heapq
 import hmac
 import ipaddress
-import itertools
 import json
 import math
 import os
@@ -67,8 +67,10 @@ METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MiB = 2**20
 
 
-# gRPC threads for calls still receiving their message, beside the admitted exports and reads.
-RECEIVING_CALLS = 8
+# Calls still receiving their message, at most, beside the admitted exports and reads (each a
+# coroutine, holding at most one message); calls one HTTP/2 connection may have open; seconds
+# after which an idle connection is closed.
+RECEIVING_CALLS, STREAMS_PER_CONNECTION, CONNECTION_IDLE_S = 32, 32, 300
 # gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
 LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 
@@ -123,12 +125,18 @@ class Limits:
 
     def memory_bound_bytes(self) -> int:
         # Exports: about 8 times the message for each one stored at once, on either receiver
-        # (`python benchmarks/collector_under_load.py` measures it); a gRPC thread still
-        # receiving or refusing one holds one message. Reads: what each may hold. Then the caches.
-        receiving = self.max_queries + RECEIVING_CALLS
+        # (`python benchmarks/collector_under_load.py` measures it); a call still receiving,
+        # a read waiting for a reader, an HTTP body arriving: one message each. Reads: what
+        # each may hold. Then the caches.
+        receiving = self.max_queries + READ_QUEUE + 2 * RECEIVING_CALLS
         return ((2 * self.max_exports * 8 + receiving) * self.max_message_bytes
                 + self.max_queries * self.max_read_bytes + self.cache_bytes
                 + self.page_cache_bytes)
+
+    def max_calls(self) -> int:
+        """gRPC calls open at once: the admitted exports and reads, the reads waiting for a
+        reader and the calls still receiving their message."""
+        return self.max_exports + self.max_queries + READ_QUEUE + RECEIVING_CALLS
 
     def describe(self) -> str:
         return (f"limits: memory about {self.memory_bound_bytes() / MiB:,.0f} MiB at most above "
@@ -276,8 +284,12 @@ def attributes_json(key_values) -> str:
     wire = b"".join(kv.SerializeToString() for kv in key_values)
     cached = _ATTRIBUTE_CACHE.get(wire)
     if cached is None:
-        cached = json.dumps({kv.key: any_value(kv.value) for kv in key_values}, sort_keys=True,
-                            separators=(",", ":"))
+        try:  # NaN and infinities are no JSON: SQLite's json functions would refuse every read
+            cached = json.dumps({kv.key: any_value(kv.value) for kv in key_values},
+                                sort_keys=True, separators=(",", ":"), allow_nan=False)
+        except ValueError:
+            raise InvalidPoint("an attribute's value is NaN or infinite, which JSON (and so "
+                               "the store) cannot hold") from None
         _ATTRIBUTE_CACHE.put(wire, cached)
     return cached
 
@@ -426,6 +438,32 @@ def _check_db_file(path: Path) -> None:
                          "or a new file")
 
 
+def _lock_writer(path: Path):
+    """An exclusive lock on `<db>.lock`, naming this process: one collector writes a database.
+    The kernel drops it when the process ends, however it ends."""
+    import fcntl
+
+    lock_path = path.with_name(path.name + ".lock")
+    try:
+        # held open for the store's life; private, as the database is
+        lock = os.fdopen(os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o600), "r+")
+    except OSError as err:
+        raise ValueError(f"db={str(path)!r} cannot be used: {err.strerror}: {lock_path}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        lock.seek(0)
+        holder = lock.read().strip() or "unknown"
+        lock.close()
+        raise ValueError(f"db={str(path)!r} is being written by another collector (pid "
+                         f"{holder}); stop it, or give this one another --db") from None
+    lock.seek(0)
+    lock.truncate()
+    lock.write(str(os.getpid()))
+    lock.flush()
+    return lock
+
+
 class CollectorStore:
     """The SQLite file: written by the collector, read by anyone (WAL allows both at once)."""
 
@@ -437,6 +475,7 @@ class CollectorStore:
                                     f"`distrl collector --db {self.path}`")
         if create:
             _check_db_file(self.path)
+        self._lock = _lock_writer(self.path) if create else None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             if create and not self.path.exists():
@@ -449,6 +488,8 @@ class CollectorStore:
             if create:
                 self._create()
         except (OSError, sqlite3.Error) as err:
+            if self._lock is not None:
+                self._lock.close()
             raise ValueError(f"db={str(self.path)!r} cannot be used: "
                              f"{getattr(err, 'strerror', None) or err}") from None
         self._readers = threading.local()  # one read-only connection per reading thread
@@ -489,6 +530,9 @@ class CollectorStore:
             conn.close()
         self._reader_conns.clear()
         self.conn.close()
+        if self._lock is not None:
+            self._lock.close()  # the lock goes with the file descriptor
+            self._lock = None
 
     # ---- writing (the collector) ----
 
@@ -571,7 +615,10 @@ class CollectorStore:
         an I/O error) fails every request of the commit with StorageUnavailable."""
         outcomes = []
         try:
-            self.conn.execute("BEGIN")
+            # IMMEDIATE: the write lock up front. A deferred BEGIN that reads first cannot
+            # upgrade to a writer when another holds it, and the busy timeout does not retry
+            # that (sqlite.org/lang_transaction.html).
+            self.conn.execute("BEGIN IMMEDIATE")
             for insert, request, future in jobs:
                 self.conn.execute("SAVEPOINT request")
                 try:
@@ -847,65 +894,32 @@ class CollectorStore:
         return rows
 
 
-def _stored(context, write, request):
-    """write(request); UNAVAILABLE (the exporter retries) when the storage failed, INTERNAL
-    naming the error when this request could not be stored."""
+def _stored(write, request_type, raw: bytes) -> tuple[grpc.StatusCode | None, object]:
+    """Parse and store one Export (in an export thread): (None, what write returned), or a
+    status and its message: INVALID_ARGUMENT for a message that does not parse, UNAVAILABLE
+    (the exporter retries) when the storage failed, INTERNAL naming any other error."""
     try:
-        return write(request)
+        request = request_type.FromString(raw)
+    except DecodeError as err:
+        return grpc.StatusCode.INVALID_ARGUMENT, f"not a {request_type.__name__}: {err}"
+    try:
+        return None, write(request)
     except StorageUnavailable as err:
-        context.abort(grpc.StatusCode.UNAVAILABLE, str(err)[:MAX_ERROR_CHARS])
+        return grpc.StatusCode.UNAVAILABLE, str(err)[:MAX_ERROR_CHARS]
     except Exception as err:  # noqa: BLE001 (the client gets the reason, not UNKNOWN)
-        context.abort(grpc.StatusCode.INTERNAL,
-                      f"the request could not be stored: {err!r}"[:MAX_ERROR_CHARS])
+        return (grpc.StatusCode.INTERNAL,
+                f"the request could not be stored: {err!r}"[:MAX_ERROR_CHARS])
 
 
 # A call's one message must arrive within this time of its start, or the call is cancelled:
-# a client that sends headers and then nothing (or a trickle) holds a thread no longer.
+# a client that sends headers and then nothing (or a trickle) holds no slot for longer.
 MESSAGE_WAIT_S = 5.0
-
-
-class _Watchdog:
-    """Cancels each armed call whose time is up; one thread for every call of the server."""
-
-    def __init__(self):
-        self._lock = threading.Condition()
-        self._due: list = []  # heap of [due, sequence, context or None]
-        self._sequence = itertools.count()
-        self._stopped = False
-        threading.Thread(target=self._run, daemon=True, name="collector-watchdog").start()
-
-    def arm(self, context, seconds: float) -> list:
-        entry = [time.monotonic() + seconds, next(self._sequence), context]
-        with self._lock:
-            heapq.heappush(self._due, entry)
-            self._lock.notify()
-        return entry
-
-    def disarm(self, entry: list) -> None:
-        with self._lock:
-            entry[2] = None
-
-    def stop(self) -> None:
-        with self._lock:
-            self._stopped = True
-            self._lock.notify()
-
-    def _run(self) -> None:
-        with self._lock:
-            while not self._stopped:
-                now = time.monotonic()
-                while self._due and (self._due[0][2] is None or self._due[0][0] <= now):
-                    context = heapq.heappop(self._due)[2]
-                    if context is not None:
-                        context.cancel()
-                self._lock.wait(self._due[0][0] - now if self._due else None)
-
-
 # A reader process's CPU priority (nice): ingestion goes first.
 READ_NICE = 10
-# How long a read waits for a free reader before RESOURCE_EXHAUSTED, and for a new reader
-# process to have imported what it needs.
-READ_TURN_S, READER_START_S = 1.0, 60.0
+# Reads waiting for a free reader, at most (more are refused at once), and how long each
+# waits; how long a new reader process may take to import what it needs; how long a reader
+# told that its client went away may take to stop before it is killed.
+READ_QUEUE, READ_TURN_S, READER_START_S, READER_CANCEL_S = 32, 10.0, 60.0, 5.0
 
 
 class _Reader:
@@ -914,31 +928,55 @@ class _Reader:
         self.ready = False  # it has answered once: its imports are done
 
 
+async def _answer_ready(reader: _Reader, seconds: float) -> bool:
+    """Waits, without a thread, until the reader's answer can be read; False after seconds."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+    fd = reader.conn.fileno()
+    loop.add_reader(fd, lambda: ready.done() or ready.set_result(True))
+    try:
+        return await asyncio.wait_for(ready, seconds)
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+
+
 class _Readers:
     """The processes that answer MetricService reads (monitoring.reader_main): up to
-    max_queries, each started at its first read and kept, one read at a time each. A read
-    that finds none free within READ_TURN_S is answered RESOURCE_EXHAUSTED; one that outlives
-    its deadline, or whose process died, ends with its process, and a new one takes its
-    place at the next read."""
+    max_queries, each started at its first read and kept, one read at a time each. Up to
+    READ_QUEUE reads wait READ_TURN_S for a free one (a coroutine each, no thread), more are
+    answered RESOURCE_EXHAUSTED at once. A read whose client goes away tells its reader, which
+    stops at its next check; one that outlives its deadline, or whose process died, ends with
+    its process, and a new one takes its place at the next read. Runs on the server's loop."""
 
     def __init__(self, db_path: Path, limits: Limits):
         self.db_path, self.limits = str(db_path.resolve()), limits
-        self.idle: queue.Queue = queue.Queue()
-        self.started, self.all, self.lock = 0, [], threading.Lock()
+        self.idle: asyncio.Queue | None = None  # made on the loop
+        self.started, self.waiting, self.all = 0, 0, []
+        self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
 
-    def _turn(self) -> _Reader | None:
-        try:
+    async def _turn(self) -> _Reader | None:
+        if self.idle is None:
+            self.idle = asyncio.Queue()
+        if not self.idle.empty():
             return self.idle.get_nowait()
-        except queue.Empty:
-            pass
-        with self.lock:
-            if self.started < self.limits.max_queries:
-                self.started += 1
-                return self._start()
-        try:
-            return self.idle.get(timeout=READ_TURN_S)
-        except queue.Empty:
+        if self.started < self.limits.max_queries:
+            self.started += 1
+            try:  # spawning takes tens of ms: not on the loop
+                return await asyncio.get_running_loop().run_in_executor(None, self._start)
+            except BaseException:
+                self.started -= 1
+                raise
+        if self.waiting >= READ_QUEUE:
             return None
+        self.waiting += 1
+        try:
+            return await asyncio.wait_for(self.idle.get(), READ_TURN_S)
+        except TimeoutError:
+            return None
+        finally:
+            self.waiting -= 1
 
     def _start(self) -> _Reader:
         import multiprocessing
@@ -959,37 +997,56 @@ class _Readers:
         reader.process.kill()
         reader.process.join(5)
         reader.conn.close()
-        with self.lock:
-            self.started -= 1
-            self.all.remove(reader)
+        self.started -= 1
+        self.all.remove(reader)
 
-    def answer(self, method: str, request: bytes, context):
-        reader = self._turn()
+    async def answer(self, method: str, request: bytes, context):
+        reader = await self._turn()
         if reader is None:
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{self.limits.max_queries} queries are running; retry shortly")
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.limits.max_queries} queries are running and "
+                                f"{READ_QUEUE} waiting; retry shortly")
         remaining = context.time_remaining()
         seconds = min(self.limits.max_query_s, self.limits.max_query_s if remaining is None
                       else max(remaining, 0.0))
         try:
             reader.conn.send((method, request, seconds))
             # A new reader first imports what it needs; then the read has its deadline.
-            if reader.conn.poll(seconds + 5 + (0 if reader.ready else READER_START_S)):
+            if await _answer_ready(reader, seconds + 5 + (0 if reader.ready else READER_START_S)):
                 code, payload = reader.conn.recv()
                 reader.ready = True
-                self.idle.put(reader)
+                self.idle.put_nowait(reader)
             else:
                 self._end(reader)
                 code, payload = (grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
                                  f"the query ran past its deadline of {seconds:.1f} s")
+        except asyncio.CancelledError:  # the client went away (or the server stops)
+            self.cancelled += 1
+            asyncio.get_running_loop().create_task(self._after_cancel(reader))
+            raise
         except (EOFError, OSError):  # the reader died (killed, out of memory)
             self._end(reader)
             code, payload = (grpc.StatusCode.UNAVAILABLE.value[0],
                              "the collector's reader process ended; retry")
         if code:
-            context.abort(_STATUS_OF[code], payload if len(payload) <= 400
-                          else payload[:400] + "...")
+            await context.abort(_STATUS_OF[code], payload if len(payload) <= 400
+                                else payload[:400] + "...")
         return payload
+
+    async def _after_cancel(self, reader: _Reader) -> None:
+        """Tell the reader its client went away; it answers CANCELLED at its next check and
+        is free again. One that does not answer in READER_CANCEL_S is killed."""
+        try:
+            reader.conn.send("cancel")
+            if await _answer_ready(reader, READER_CANCEL_S + (0 if reader.ready else
+                                                              READER_START_S)):
+                reader.conn.recv()
+                reader.ready = True
+                self.idle.put_nowait(reader)
+                return
+        except (EOFError, OSError):
+            pass
+        self._end(reader)
 
     def stop(self) -> None:
         for reader in list(self.all):
@@ -1008,61 +1065,63 @@ _STATUS_OF = {code.value[0]: code for code in grpc.StatusCode}
 
 
 class _Calls:
-    """Every gRPC method of the collector, admitted in two steps. A call first receives its
-    one message within MESSAGE_WAIT_S; only then does it ask for a turn, exports and reads
-    each from their own slots, so that a stalled client holds no slot and neither kind of
-    call can take the other's turns. Without a turn a call is answered RESOURCE_EXHAUSTED
-    (exporters retry it). Reads are answered in processes of their own (_Readers)."""
+    """Every gRPC method of the collector, on one asyncio loop: a call that waits (for its
+    message, for a reader) is a coroutine, not a thread, so no kind of call can take another's
+    capacity. A call first receives its one message within MESSAGE_WAIT_S; then an export
+    takes one of max_exports turns, stored in a thread of its own, and a read one of the
+    readers (_Readers). Without a turn a call is answered RESOURCE_EXHAUSTED (exporters retry
+    it)."""
 
     def __init__(self, store: CollectorStore):
         limits = store.limits
-        self.watchdog = _Watchdog()
-        self.exports = threading.BoundedSemaphore(limits.max_exports)
-        self.limits = limits
+        self.limits, self.exporting = limits, 0
+        self.writers = futures.ThreadPoolExecutor(limits.max_exports,
+                                                  thread_name_prefix="collector-export")
         self.readers = _Readers(store.path, limits)
-        self.threads = limits.max_exports + limits.max_queries + RECEIVING_CALLS
         otlp = {
             "opentelemetry.proto.collector.metrics.v1.MetricsService": (
                 metrics_service_pb2.ExportMetricsServiceRequest, "metrics", store.write_metrics),
             "opentelemetry.proto.collector.trace.v1.TraceService": (
                 trace_service_pb2.ExportTraceServiceRequest, "traces", store.write_spans)}
         self.handlers = [grpc.method_handlers_generic_handler(service, {"Export": self._handler(
-            request_type, functools.partial(self._export, kind, write))})
+            functools.partial(self._export, kind, write, request_type))})
             for service, (request_type, kind, write) in otlp.items()]
         self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
-            method: self._handler(None, functools.partial(self.readers.answer, method))
+            method: self._handler(functools.partial(self.readers.answer, method))
             for method in monitoring.METHODS}))
 
-    def _handler(self, request_type, function):
-        def handle(requests, context):
-            entry = self.watchdog.arm(context, MESSAGE_WAIT_S)
+    @staticmethod
+    def _handler(function):
+        async def handle(requests, context):
             try:
-                request = next(requests)
-            except StopIteration:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no message")
-            except grpc.RpcError:  # cancelled: by the client, or by the watchdog
-                context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                              f"no request message within {MESSAGE_WAIT_S:g} s")
-            finally:
-                self.watchdog.disarm(entry)
-            return function(request, context)
+                request = await asyncio.wait_for(context.read(), MESSAGE_WAIT_S)
+            except TimeoutError:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"no request message within {MESSAGE_WAIT_S:g} s")
+            if request is grpc.aio.EOF:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no message")
+            return await function(request, context)
 
         return grpc.stream_unary_rpc_method_handler(
-            handle, request_deserializer=request_type.FromString if request_type else None,
-            response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString())
+            handle, response_serializer=lambda m: m if isinstance(m, bytes) else m.SerializeToString())
 
-    def _export(self, kind, write, request, context):
+    async def _export(self, kind, write, request_type, request: bytes, context):
         # An export does not wait for a turn: its message is held meanwhile.
-        if not self.exports.acquire(blocking=False):
-            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{self.limits.max_exports} exports are running; retry shortly")
+        if self.exporting >= self.limits.max_exports:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.limits.max_exports} exports are running; retry shortly")
+        self.exporting += 1
         try:
-            return _response(kind, _stored(context, write, request))
+            code, stored = await asyncio.get_running_loop().run_in_executor(
+                self.writers, _stored, write, request_type, request)
         finally:
-            self.exports.release()
+            self.exporting -= 1
+        if code is not None:
+            await context.abort(code, stored)
+        return _response(kind, stored)
 
     def stop(self) -> None:
-        self.watchdog.stop()
+        self.writers.shutdown(wait=True)
         self.readers.stop()
 
 
@@ -1086,16 +1145,19 @@ def _http_handler(store: CollectorStore, token: str | None):
     """OTLP/HTTP, binary protobuf, plain or gzip (opentelemetry.io/docs/specs/otlp/#otlphttp):
     the same writes as the gRPC services; 400 for a body that does not parse, 401 without the
     bearer token (when one is set), 408 for a body not received within MESSAGE_WAIT_S, 503
-    with Retry-After (the exporter retries) when storage failed or max_exports requests are
-    already being read."""
+    with Retry-After (the exporter retries) when storage failed, RECEIVING_CALLS bodies are
+    arriving or max_exports are being stored. A body is received before it asks for a turn,
+    so a slow client holds none. HTTP/1.1: an exporter keeps its connection."""
     routes = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
               "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
     limits = store.limits
+    receiving = threading.BoundedSemaphore(RECEIVING_CALLS)
     turns = threading.BoundedSemaphore(limits.max_exports)
     expected = f"Bearer {token}".encode() if token else None
 
     class Handler(BaseHTTPRequestHandler):
         timeout = 30  # a client that sends no request line does not hold a thread forever
+        protocol_version = "HTTP/1.1"
 
         def do_POST(self):  # noqa: N802 (http.server's method name)
             if expected and not hmac.compare_digest(
@@ -1118,21 +1180,27 @@ def _http_handler(store: CollectorStore, token: str | None):
                                    else HTTPStatus.LENGTH_REQUIRED,
                                    f"Content-Length up to {limits.max_message_bytes} bytes"
                                    .encode())
-            if not turns.acquire(timeout=5):
+            if not receiving.acquire(blocking=False):
                 return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
-                                   f"{limits.max_exports} exports are being read; retry".encode())
+                                   f"{RECEIVING_CALLS} bodies are arriving; retry".encode())
             try:
-                self._export(route, int(length), encoding == "gzip")
+                body = self._body(int(length))
             finally:
-                turns.release()
-
-        def _export(self, route, length: int, gzipped: bool):
-            body = self._body(length)
+                receiving.release()
             if body is None:
-                self.close_connection = True
                 return self._reply(HTTPStatus.REQUEST_TIMEOUT,
                                    f"the body did not arrive within {MESSAGE_WAIT_S:g} s"
                                    .encode())
+            if not turns.acquire(blocking=False):
+                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                                   f"{limits.max_exports} exports are being stored; retry"
+                                   .encode())
+            try:
+                self._export(route, body, encoding == "gzip")
+            finally:
+                turns.release()
+
+        def _export(self, route, body: bytes, gzipped: bool):
             if gzipped:
                 inflate = zlib.decompressobj(wbits=31)  # gzip framing
                 try:
@@ -1183,6 +1251,8 @@ def _http_handler(store: CollectorStore, token: str | None):
             return b"".join(chunks)
 
         def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
+            if status != HTTPStatus.OK:  # a body may be left unread: not the next request
+                self.close_connection = True
             try:
                 self.send_response(status)
                 if status == HTTPStatus.SERVICE_UNAVAILABLE:
@@ -1200,22 +1270,28 @@ def _http_handler(store: CollectorStore, token: str | None):
     return Handler
 
 
-class _BearerToken(grpc.ServerInterceptor):
+class _HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 128  # the listen backlog: 5 by default, too few for a burst of exporters
+
+
+async def _deny(requests, context):
+    await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token")
+
+
+class _BearerToken(grpc.aio.ServerInterceptor):
     """Every gRPC call needs `authorization: Bearer <token>` metadata (what OTel exporters send
     with OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<token>)."""
 
     def __init__(self, token: str):
         self.expected = f"Bearer {token}".encode()
         # Refused at the headers: a handler that takes a request stream need not wait for
-        # the message, so a caller without the token holds no thread.
-        self.deny = grpc.stream_unary_rpc_method_handler(
-            lambda requests, context: context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                                                    "missing or wrong bearer token"))
+        # the message.
+        self.deny = grpc.stream_unary_rpc_method_handler(_deny)
 
-    def intercept_service(self, continuation, details):
+    async def intercept_service(self, continuation, details):
         got = dict(details.invocation_metadata).get("authorization", "")
         if hmac.compare_digest(str(got).encode(), self.expected):
-            return continuation(details)
+            return await continuation(details)
         return self.deny
 
 
@@ -1276,6 +1352,8 @@ class CollectorServer:
         self.store: CollectorStore | None = None
         self.calls: _Calls | None = None
         self.server = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
         self.http_server: ThreadingHTTPServer | None = None
 
     @property
@@ -1295,28 +1373,19 @@ class CollectorServer:
                   file=sys.stderr, flush=True)
         self.store = CollectorStore(self.db_path, create=True, limits=self.limits)
         self.calls = _Calls(self.store)
-        server = grpc.server(futures.ThreadPoolExecutor(max_workers=self.calls.threads),
-                             interceptors=[_BearerToken(self.token)] if self.token else [],
-                             # past it a call is refused at its headers (RESOURCE_EXHAUSTED)
-                             maximum_concurrent_rpcs=self.calls.threads,
-                             options=[("grpc.max_receive_message_length",
-                                       self.limits.max_message_bytes),
-                                      ("grpc.so_reuseport", 0)])
-        server.add_generic_rpc_handlers(self.calls.handlers)
+        self._loop = asyncio.new_event_loop()
+        started: futures.Future = futures.Future()
+        self._thread = threading.Thread(target=self._serve, args=(started,), daemon=True,
+                                        name="collector-grpc")
+        self._thread.start()
         try:
-            bound = server.add_insecure_port(f"{self.host}:{self.port}")
-        except RuntimeError:
-            bound = 0
-        if not bound:
-            self.store.close()
-            raise OSError(f"cannot listen on {self.host}:{self.port}: is something else "
-                          "listening there? (use another port, or port 0 for a free one)")
-        self.port = bound
-        server.start()
-        self.server = server
+            self.port = started.result(timeout=60)
+        except BaseException:
+            self.stop()
+            raise
         if self.http_port is not None:
             try:
-                self.http_server = ThreadingHTTPServer((self.host, self.http_port),
+                self.http_server = _HTTPServer((self.host, self.http_port),
                                                        _http_handler(self.store, self.token))
             except OSError as err:
                 self.stop()
@@ -1327,14 +1396,54 @@ class CollectorServer:
             threading.Thread(target=self.http_server.serve_forever, daemon=True).start()
         return self
 
+    def _serve(self, started: futures.Future) -> None:
+        """The gRPC server's thread: its asyncio loop, until stop()."""
+        asyncio.set_event_loop(self._loop)
+        try:
+            self.server = self._loop.run_until_complete(self._start_grpc())
+        except BaseException as err:  # noqa: BLE001 (start() raises it)
+            started.set_exception(err)
+            return
+        started.set_result(self.port)
+        self._loop.run_forever()
+
+    async def _start_grpc(self):
+        server = grpc.aio.server(
+            interceptors=[_BearerToken(self.token)] if self.token else [],
+            # past it a call is refused at its headers (RESOURCE_EXHAUSTED)
+            maximum_concurrent_rpcs=self.limits.max_calls(),
+            options=[("grpc.max_receive_message_length", self.limits.max_message_bytes),
+                     ("grpc.so_reuseport", 0),
+                     # one connection cannot hold every call; an idle one is closed
+                     ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
+                     ("grpc.max_connection_idle_ms", CONNECTION_IDLE_S * 1000)])
+        server.add_generic_rpc_handlers(self.calls.handlers)
+        try:
+            bound = server.add_insecure_port(f"{self.host}:{self.port}")
+        except RuntimeError:
+            bound = 0
+        if not bound:
+            raise OSError(f"cannot listen on {self.host}:{self.port}: is something else "
+                          "listening there? (use another port, or port 0 for a free one)")
+        self.port = bound
+        await server.start()
+        return server
+
     def stop(self, grace_s: float = 2.0) -> None:
         if self.http_server is not None:
             self.http_server.shutdown()
             self.http_server.server_close()
             self.http_server = None
-        if self.server is not None:
-            self.server.stop(grace_s).wait()
-            self.server = None
+        if self._thread is not None:
+            if self.server is not None:
+                with contextlib.suppress(futures.TimeoutError):
+                    asyncio.run_coroutine_threadsafe(self.server.stop(grace_s),
+                                                     self._loop).result(grace_s + 10)
+                self.server = None
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._thread = None
+            self._loop.close()
         if self.calls is not None:
             self.calls.stop()
             self.calls = None

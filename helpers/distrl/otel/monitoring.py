@@ -127,6 +127,8 @@ class _Enum:
     def __init__(self, wrapper):
         self.__dict__.update(wrapper.items())
         self.Value, self.Name = wrapper.Value, wrapper.Name
+        self.names = {number: name for name, number in wrapper.items()}
+        self.type_name = wrapper.DESCRIPTOR.name
 
 
 Aligner = _Enum(_pb["Aggregation"].Aligner)
@@ -711,6 +713,12 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
     """Refuse what aggregate() does not answer, whether or not there is data (kind None: the
     metric type is unknown, so only the kind-independent rules apply)."""
     aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
+    # proto3 enums are open: a client can send any number, which .Name() cannot name.
+    for name, value, enum in (("per_series_aligner", aligner, Aligner),
+                              ("cross_series_reducer", reducer, Reducer)):
+        if value not in enum.names:
+            raise _invalid(f"{name} {value} is not a {enum.type_name}: expected one of "
+                           f"{', '.join(enum.names.values())}")
     if reducer != Reducer.REDUCE_NONE and reducer not in _REDUCERS:
         raise _unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
     if aligner == Aligner.ALIGN_NONE:
@@ -940,6 +948,14 @@ def _typed_value(message, value, value_type: int) -> None:
         d.bucket_options.explicit_buckets.bounds.extend(value.bounds)
         d.bucket_counts.extend(int(c) for c in value.counts)
     elif value_type == ValueType.INT64:
+        # An INT64 sum stays INT64 in Cloud Monitoring ("The value_type of the output is the
+        # same as the value_type of the input": googleapis' google/monitoring/v3/common.proto,
+        # Aggregation.Reducer.REDUCE_SUM; cloud.google.com/php/docs/reference/cloud-monitoring/
+        # latest/V3.Aggregation.Reducer).
+        if not INT64_MIN <= int(value) <= INT64_MAX:
+            raise Refused(grpc.StatusCode.OUT_OF_RANGE,
+                          f"an aggregated INT64 value ({int(value):.3e}) is beyond 64 bits; "
+                          "REDUCE_MEAN gives a DOUBLE")
         message.int64_value = int(value)
     elif value_type == ValueType.BOOL:
         message.bool_value = bool(value)
@@ -1252,16 +1268,21 @@ _READER: MetricService | None = None
 
 class _ReadDeadline:
     """What Budget and answer() ask of a gRPC context, in a reader process: the time left of
-    the call (the collector passes it), and abort() as a Refused."""
+    the call (the collector passes it), whether its client still waits (the collector sends
+    "cancel" down the pipe when it went away), and abort() as a Refused."""
 
-    def __init__(self, seconds: float):
+    def __init__(self, seconds: float, conn=None):
         self.end = time.monotonic() + seconds
+        self.conn, self.active, self.stop_after = conn, True, False
 
     def time_remaining(self) -> float:
         return max(0.0, self.end - time.monotonic())
 
     def is_active(self) -> bool:
-        return True  # a client that goes away is not seen here: the read ends at its deadline
+        if self.active and self.conn is not None and self.conn.poll(0):
+            message = self.conn.recv()  # "cancel", or None: the collector stops
+            self.active, self.stop_after = False, message is None
+        return self.active
 
     def abort(self, code: grpc.StatusCode, message: str):
         raise Refused(code, message)
@@ -1270,7 +1291,8 @@ class _ReadDeadline:
 def reader_main(conn, open_store: Callable[[], Any], nice: int) -> None:
     """A reader process (collector._Readers): at a lower priority, answers the calls that
     come through conn with answer_bytes until it gets None or conn closes. open_store (picklable:
-    the process is spawned) opens the collector's store read-only in this process."""
+    the process is spawned) opens the collector's store read-only in this process. A "cancel"
+    that arrives between reads was meant for the read before: it is dropped."""
     import os
 
     global _READER
@@ -1283,13 +1305,18 @@ def reader_main(conn, open_store: Callable[[], Any], nice: int) -> None:
             return
         if call is None:
             return
-        conn.send(answer_bytes(*call))
+        if call == "cancel":
+            continue
+        context = _ReadDeadline(call[2], conn)
+        conn.send(answer_bytes(*call[:2], context))
+        if context.stop_after:
+            return
 
 
-def answer_bytes(method: str, request: bytes, seconds: float) -> tuple[int, bytes | str]:
+def answer_bytes(method: str, request: bytes, context: _ReadDeadline) -> tuple[int, bytes | str]:
     """One MetricService call in a reader process: (0, the response's bytes), or (a gRPC
-    status code's number, its message)."""
-    context = _ReadDeadline(seconds)
+    status code's number, its message). No error ends the process: one this module did not
+    foresee is INTERNAL, naming it."""
     try:
         message = request_type(method).FromString(request) if method in ANSWERED else None
         return 0, answer(_READER, method, message, context).SerializeToString()
@@ -1297,3 +1324,5 @@ def answer_bytes(method: str, request: bytes, seconds: float) -> tuple[int, byte
         return err.code.value[0], str(err)
     except DecodeError as err:
         return grpc.StatusCode.INVALID_ARGUMENT.value[0], f"not a {method} request: {err}"
+    except Exception as err:  # noqa: BLE001 (a reader answers every call, and lives on)
+        return grpc.StatusCode.INTERNAL.value[0], f"the read failed: {err!r}"[:400]

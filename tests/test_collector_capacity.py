@@ -1,0 +1,282 @@
+"""What no client can take from the collector: exports keep their capacity beside any reads,
+a reader survives any request, one collector writes a database. Real collector processes, real
+gRPC, google-cloud-monitoring's own client."""
+
+import http.client
+import sqlite3
+import threading
+
+import grpc
+import psutil
+import pytest
+from google.api_core import exceptions as gexc
+from google.cloud import monitoring_v3
+from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+from opentelemetry.proto.metrics.v1 import metrics_pb2
+from test_collector import PREFIX, _gauges, _stall, _wide, kv, number, request
+
+from distrl.otel import explore
+from distrl.otel.collector import Limits, LocalCollector
+
+LIST_TIME_SERIES = "/google.monitoring.v3.MetricService/ListTimeSeries"
+
+
+def _readers(collector) -> list[psutil.Process]:
+    """The collector's reader processes (beside them, multiprocessing's resource tracker)."""
+    return [p for p in psutil.Process(collector.process.pid).children()
+            if "spawn_main" in " ".join(p.cmdline())]
+
+
+def _list_time_series(channel, **fields):
+    """A raw ListTimeSeries call, so that a request can carry what the client would refuse
+    to build (an enum number no Aligner has)."""
+    req = monitoring_v3.ListTimeSeriesRequest(
+        name="projects/local", filter=f'metric.type = "{PREFIX}big/gauge"',
+        interval={"start_time": {"seconds": 0}, "end_time": {"seconds": 10}})._pb
+    for name, value in fields.items():
+        setattr(req.aggregation, name, value)
+    call = channel.unary_unary(LIST_TIME_SERIES, request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=bytes)
+    return call, req
+
+
+@pytest.fixture
+def collector(tmp_path):
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        yield c
+
+
+def test_a_reader_answers_unknown_enums_and_an_int64_overflow_and_lives_on(collector):
+    """An aligner or reducer number the enum does not know, and a SUM of two INT64 gauges of
+    2**62, each killed the reader; the client's retries then spawned a reader a call. They are
+    INVALID_ARGUMENT and OUT_OF_RANGE now, answered by the same reader."""
+    big = metrics_pb2.Metric(name="big", gauge={"data_points": [
+        number(10**9, 2**62, [kv("s", string_value=s)]) for s in "ab"]})
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    stub.Export(request(big), timeout=10)
+    channel = grpc.insecure_channel(collector.endpoint.removeprefix("http://"))
+    try:
+        for field, value in (("per_series_aligner", 999), ("cross_series_reducer", 999)):
+            call, req = _list_time_series(channel)
+            req.aggregation.alignment_period.seconds = 60
+            req.aggregation.per_series_aligner = 10  # ALIGN_MAX, unless overwritten
+            setattr(req.aggregation, field, value)
+            with pytest.raises(grpc.RpcError) as err:
+                call(req, timeout=30)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, err.value
+            assert f"{field} 999 is not a" in err.value.details()
+        (reader,) = _readers(collector)
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+        summed = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}big/gauge"',
+                  "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}},
+                  "aggregation": {"alignment_period": {"seconds": 60},
+                                  "per_series_aligner": "ALIGN_MAX",
+                                  "cross_series_reducer": "REDUCE_SUM"}}
+        with pytest.raises(gexc.OutOfRange, match="beyond 64 bits"):
+            list(client.list_time_series(request=summed, timeout=30))
+        summed["aggregation"]["cross_series_reducer"] = "REDUCE_MAX"
+        [series] = client.list_time_series(request=summed, timeout=30)
+        assert series.points[0].value.int64_value == 2**62
+        assert [p.pid for p in _readers(collector)] == [reader.pid]  # none died
+    finally:
+        channel.close()
+
+
+def test_an_unforeseen_error_in_a_read_is_internal_and_the_reader_answers_the_next(
+        tmp_path, monkeypatch):
+    """answer_bytes, what a reader process runs for each call, with a fault no rule foresaw."""
+    from distrl.otel import monitoring
+    from distrl.otel.collector import CollectorStore
+
+    store = CollectorStore(tmp_path / "otel.db", create=True)
+    monkeypatch.setattr(monitoring, "_READER", monitoring.MetricService(store))
+    request = monitoring_v3.ListMetricDescriptorsRequest(name="projects/local")._pb
+    answered = monitoring.answer_bytes("ListMetricDescriptors", request.SerializeToString(),
+                                       monitoring._ReadDeadline(5))
+    assert answered[0] == 0
+    real = monitoring.answer
+    monkeypatch.setattr(monitoring, "answer", lambda *a: 1 // 0)
+    code, message = monitoring.answer_bytes("ListMetricDescriptors", request.SerializeToString(),
+                                            monitoring._ReadDeadline(5))
+    assert code == grpc.StatusCode.INTERNAL.value[0] and "ZeroDivisionError" in message
+    monkeypatch.setattr(monitoring, "answer", real)
+    assert monitoring.answer_bytes("ListMetricDescriptors", request.SerializeToString(),
+                                   monitoring._ReadDeadline(5))[0] == 0
+    store.close()
+
+
+def _light_read(client, timeout: float) -> int:
+    """The series of the small metric "light", through google-cloud-monitoring's client."""
+    return len(list(client.list_time_series(request={
+        "name": "projects/local", "filter": f'metric.type = "{PREFIX}light/gauge"',
+        "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}},
+        timeout=timeout)))
+
+
+def test_a_read_its_client_cancels_stops_in_the_reader(tmp_path):
+    """A cancelled read went on in its reader until its deadline, holding the reader (and a
+    server thread) for nothing. The reader now hears of it and is free at once: with one
+    reader, a read after the cancel is answered long before the cancelled one's 30 s."""
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_queries=1)) as c:
+        endpoint = c.endpoint.removeprefix("http://")
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        for t in range(1, 4):
+            stub.Export(_wide("many", range(20_000), t=t * 10**9), timeout=60)
+        stub.Export(_gauges("light", 3), timeout=10)
+        client = explore.Monitoring(endpoint=c.endpoint).client
+        assert _light_read(client, 60) == 3  # the reader is up
+        (reader,) = _readers(c)
+        channel = grpc.insecure_channel(endpoint)
+        call, req = _list_time_series(channel)
+        req.filter = f'metric.type = "{PREFIX}many/gauge"'
+        req.interval.end_time.seconds = 240
+        req.aggregation.alignment_period.seconds = 1
+        req.aggregation.per_series_aligner = monitoring_v3.Aggregation.Aligner.ALIGN_MEAN
+        req.aggregation.cross_series_reducer = monitoring_v3.Aggregation.Reducer.REDUCE_MEAN
+        req.aggregation.group_by_fields.append("metric.label.series")
+        busy = reader.cpu_times().user
+        future = call.future(req, timeout=60)
+        while reader.cpu_times().user < busy + 0.3:  # the reader is on it
+            assert not future.done(), future.exception()
+            threading.Event().wait(0.05)
+        future.cancel()
+        assert _light_read(client, 10) == 3
+        assert [p.pid for p in _readers(c)] == [reader.pid]  # stopped, not killed
+        channel.close()
+
+
+def _own_connection(endpoint: str):
+    """A channel with a connection of its own: gRPC shares one among a process's channels to
+    the same address, and the loads here stand for other processes."""
+    return grpc.insecure_channel(endpoint, options=[("grpc.use_local_subchannel_pool", 1)])
+
+
+def test_exports_keep_their_capacity_beside_looping_reads_stalled_calls_and_cancels(
+        collector):
+    """One pool of 18 threads served every call: 18 stalled calls let 5 of 238 exports in,
+    40 read loops 7 of 951, cancelled reads 38%. Every export must now be accepted at its
+    first try beside 30 read loops, 18 stalled calls reopened every 2 s and reads cancelled
+    10 ms after they start."""
+    endpoint = collector.endpoint.removeprefix("http://")
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+    stub.Export(_gauges("light", 5), timeout=10)
+    stop, errors, counts = threading.Event(), [], {"reads": 0, "refused": 0, "cancelled": 0}
+
+    def read_loop():
+        client = monitoring_v3.MetricServiceClient(
+            transport=monitoring_v3.services.metric_service.transports.MetricServiceGrpcTransport(
+                channel=_own_connection(endpoint)))
+        while not stop.is_set():
+            try:
+                _light_read(client, 30)
+                counts["reads"] += 1
+            except gexc.ResourceExhausted:
+                counts["refused"] += 1
+            except Exception as err:  # noqa: BLE001 - any other outcome fails the test
+                errors.append(repr(err))
+
+    def stall_loop():
+        channel = _own_connection(endpoint)
+        while not stop.is_set():
+            again = threading.Event()
+            calls = _stall(channel, again, 18)
+            stop.wait(2)
+            again.set()
+            for call in calls:
+                call.cancel()
+        channel.close()
+
+    def cancel_loop():
+        channel = _own_connection(endpoint)
+        while not stop.is_set():
+            call, req = _list_time_series(channel)
+            req.filter = f'metric.type = "{PREFIX}light/gauge"'
+            future = call.future(req, timeout=30)
+            stop.wait(0.01)
+            future.cancel()
+            counts["cancelled"] += 1
+        channel.close()
+
+    loads = ([threading.Thread(target=read_loop) for _ in range(30)]
+             + [threading.Thread(target=stall_loop), threading.Thread(target=cancel_loop)])
+    for thread in loads:
+        thread.start()
+    codes = []
+    try:
+        threading.Event().wait(2)  # every load running
+        for t in range(200):
+            try:
+                stub.Export(_gauges("beside", 20, t=100 + t), timeout=30)
+                codes.append("OK")
+            except grpc.RpcError as err:
+                codes.append(f"{err.code().name}: {err.details()}")
+    finally:
+        stop.set()
+        for thread in loads:
+            thread.join(60)
+    assert codes == ["OK"] * 200, {c: codes.count(c) for c in set(codes)}
+    assert errors == [] and counts["reads"] > 0 and counts["cancelled"] > 50, (errors, counts)
+    assert len(_readers(collector)) <= Limits().max_queries
+
+
+def test_one_collector_writes_a_database(tmp_path):
+    """Two collectors on one file refused each other's writes ("database is locked") on 8% of
+    exports, without a word. The second is now refused at its start, naming the first."""
+    with LocalCollector(tmp_path / "otel.db", port=0) as first:
+        holder = rf"being written by another collector \(pid {first.process.pid}\)"
+        with pytest.raises(OSError, match=holder):
+            LocalCollector(tmp_path / "otel.db", port=0).start()
+    with LocalCollector(tmp_path / "otel.db", port=0) as second:  # the first has gone
+        assert second.running
+
+
+def test_an_export_waits_for_another_writer_instead_of_failing(collector):
+    """A transaction that read before it wrote could not take the write lock from another
+    writer once that one had committed (SQLITE_BUSY_SNAPSHOT, which the busy timeout does not
+    retry). The writer's transactions take the lock up front."""
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    stub.Export(_gauges("first", 5), timeout=10)
+    other = sqlite3.connect(collector.db_path, isolation_level=None, timeout=30,
+                            check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")
+    other.execute("INSERT OR IGNORE INTO metric_labels VALUES ('elsewhere', 'key')")
+    threading.Timer(1.0, lambda: other.execute("COMMIT")).start()
+    stub.Export(_gauges("second", 5, t=20), timeout=30)
+    other.close()
+    assert len(collector.store().points(PREFIX + "second/gauge")) == 5
+
+
+def test_otlp_http_keeps_its_connection(tmp_path):
+    """OTLP/HTTP answered HTTP/1.0, so each export opened a connection (the listen backlog
+    was 5). Two exports now go over one HTTP/1.1 connection."""
+    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+        host, port = c.http_endpoint.removeprefix("http://").rsplit(":", 1)
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        for t in (10, 20):
+            conn.request("POST", "/v1/metrics", _gauges("kept", 3, t=t).SerializeToString(),
+                         {"Content-Type": "application/x-protobuf"})
+            response = conn.getresponse()
+            response.read()
+            assert response.status == 200 and response.version == 11
+        sock = conn.sock
+        assert sock is not None  # the same socket served both
+        conn.close()
+        assert len(c.store().points(PREFIX + "kept/gauge")) == 6
+
+
+def test_a_nan_attribute_is_refused_per_point_and_every_read_works(collector):
+    """A NaN attribute value was stored as JSON's NaN, which SQLite's json functions refuse:
+    every filtered read of its metric failed ("malformed JSON"). It is refused per point."""
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    points = [number(10, 1.0, [kv("x", double_value=float("nan"))]),
+              number(10, 2.0, [kv("x", double_value=float("inf"))]),
+              number(10, 3.0, [kv("x", double_value=0.5)])]
+    response = stub.Export(request(metrics_pb2.Metric(name="nan", gauge={"data_points": points})),
+                           timeout=10)
+    assert response.partial_success.rejected_data_points == 2
+    assert "NaN or infinite" in response.partial_success.error_message
+    [kept] = collector.store().points(PREFIX + "nan/gauge", where={"x": 0.5})
+    assert kept["value"] == 3.0
