@@ -178,7 +178,7 @@ def export_latencies(endpoint: str, exporters: int, seconds: float, queries: int
     for r in readers:
         r.start()
     if load:
-        time.sleep(3)  # the load is running before the exports start
+        time.sleep(min(3.0, seconds))  # the load is running before the exports start
     writers = [ctx.Process(target=exporter, args=(endpoint, i, seconds, out))
                for i in range(exporters)]
     for w in writers:
