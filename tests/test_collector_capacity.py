@@ -280,3 +280,77 @@ def test_a_nan_attribute_is_refused_per_point_and_every_read_works(collector):
     assert "NaN or infinite" in response.partial_success.error_message
     [kept] = collector.store().points(PREFIX + "nan/gauge", where={"x": 0.5})
     assert kept["value"] == 3.0
+
+
+def test_caps_on_buckets_and_labels_are_refused_per_point(collector):
+    """A point with a million exponential buckets took 1.5 GB past the printed memory bound;
+    attribute keys of 2.1 MB made every ListMetricDescriptors fail in the standard client.
+    Buckets, label keys and values, and keys a metric type has are capped, each refused per
+    point; the points beside them are stored."""
+    from distrl.otel.collector import MAX_BUCKETS, MAX_KEY_CHARS, MAX_LABEL_KEYS, MAX_VALUE_CHARS
+
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://"),
+                              options=[("grpc.max_send_message_length", 64 * 2**20)]))
+    wide = metrics_pb2.ExponentialHistogramDataPoint(
+        time_unix_nano=10, count=10**6, scale=0, positive={"offset": 0,
+                                                           "bucket_counts": [1] * 10**6})
+    fine = metrics_pb2.ExponentialHistogramDataPoint(
+        time_unix_nano=10, count=3, scale=0, positive={"offset": 0, "bucket_counts": [1, 2]},
+        attributes=[kv("ok", string_value="yes")])
+    exp = metrics_pb2.Metric(name="exp", exponential_histogram={
+        "aggregation_temporality": 1, "data_points": [wide, fine]})
+    response = stub.Export(request(exp), timeout=60)
+    assert response.partial_success.rejected_data_points == 1
+    assert f"1,000,001 buckets; at most {MAX_BUCKETS}" in response.partial_success.error_message
+
+    long_key = kv("k" * (2 * 2**20), string_value="v")
+    long_value = kv("v", string_value="x" * (MAX_VALUE_CHARS + 1))
+    points = [number(10, 1.0, [long_key]), number(10, 2.0, [long_value]),
+              number(10, 3.0, [kv("k", string_value="x" * MAX_VALUE_CHARS)])]
+    response = stub.Export(request(metrics_pb2.Metric(name="labels", gauge={
+        "data_points": points})), timeout=60)
+    assert response.partial_success.rejected_data_points == 2
+    assert f"characters; at most {MAX_KEY_CHARS}" in response.partial_success.error_message
+    # Keys a metric type has: the point that would add one past the cap is refused.
+    many = [number(20, float(i), [kv(f"key{i:03d}", int_value=i)]) for i in range(MAX_LABEL_KEYS)]
+    response = stub.Export(request(metrics_pb2.Metric(name="labels", gauge={
+        "data_points": many})), timeout=60)
+    assert response.partial_success.rejected_data_points == 1  # "k" was the first key
+    assert "label keys; at most" in response.partial_success.error_message
+    # A resource past the caps: its points are refused, the other resource's stored.
+    response = stub.Export(request(metrics_pb2.Metric(name="res", gauge={
+        "data_points": [number(10, 1.0)]}), resource=[long_value]), timeout=60)
+    assert response.partial_success.rejected_data_points == 1
+    assert "the resource's attribute 'v'" in response.partial_success.error_message
+
+    store = collector.store()
+    assert len(store.points(PREFIX + "exp/histogram")) == 1
+    assert len(store.points(PREFIX + "labels/gauge")) == 1 + MAX_LABEL_KEYS - 1
+    assert store.points(PREFIX + "res/gauge") == []
+    client = explore.Monitoring(endpoint=collector.endpoint).client
+    descriptors = list(client.list_metric_descriptors(
+        request={"name": "projects/local", "page_size": 1}, timeout=30))
+    labels = next(d for d in descriptors if d.type == PREFIX + "labels/gauge").labels
+    assert len(labels) == MAX_LABEL_KEYS
+
+
+def test_every_read_response_stays_under_a_client_s_4_mib(collector):
+    """Series whose labels are as large as the caps allow: a read of them all comes in pages,
+    each under the standard client's 4 MiB receive limit."""
+    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
+              for i in range(MAX_LABEL_KEYS - 1)]
+    for series in range(60):  # 60 x ~100 KB of labels: about 6 MB in all
+        point = number(10, float(series), [*labels, kv("series", int_value=series)][-MAX_LABEL_KEYS:])
+        stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
+                    timeout=30)
+    client = explore.Monitoring(endpoint=collector.endpoint).client
+    pages = client.list_time_series(request={
+        "name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
+        "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}, timeout=60).pages
+    sizes = [type(page).pb(page).ByteSize() for page in pages]
+    assert len(sizes) > 1 and max(sizes) < 4 * 2**20, sizes

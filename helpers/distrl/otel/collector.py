@@ -333,6 +333,31 @@ INT64_MAX = 2 ** 63 - 1  # SQLite's integers are signed 64-bit; OTLP's counts an
 # Exponential histogram scales OTLP allows (opentelemetry.io/docs/specs/otel/metrics/
 # data-model/#exponentialhistogram: "scale ... is restricted to the range [-10, 20]").
 EXPONENTIAL_SCALES = range(-10, 21)
+# Caps on what a metric point carries, each refused per point (partial_success). Cloud
+# Monitoring's own system limits, for comparison (cloud.google.com/monitoring/quotas): 200
+# histogram buckets per custom distribution metric, label keys of 100 characters and values of
+# 1,024, 30 labels per user-defined metric descriptor (Managed Service for Prometheus takes
+# more). The caps let every OpenTelemetry SDK default through (an exponential histogram keeps
+# up to 160 buckets a side) and bound any one series header, so that a read's response stays
+# under a client's 4 MiB (monitoring.MAX_RESPONSE_BYTES plus the largest header).
+MAX_BUCKETS = 1_000
+MAX_KEY_CHARS, MAX_VALUE_CHARS = 100, 1_024
+MAX_LABEL_KEYS = 100  # per metric type, and per resource
+
+
+def _check_labels(attributes: dict, what: str) -> None:
+    """InvalidPoint unless the attributes (parsed from attributes_json) keep the caps above."""
+    if len(attributes) > MAX_LABEL_KEYS:
+        raise InvalidPoint(f"{what} has {len(attributes):,} attributes; at most "
+                           f"{MAX_LABEL_KEYS}")
+    for key, value in attributes.items():
+        if len(key) > MAX_KEY_CHARS:
+            raise InvalidPoint(f"{what}'s attribute key {key[:40]!r}... has {len(key):,} "
+                               f"characters; at most {MAX_KEY_CHARS}")
+        text = value if isinstance(value, str) else json.dumps(value)
+        if len(text) > MAX_VALUE_CHARS:
+            raise InvalidPoint(f"{what}'s attribute {key[:40]!r} has a value of {len(text):,} "
+                               f"characters; at most {MAX_VALUE_CHARS}")
 
 
 def _check_point(p, *numbers: tuple[str, float]) -> None:
@@ -349,7 +374,13 @@ def _check_point(p, *numbers: tuple[str, float]) -> None:
             raise InvalidPoint(f"{label}={value} is not a finite number")
 
 
+def _check_buckets(buckets: int) -> None:
+    if buckets > MAX_BUCKETS:  # before anything is built for them
+        raise InvalidPoint(f"the histogram point has {buckets:,} buckets; at most {MAX_BUCKETS}")
+
+
 def _histogram_fields(p) -> tuple:
+    _check_buckets(max(len(p.bucket_counts), len(p.explicit_bounds) + 1))
     bounds, counts = list(p.explicit_bounds), list(p.bucket_counts)
     _check_point(p, ("count", p.count), *(("bucket count", c) for c in counts),
                  *(("bound", b) for b in bounds), *((f, getattr(p, f)) for f in
@@ -377,6 +408,7 @@ def _bounds_json(bounds: tuple) -> str:
 def _exponential_fields(p) -> tuple:
     if p.scale not in EXPONENTIAL_SCALES:
         raise InvalidPoint(f"exponential histogram scale {p.scale} is outside [-10, 20]")
+    _check_buckets(len(p.positive.bucket_counts) + len(p.negative.bucket_counts) + 1)
     _check_point(p, ("count", p.count), ("zero_count", p.zero_count),
                  *(("bucket count", c) for c in (*p.positive.bucket_counts,
                                                  *p.negative.bucket_counts)),
@@ -651,25 +683,43 @@ class CollectorStore:
         self._life_bounds.clear()
 
     def _labels(self, metric_type: str, attributes: str) -> None:
-        """Record the label keys of a point's attributes (once per attribute set)."""
+        """Record the label keys of a point's attributes (once per attribute set), or
+        InvalidPoint where they break a cap (_check_labels, MAX_LABEL_KEYS a metric type)."""
         key = f"{metric_type}\n{attributes}"
-        if self._labelled.get(key) is None:
-            self.conn.executemany("INSERT OR IGNORE INTO metric_labels VALUES (?, ?)",
-                                  [(metric_type, k) for k in json.loads(attributes)])
-            self._labelled.put(key, 1)
+        if self._labelled.get(key) is not None:
+            return
+        parsed = json.loads(attributes)
+        _check_labels(parsed, "the point")
+        known = {row[0] for row in self.conn.execute(
+            "SELECT key FROM metric_labels WHERE metric_type = ?", (metric_type,))}
+        new = parsed.keys() - known
+        if len(known) + len(new) > MAX_LABEL_KEYS:
+            raise InvalidPoint(f"its attributes would give the metric {len(known) + len(new):,} "
+                               f"label keys; at most {MAX_LABEL_KEYS}")
+        self.conn.executemany("INSERT OR IGNORE INTO metric_labels VALUES (?, ?)",
+                              [(metric_type, k) for k in new])
+        self._labelled.put(key, 1)
 
     def _insert_metrics(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
         for rm in request.resource_metrics:
-            rid = self.resource_id(attributes_json(rm.resource.attributes))
+            resource = attributes_json(rm.resource.attributes)
+            try:
+                _check_labels(json.loads(resource), "the resource")
+            except InvalidPoint as err:
+                refused = sum(len(getattr(m, m.WhichOneof("data")).data_points) if
+                              m.WhichOneof("data") else 1 for sm in rm.scope_metrics
+                              for m in sm.metrics)
+                rejected += refused
+                error = error or f"{refused} points: {err}"[:MAX_ERROR_CHARS]
+                continue
+            rid = self.resource_id(resource)
             for sm in rm.scope_metrics:
                 scope = sm.scope.name
                 for metric in sm.metrics:
                     bad, msg = self._metric_rows(metric, rid, scope, rows)
                     rejected += bad
                     error = error or msg
-        for row in rows:
-            self._labels(row[0], row[2])
         before = self.conn.total_changes
         self.conn.executemany(
             "INSERT OR IGNORE INTO points (metric_type, resource_id, attributes, "
@@ -736,10 +786,10 @@ class CollectorStore:
         rejected, error = 0, ""
         for i, p in enumerate(points):
             try:
+                attributes = attributes_json(p.attributes)
                 if kind == "histogram":
                     extra = (_histogram_fields(p) if data == "histogram"
                              else _exponential_fields(p))
-                    attributes = attributes_json(p.attributes)
                     if data == "histogram" and temporality == 2:
                         self._check_life_bounds(metric_type, rid, scope, attributes, p,
                                                 extra[4])
@@ -751,11 +801,12 @@ class CollectorStore:
                         raise InvalidPoint(f"a double value ({p.as_double!r}) on a metric whose "
                                            "points are integers (INT64, from its first point)")
                     _check_point(p, ("value", None if which == "as_int" else p.as_double))
-                    row = (metric_type, rid, attributes_json(p.attributes), temporality,
+                    row = (metric_type, rid, attributes, temporality,
                            p.start_time_unix_nano, p.time_unix_nano,
                            float(p.as_int) if which == "as_int" else p.as_double,
                            p.as_int if which == "as_int" else None,
                            None, None, None, None, None, None, None, scope)
+                self._labels(metric_type, attributes)  # last: only a stored point's keys
             except (InvalidPoint, ValueError, OverflowError, TypeError) as err:
                 rejected += 1
                 error = error or _refusal(name, i, p, err)
