@@ -800,3 +800,29 @@ def test_the_local_collector_copies_cloud_monitorings_not_found_for_the_seeds_na
         "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge" AND '
                   'metric.labels."rl.run.id" = "r1"'}).pages)
     assert list(page.time_series) and not page.execution_errors
+
+
+def test_a_percentile_across_series_with_disjoint_bounds(tmp_path):
+    """REDUCE_PERCENTILE_99 over two series whose buckets share no bound answered 0: they were
+    summed onto their shared bounds (none), one bucket from 0. Each bucket is now spread over
+    the union of the bounds: r1's 100 values in [1, 2), r2's 100 in [10, 20)."""
+    def hist(run, bounds, counts):
+        m = metrics_pb2.Metric(name="rl.loop.duration", unit="ms")
+        m.histogram.aggregation_temporality = 1  # delta
+        m.histogram.data_points.add(attributes=_series_attrs(run, "CartPole-v1"),
+                                    start_time_unix_nano=T0, time_unix_nano=T0 + 10 * S,
+                                    count=sum(counts), sum=1.0, explicit_bounds=bounds,
+                                    bucket_counts=counts)
+        return m
+
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [hist("r1", [1.0, 2.0], [0, 100, 0]),
+                                    hist("r2", [10.0, 20.0], [0, 100, 0])]), timeout=10)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        for reducer, expected in [("REDUCE_PERCENTILE_99", 19.8), ("REDUCE_PERCENTILE_50", 2.0),
+                                  ("REDUCE_PERCENTILE_05", 1.1)]:
+            [series] = _list(mon, "rl.loop.duration/histogram", end_s=60,
+                             aggregation=_agg(60, "ALIGN_SUM", reducer))
+            assert _pts(series) == [(60, pytest.approx(expected))], reducer

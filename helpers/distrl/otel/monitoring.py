@@ -654,8 +654,7 @@ def _period_value(s: Series, op, lo: int, hi: int):
     if op == "count":
         return len(values)
     if isinstance(op, float):
-        merged = _total(values)
-        return merged.percentile(op) if merged.count else None
+        return _percentile_of(values, op)
     return {"mean": lambda: float(np.mean(values)), "min": lambda: min(values),
             "max": lambda: max(values)}[op]()
 
@@ -677,6 +676,37 @@ def _total(values: list):
     return functools.reduce(operator.add, values)
 
 
+def _percentile_of(dists: list[Dist], q: float) -> float | None:
+    """The q-quantile of distributions together (None: no values). With one set of bounds,
+    that of their sum. Otherwise over the union of their bounds, each bucket's count spread
+    evenly across the finer buckets it covers (bucket_percentile's own assumption inside a
+    bucket): summing onto the bounds they share lost the buckets, and with none shared
+    answered 0."""
+    if sum(d.count for d in dists) == 0:
+        return None
+    if all(d.bounds == dists[0].bounds for d in dists):
+        return _total(dists).percentile(q)
+    grid = sorted(set().union(*(d.bounds for d in dists)))
+    edges = np.array([0.0, *grid])  # grid bucket j is [edges[j], edges[j + 1]); the last open
+    counts = np.zeros(len(grid) + 1)
+    for d in dists:
+        lows = [0.0, *d.bounds]
+        for i, count in enumerate(d.counts):
+            if not count:
+                continue
+            if i == len(d.bounds):  # the overflow bucket, reported at its lower bound
+                counts[grid.index(d.bounds[-1]) + 1 if d.bounds else 0] += count
+                continue
+            lo, hi = lows[i], d.bounds[i]
+            if hi <= lo:  # a first bound at or below 0: no width to spread over
+                counts[grid.index(hi)] += count
+                continue
+            overlap = np.clip(np.minimum(np.append(edges[1:], np.inf), hi)
+                              - np.maximum(edges, lo), 0.0, None)
+            counts += count * overlap / (hi - lo)
+    return bucket_percentile(grid, list(counts), q)
+
+
 def _reduce(op, values: list):
     if op == "count":
         return len(values)
@@ -686,7 +716,8 @@ def _reduce(op, values: list):
             return merged
         if op == "mean":
             return merged.sum / merged.count if merged.count else math.nan
-        return merged.percentile(op)
+        percentile = _percentile_of(values, op)
+        return math.nan if percentile is None else percentile
     if op == "sum":
         return sum(values)
     if op == "mean":
