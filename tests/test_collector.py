@@ -637,7 +637,7 @@ def test_reads_hold_no_more_memory_than_the_limits_print(tmp_path):
 ODD_LIMITS = Limits(max_message_bytes=3 * MiB + 1, max_exports=3, max_queries=1,
                     cache_bytes=5 * MiB, page_cache_bytes=1, max_rows_scanned=10,
                     max_read_bytes=30 * MiB, max_metric_types=40, max_series_periods=20,
-                    max_query_s=7.5)
+                    max_query_s=7.5, max_wal_bytes=9 * MiB)
 
 
 def test_every_limit_is_an_option_of_the_collector_command():

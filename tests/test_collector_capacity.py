@@ -16,7 +16,7 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 from test_collector import PREFIX, _gauges, _stall, _wide, kv, number, request
 
 from distrl.otel import explore
-from distrl.otel.collector import Limits, LocalCollector
+from distrl.otel.collector import Limits, LocalCollector, MiB
 
 LIST_TIME_SERIES = "/google.monitoring.v3.MetricService/ListTimeSeries"
 
@@ -354,3 +354,53 @@ def test_every_read_response_stays_under_a_client_s_4_mib(collector):
         "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}, timeout=60).pages
     sizes = [type(page).pb(page).ByteSize() for page in pages]
     assert len(sizes) > 1 and max(sizes) < 4 * 2**20, sizes
+
+
+def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):
+    """Three ingesting clients beside three looping readers grew the WAL to 771 MB in 60 s:
+    overlapping read snapshots kept SQLite from ever resetting it. Past max_wal_bytes the
+    writer checkpoints and truncates it."""
+    limit = 2 * MiB
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_wal_bytes=limit)) as c:
+        endpoint = c.endpoint.removeprefix("http://")
+        wal = tmp_path / "otel.db-wal"
+        stop, sizes, codes = threading.Event(), [], []
+
+        def ingest(k):
+            stub = metrics_service_pb2_grpc.MetricsServiceStub(_own_connection(endpoint))
+            t = 0
+            while not stop.is_set():
+                t += 1
+                try:
+                    stub.Export(_wide(f"wal{k}", range(2_000), t=t * 10**9), timeout=30)
+                except grpc.RpcError as err:
+                    codes.append(err.code().name)
+
+        def read_loop():
+            client = monitoring_v3.MetricServiceClient(
+                transport=monitoring_v3.services.metric_service.transports
+                .MetricServiceGrpcTransport(channel=_own_connection(endpoint)))
+            while not stop.is_set():
+                list(client.list_time_series(request={
+                    "name": "projects/local", "filter": f'metric.type = "{PREFIX}wal0/gauge"',
+                    "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 10**6}}},
+                    timeout=30))
+
+        threads = ([threading.Thread(target=ingest, args=(k,)) for k in range(3)]
+                   + [threading.Thread(target=read_loop) for _ in range(3)])
+        for thread in threads:
+            thread.start()
+        try:
+            for _ in range(60):  # 15 s
+                threading.Event().wait(0.25)
+                sizes.append(wal.stat().st_size if wal.exists() else 0)
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+        written = sum(len(c.store().points(PREFIX + f"wal{k}/gauge")) for k in range(3))
+    assert codes == [] and written > 100_000, (codes, written)
+    # Bounded: never more than the limit and what a few seconds of ingest add before the
+    # writer's next look (WAL_CHECK_S), where it grew without end before.
+    assert max(sizes) < 12 * limit, str([s // MiB for s in sizes])
+    assert min(sizes[len(sizes) // 2:]) < 2 * limit, [s // MiB for s in sizes]

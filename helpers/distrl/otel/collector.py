@@ -107,11 +107,14 @@ class Limits:
     """series x alignment periods of one ListTimeSeries"""
     max_query_s: float = 30.0
     """a read's own deadline in seconds (the client's, when shorter)"""
+    max_wal_bytes: int = 64 * MiB
+    """write-ahead log size past which the writer checkpoints and truncates it (readers'
+    overlapping snapshots otherwise keep it growing)"""
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
                      "page_cache_bytes", "max_rows_scanned", "max_read_bytes", "max_metric_types",
-                     "max_series_periods"):
+                     "max_series_periods", "max_wal_bytes"):
             value, most = getattr(self, name), LIMIT_MAXIMA.get(name, 2**62)
             if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
                 if name.endswith("_bytes") and isinstance(value, (int, float)):
@@ -314,6 +317,9 @@ class StorageUnavailable(Exception):
 
 # How long an Export waits for the commit holding its rows before it is answered UNAVAILABLE.
 COMMIT_WAIT_S = 20.0
+# How often the writer looks at the WAL's size, and how long a checkpoint past max_wal_bytes
+# waits for readers still on the log (exports wait meanwhile).
+WAL_CHECK_S, WAL_WAIT_MS = 0.1, 500
 # OpenTelemetry's instrument names: "a maximum length of 255 characters"
 # (opentelemetry.io/docs/specs/otel/metrics/api/#instrument-name-syntax).
 MAX_NAME_CHARS = 255
@@ -532,6 +538,8 @@ class CollectorStore:
         self._descriptors = BoundedCache(self.limits.cache_bytes // 8)  # type -> value type
         self._life_bounds = BoundedCache(self.limits.cache_bytes // 8)  # cumulative bounds
         self._jobs: queue.Queue = queue.Queue()
+        self._wal_path, self._wal_checked = self.path.with_name(self.path.name + "-wal"), 0.0
+        self.interrupt_reads = None  # a multiprocessing Event: _Calls gives its readers
         self._writer = None
         if create:
             self._writer = threading.Thread(target=self._write_loop, daemon=True,
@@ -638,8 +646,48 @@ class CollectorStore:
             jobs = [job for job in jobs if job is not None]
             if jobs:
                 self._commit(jobs)
+                self._bound_wal()
             if stop:
                 return
+
+    def _bound_wal(self) -> None:
+        """Past max_wal_bytes, at most once a WAL_CHECK_S: checkpoint the log and truncate it
+        (sqlite.org/pragma.html#pragma_wal_checkpoint, TRUNCATE). A reader whose snapshot
+        is in the log holds that up; the writer waits for it up to WAL_WAIT_MS, else goes on
+        (SQLITE_BUSY) and tries again later. Readers that start once the log is all copied
+        read the database file alone. Past 4 x max_wal_bytes, the reads still on the log are
+        stopped through interrupt_reads (an event the reader processes watch)."""
+        now = time.monotonic()
+        if now < self._wal_checked + WAL_CHECK_S:
+            return
+        self._wal_checked = now
+        try:
+            size = self._wal_path.stat().st_size
+        except OSError:
+            return
+        if size <= self.limits.max_wal_bytes:
+            return
+        if not self._truncate_wal() and size > 4 * self.limits.max_wal_bytes:
+            # Reads longer than the log takes to fill: they stop (UNAVAILABLE, which the
+            # client retries) while the log is truncated.
+            if self.interrupt_reads is not None:
+                self.interrupt_reads.set()
+            try:
+                self._truncate_wal()
+            finally:
+                if self.interrupt_reads is not None:
+                    self.interrupt_reads.clear()
+
+    def _truncate_wal(self) -> bool:
+        """One TRUNCATE checkpoint, waiting WAL_WAIT_MS at most; whether it got through."""
+        self.conn.execute(f"PRAGMA busy_timeout = {WAL_WAIT_MS}")
+        try:
+            busy, _, _ = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+            return not busy
+        except sqlite3.Error:
+            return False
+        finally:
+            self.conn.execute("PRAGMA busy_timeout = 30000")  # sqlite3.connect's timeout=30
 
     def _commit(self, jobs: list) -> None:
         """One transaction for the jobs, a savepoint each: a request that fails half-way
@@ -1005,6 +1053,10 @@ class _Readers:
         self.db_path, self.limits = str(db_path.resolve()), limits
         self.idle: asyncio.Queue | None = None  # made on the loop
         self.started, self.waiting, self.all = 0, 0, []
+        import multiprocessing
+
+        # Set by the writer while it truncates a log that reads keep growing (_bound_wal).
+        self.interrupt = multiprocessing.get_context("spawn").Event()
         self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
 
     async def _turn(self) -> _Reader | None:
@@ -1036,7 +1088,8 @@ class _Readers:
         conn, child = context.Pipe()
         process = context.Process(target=monitoring.reader_main, daemon=True,
                                   args=(child, functools.partial(CollectorStore, self.db_path,
-                                                                 limits=self.limits), READ_NICE),
+                                                                 limits=self.limits), READ_NICE,
+                                        self.interrupt),
                                   name="collector-reader")
         process.start()
         child.close()
@@ -1129,6 +1182,7 @@ class _Calls:
         self.writers = futures.ThreadPoolExecutor(limits.max_exports,
                                                   thread_name_prefix="collector-export")
         self.readers = _Readers(store.path, limits)
+        store.interrupt_reads = self.readers.interrupt
         otlp = {
             "opentelemetry.proto.collector.metrics.v1.MetricsService": (
                 metrics_service_pb2.ExportMetricsServiceRequest, "metrics", store.write_metrics),

@@ -441,6 +441,9 @@ class Budget:
         return self.cancelled or time.monotonic() > self.deadline
 
     def refusal(self) -> Refused:
+        if getattr(self.context, "interrupted", False):
+            return Refused(grpc.StatusCode.UNAVAILABLE, "the collector is truncating its "
+                           "write-ahead log; retry")
         if self.cancelled:
             return Refused(grpc.StatusCode.CANCELLED, "the client stopped waiting")
         return Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -1302,14 +1305,17 @@ class _ReadDeadline:
     the call (the collector passes it), whether its client still waits (the collector sends
     "cancel" down the pipe when it went away), and abort() as a Refused."""
 
-    def __init__(self, seconds: float, conn=None):
+    def __init__(self, seconds: float, conn=None, interrupt=None):
         self.end = time.monotonic() + seconds
         self.conn, self.active, self.stop_after = conn, True, False
+        self.interrupt, self.interrupted = interrupt, False
 
     def time_remaining(self) -> float:
         return max(0.0, self.end - time.monotonic())
 
     def is_active(self) -> bool:
+        if self.active and self.interrupt is not None and self.interrupt.is_set():
+            self.active, self.interrupted = False, True  # the writer truncates its log
         if self.active and self.conn is not None and self.conn.poll(0):
             message = self.conn.recv()  # "cancel", or None: the collector stops
             self.active, self.stop_after = False, message is None
@@ -1319,7 +1325,7 @@ class _ReadDeadline:
         raise Refused(code, message)
 
 
-def reader_main(conn, open_store: Callable[[], Any], nice: int) -> None:
+def reader_main(conn, open_store: Callable[[], Any], nice: int, interrupt=None) -> None:
     """A reader process (collector._Readers): at a lower priority, answers the calls that
     come through conn with answer_bytes until it gets None or conn closes. open_store (picklable:
     the process is spawned) opens the collector's store read-only in this process. A "cancel"
@@ -1338,7 +1344,7 @@ def reader_main(conn, open_store: Callable[[], Any], nice: int) -> None:
             return
         if call == "cancel":
             continue
-        context = _ReadDeadline(call[2], conn)
+        context = _ReadDeadline(call[2], conn, interrupt)
         conn.send(answer_bytes(*call[:2], context))
         if context.stop_after:
             return
