@@ -37,6 +37,7 @@ import dataclasses
 import functools
 import hmac
 import ipaddress
+import itertools
 import json
 import math
 import os
@@ -1022,8 +1023,8 @@ READ_QUEUE, READ_TURN_S, READER_START_S, READER_CANCEL_S = 32, 10.0, 60.0, 5.0
 
 
 class _Reader:
-    def __init__(self, process, conn):
-        self.process, self.conn = process, conn
+    def __init__(self, process, conn, reader_id: int):
+        self.process, self.conn, self.id = process, conn, reader_id
         self.ready = False  # it has answered once: its imports are done
 
 
@@ -1045,26 +1046,41 @@ class _Readers:
     """The processes that answer MetricService reads (monitoring.reader_main): up to
     max_queries, each started at its first read and kept, one read at a time each. Up to
     READ_QUEUE reads wait READ_TURN_S for a free one (a coroutine each, no thread), more are
-    answered RESOURCE_EXHAUSTED at once. A read whose client goes away tells its reader, which
+    answered RESOURCE_EXHAUSTED at once. A page token names the reader that keeps its result,
+    and the next page goes to that one. A read whose client goes away tells its reader, which
     stops at its next check; one that outlives its deadline, or whose process died, ends with
     its process, and a new one takes its place at the next read. Runs on the server's loop."""
 
     def __init__(self, db_path: Path, limits: Limits):
         self.db_path, self.limits = str(db_path.resolve()), limits
-        self.idle: asyncio.Queue | None = None  # made on the loop
+        self.idle: list[_Reader] = []
+        self.freed: asyncio.Condition | None = None  # made on the loop
         self.started, self.waiting, self.all = 0, 0, []
+        self.ids = itertools.count()
         import multiprocessing
 
         # Set by the writer while it truncates a log that reads keep growing (_bound_wal).
         self.interrupt = multiprocessing.get_context("spawn").Event()
         self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
 
-    async def _turn(self) -> _Reader | None:
-        if self.idle is None:
-            self.idle = asyncio.Queue()
-        if not self.idle.empty():
-            return self.idle.get_nowait()
-        if self.started < self.limits.max_queries:
+    def _take(self, prefer: int | None) -> _Reader | None:
+        """An idle reader: the one that holds the pages of a page token (prefer) while it
+        lives, else any; None when there is none to take now."""
+        if any(r.id == prefer for r in self.all):
+            ours = [r for r in self.idle if r.id == prefer]
+            if ours:
+                self.idle.remove(ours[0])
+            return ours[0] if ours else None
+        return self.idle.pop() if self.idle else None
+
+    async def _turn(self, prefer: int | None = None) -> _Reader | None:
+        if self.freed is None:
+            self.freed = asyncio.Condition()
+        reader = self._take(prefer)
+        if reader is not None:
+            return reader
+        if self.started < self.limits.max_queries and not any(r.id == prefer
+                                                               for r in self.all):
             self.started += 1
             try:  # spawning takes tens of ms: not on the loop
                 return await asyncio.get_running_loop().run_in_executor(None, self._start)
@@ -1075,25 +1091,41 @@ class _Readers:
             return None
         self.waiting += 1
         try:
-            return await asyncio.wait_for(self.idle.get(), READ_TURN_S)
-        except TimeoutError:
-            return None
+            async with self.freed:
+                await asyncio.wait_for(self.freed.wait_for(
+                    lambda: self._ready_for(prefer)), READ_TURN_S)
+                return self._take(prefer)
+        except TimeoutError:  # the one with the pages stays busy: any other recomputes them
+            return self._take(None)
         finally:
             self.waiting -= 1
+
+    def _ready_for(self, prefer: int | None) -> bool:
+        if any(r.id == prefer for r in self.all):
+            return any(r.id == prefer for r in self.idle)
+        return bool(self.idle)
+
+    async def _free(self, reader: _Reader | None = None) -> None:
+        """The reader is idle again (None: one ended); waiting reads look again."""
+        if reader is not None:
+            self.idle.append(reader)
+        async with self.freed:
+            self.freed.notify_all()
 
     def _start(self) -> _Reader:
         import multiprocessing
 
         context = multiprocessing.get_context("spawn")  # a fork would copy gRPC's threads
         conn, child = context.Pipe()
+        reader_id = next(self.ids)
         process = context.Process(target=monitoring.reader_main, daemon=True,
                                   args=(child, functools.partial(CollectorStore, self.db_path,
                                                                  limits=self.limits), READ_NICE,
-                                        self.interrupt),
+                                        self.interrupt, reader_id),
                                   name="collector-reader")
         process.start()
         child.close()
-        reader = _Reader(process, conn)
+        reader = _Reader(process, conn, reader_id)
         self.all.append(reader)
         return reader
 
@@ -1103,9 +1135,10 @@ class _Readers:
         reader.conn.close()
         self.started -= 1
         self.all.remove(reader)
+        asyncio.get_running_loop().create_task(self._free())  # reads that waited for it
 
     async def answer(self, method: str, request: bytes, context):
-        reader = await self._turn()
+        reader = await self._turn(monitoring.token_reader(method, request))
         if reader is None:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.limits.max_queries} queries are running and "
@@ -1119,7 +1152,7 @@ class _Readers:
             if await _answer_ready(reader, seconds + 5 + (0 if reader.ready else READER_START_S)):
                 code, payload = reader.conn.recv()
                 reader.ready = True
-                self.idle.put_nowait(reader)
+                await self._free(reader)
             else:
                 self._end(reader)
                 code, payload = (grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
@@ -1146,7 +1179,7 @@ class _Readers:
                                                               READER_START_S)):
                 reader.conn.recv()
                 reader.ready = True
-                self.idle.put_nowait(reader)
+                await self._free(reader)
                 return
         except (EOFError, OSError):
             pass

@@ -929,9 +929,29 @@ def _page(request) -> tuple[int, str]:
     return offset, result
 
 
+# This reader process's number (collector._Readers): a page token of a kept result names it.
+_READER_ID: int | None = None
+
+
 def _page_token(request, offset: int, result: str = "") -> str:
-    token = json.dumps({"offset": offset, "request": _fingerprint(request), "result": result})
-    return base64.urlsafe_b64encode(token.encode()).decode()
+    token = {"offset": offset, "request": _fingerprint(request), "result": result}
+    if result and _READER_ID is not None:
+        token["reader"] = _READER_ID
+    return base64.urlsafe_b64encode(json.dumps(token).encode()).decode()
+
+
+def token_reader(method: str, request: bytes) -> int | None:
+    """The reader a request's page token names (None: no token, or none named), for the
+    collector to send the next page where the result is kept. Anything malformed is None: the
+    reader that takes the call refuses it."""
+    if method not in ("ListTimeSeries", "ListMetricDescriptors"):
+        return None
+    try:
+        token = request_type(method).FromString(request).page_token
+        reader = json.loads(base64.urlsafe_b64decode(token.encode())).get("reader") if token else None
+    except Exception:  # noqa: BLE001 - see the docstring
+        return None
+    return reader if isinstance(reader, int) else None
 
 
 class PageCache:
@@ -1325,14 +1345,16 @@ class _ReadDeadline:
         raise Refused(code, message)
 
 
-def reader_main(conn, open_store: Callable[[], Any], nice: int, interrupt=None) -> None:
+def reader_main(conn, open_store: Callable[[], Any], nice: int, interrupt=None,
+                reader_id: int | None = None) -> None:
     """A reader process (collector._Readers): at a lower priority, answers the calls that
     come through conn with answer_bytes until it gets None or conn closes. open_store (picklable:
     the process is spawned) opens the collector's store read-only in this process. A "cancel"
     that arrives between reads was meant for the read before: it is dropped."""
     import os
 
-    global _READER
+    global _READER, _READER_ID
+    _READER_ID = reader_id
     os.nice(nice)
     _READER = MetricService(open_store())
     while True:
