@@ -459,3 +459,58 @@ def _heavy(client, timeout: float):
         "aggregation": {"alignment_period": {"seconds": 1}, "per_series_aligner": "ALIGN_MEAN",
                         "cross_series_reducer": "REDUCE_MEAN",
                         "group_by_fields": ["metric.label.series"]}}, timeout=timeout)
+
+
+def test_points_that_end_before_they_start_or_far_ahead_are_refused(collector):
+    """A point whose start is after its time, or one 100 years ahead, was stored without a
+    word (and the far one sat at the end of every read)."""
+    import time
+
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    now = time.time_ns()
+    points = [number(now, 1.0, start=now + 10**9), number(now + 100 * 365 * 86400 * 10**9, 2.0),
+              number(now, 3.0, start=now - 10**9)]
+    counter = metrics_pb2.Metric(name="times", sum={
+        "is_monotonic": True, "aggregation_temporality": 2, "data_points": points})
+    response = stub.Export(request(counter), timeout=10)
+    assert response.partial_success.rejected_data_points == 2
+    assert "is after time_unix_nano" in response.partial_success.error_message
+    assert [p["value"] for p in collector.store().points(PREFIX + "times/counter")] == [3.0]
+
+
+def test_spans_stream_in_constant_memory(tmp_path):
+    """CollectorStore.spans() loaded every span (1.5 GB for a million); iter_spans streams
+    them, and explore's trace tables read through it."""
+    import tracemalloc
+
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    from distrl.otel.collector import CollectorStore
+
+    store = CollectorStore(tmp_path / "otel.db", create=True)
+    try:
+        for batch in range(4):
+            spans = [trace_pb2.Span(name="step", trace_id=(batch * 5000 + i + 1).to_bytes(16),
+                                    span_id=b"\x01" * 8, start_time_unix_nano=i + 1,
+                                    end_time_unix_nano=i + 2,
+                                    attributes=[kv("detail", string_value="x" * 200)])
+                     for i in range(5000)]
+            store.write_spans(trace_service_pb2.ExportTraceServiceRequest(resource_spans=[
+                trace_pb2.ResourceSpans(scope_spans=[trace_pb2.ScopeSpans(spans=spans)])]))
+
+        def peak(read) -> tuple[int, int]:
+            tracemalloc.start()
+            try:
+                count = read()
+                return count, tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+
+        listed, listed_peak = peak(lambda: len(store.spans()))
+        streamed, streamed_peak = peak(lambda: sum(1 for _ in store.iter_spans()))
+    finally:
+        store.close()
+    assert listed == streamed == 20_000
+    assert streamed_peak * 20 < listed_peak, (streamed_peak, listed_peak)

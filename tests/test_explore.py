@@ -37,6 +37,9 @@ class FakeStore:
     def spans(self, trace_id=None):
         return [s for s in self._spans if trace_id in (None, s["trace_id"])]
 
+    def iter_spans(self, trace_id=None):
+        return iter(self.spans(trace_id))
+
 
 def point(instance, t, attrs=None, **fields):
     return {"resource": {"service.instance.id": instance}, "attributes": attrs or {},

@@ -340,6 +340,10 @@ INT64_MAX = 2 ** 63 - 1  # SQLite's integers are signed 64-bit; OTLP's counts an
 # Exponential histogram scales OTLP allows (opentelemetry.io/docs/specs/otel/metrics/
 # data-model/#exponentialhistogram: "scale ... is restricted to the range [-10, 20]").
 EXPONENTIAL_SCALES = range(-10, 21)
+# A point this far ahead of the collector's clock is refused: a clock that wrong, or a unit
+# mistake (microseconds for nanoseconds is 1,000 times ahead), would sit at the end of every
+# read. (This bound is the collector's own; clocks of one machine agree far better.)
+FUTURE_NS = 24 * 3600 * 10**9
 # Caps on what a metric point carries, each refused per point (partial_success). Cloud
 # Monitoring's own system limits, for comparison (cloud.google.com/monitoring/quotas): 200
 # histogram buckets per custom distribution metric, label keys of 100 characters and values of
@@ -373,6 +377,13 @@ def _check_point(p, *numbers: tuple[str, float]) -> None:
     for field in ("start_time_unix_nano", "time_unix_nano"):
         if getattr(p, field) > INT64_MAX:
             raise InvalidPoint(f"{field}={getattr(p, field)} is above 2^63-1")
+    if p.start_time_unix_nano > p.time_unix_nano:  # 0: no start (gauges)
+        raise InvalidPoint(f"start_time_unix_nano={p.start_time_unix_nano} is after "
+                           f"time_unix_nano={p.time_unix_nano}: an interval cannot end before "
+                           "it starts")
+    if p.time_unix_nano > time.time_ns() + FUTURE_NS:
+        raise InvalidPoint(f"time_unix_nano={p.time_unix_nano} is more than a day ahead of "
+                           "the collector's clock")
     for label, value in numbers:
         if isinstance(value, int):
             if not 0 <= value <= INT64_MAX:
@@ -983,15 +994,20 @@ class CollectorStore:
         return rows
 
     def spans(self, trace_id: str | None = None) -> list[dict]:
+        """The spans of one trace (or of the store), oldest first, as a list; iter_spans
+        streams them instead (a store of a long run holds millions)."""
+        return list(self.iter_spans(trace_id))
+
+    def iter_spans(self, trace_id: str | None = None):
+        """The spans, oldest first, one at a time: what spans() lists, in constant memory."""
         sql = ("SELECT s.*, r.attributes AS resource FROM spans s JOIN resources r ON "
                "r.id = s.resource_id")
-        rows = self.query(sql + (" WHERE trace_id = ?" if trace_id else "") + " ORDER BY start_ns",
-                          (trace_id,) if trace_id else ())
-        for row in rows:
+        for row in self.rows(sql + (" WHERE trace_id = ?" if trace_id else "")
+                             + " ORDER BY start_ns", (trace_id,) if trace_id else ()):
             row["attributes"] = json.loads(row["attributes"])
             row["resource"] = json.loads(row["resource"])
             row["events"] = json.loads(row["events"])
-        return rows
+            yield row
 
 
 def _stored(write, request_type, raw: bytes) -> tuple[grpc.StatusCode | None, object]:

@@ -134,7 +134,7 @@ def traces(store):
     import pandas as pd
 
     rows: dict = {}
-    for s in store.spans():
+    for s in store.iter_spans():
         entry = rows.setdefault(s["trace_id"], {"trace_id": s["trace_id"], "spans": 0,
                                                 "components": set(), "root": None})
         entry["spans"] += 1
@@ -206,7 +206,7 @@ def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
     rows = [{"name": s["name"], "process": s["resource"].get("service.component", "?"),
              "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
              "span_id": s["span_id"], "start_ns": s["start_ns"]}
-            for s in store.spans() if s["name"] in names]
+            for s in store.iter_spans() if s["name"] in names]
     if not rows:
         return pd.DataFrame()
     return (pd.DataFrame(rows).sort_values("duration_ms", ascending=False).head(n)
