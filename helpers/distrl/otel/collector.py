@@ -1098,8 +1098,13 @@ class _Readers:
         if self.started < self.limits.max_queries and not any(r.id == prefer
                                                                for r in self.all):
             self.started += 1
-            try:  # spawning takes tens of ms: not on the loop
-                return await asyncio.get_running_loop().run_in_executor(None, self._start)
+            # Spawning takes tens of ms: not on the loop. A cancelled call does not stop it.
+            start = asyncio.get_running_loop().run_in_executor(None, self._start)
+            try:
+                return await asyncio.shield(start)
+            except asyncio.CancelledError:
+                start.add_done_callback(self._started_late)
+                raise
             except BaseException:
                 self.started -= 1
                 raise
@@ -1121,12 +1126,23 @@ class _Readers:
             return any(r.id == prefer for r in self.idle)
         return bool(self.idle)
 
-    async def _free(self, reader: _Reader | None = None) -> None:
-        """The reader is idle again (None: one ended); waiting reads look again."""
+    def _free(self, reader: _Reader | None = None) -> None:
+        """The reader is idle again (None: one ended); waiting reads look again. The notice
+        is a task of its own: a call cancelled meanwhile cannot lose it."""
         if reader is not None:
             self.idle.append(reader)
+        asyncio.get_running_loop().create_task(self._notify())
+
+    async def _notify(self) -> None:
         async with self.freed:
             self.freed.notify_all()
+
+    def _started_late(self, start) -> None:
+        """A reader started for a read whose client went away meanwhile: idle once up."""
+        if start.cancelled() or start.exception() is not None:
+            self.started -= 1
+        else:
+            self._free(start.result())
 
     def _start(self) -> _Reader:
         import multiprocessing
@@ -1151,7 +1167,7 @@ class _Readers:
         reader.conn.close()
         self.started -= 1
         self.all.remove(reader)
-        asyncio.get_running_loop().create_task(self._free())  # reads that waited for it
+        self._free()  # reads that waited for it
 
     async def answer(self, method: str, request: bytes, context):
         reader = await self._turn(monitoring.token_reader(method, request))
@@ -1165,14 +1181,9 @@ class _Readers:
         try:
             reader.conn.send((method, request, seconds))
             # A new reader first imports what it needs; then the read has its deadline.
-            if await _answer_ready(reader, seconds + 5 + (0 if reader.ready else READER_START_S)):
-                code, payload = reader.conn.recv()
-                reader.ready = True
-                await self._free(reader)
-            else:
-                self._end(reader)
-                code, payload = (grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
-                                 f"the query ran past its deadline of {seconds:.1f} s")
+            ready = await _answer_ready(reader, seconds + 5 + (0 if reader.ready
+                                                                else READER_START_S))
+            code, payload = reader.conn.recv() if ready else (None, None)
         except asyncio.CancelledError:  # the client went away (or the server stops)
             self.cancelled += 1
             asyncio.get_running_loop().create_task(self._after_cancel(reader))
@@ -1181,6 +1192,14 @@ class _Readers:
             self._end(reader)
             code, payload = (grpc.StatusCode.UNAVAILABLE.value[0],
                              "the collector's reader process ended; retry")
+        else:
+            if ready:
+                reader.ready = True
+                self._free(reader)
+            else:
+                self._end(reader)
+                code, payload = (grpc.StatusCode.DEADLINE_EXCEEDED.value[0],
+                                 f"the query ran past its deadline of {seconds:.1f} s")
         if code:
             await context.abort(_STATUS_OF[code], payload if len(payload) <= 400
                                 else payload[:400] + "...")
@@ -1195,7 +1214,7 @@ class _Readers:
                                                               READER_START_S)):
                 reader.conn.recv()
                 reader.ready = True
-                await self._free(reader)
+                self._free(reader)
                 return
         except (EOFError, OSError):
             pass
