@@ -401,10 +401,11 @@ def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):
                 thread.join(60)
         written = sum(len(c.store().points(PREFIX + f"wal{k}/gauge")) for k in range(3))
     assert codes == [] and written > 100_000, (codes, written)
-    # Bounded: never more than the limit and what a few seconds of ingest add before the
-    # writer's next look (WAL_CHECK_S), where it grew without end before.
-    assert max(sizes) < 12 * limit, str([s // MiB for s in sizes])
-    assert min(sizes[len(sizes) // 2:]) < 2 * limit, [s // MiB for s in sizes]
+    # Bounded: the limit, and the pages of the commits made before the writer's next look
+    # (each of these commits rewrites megabytes of index pages); it grew without end before
+    # (177 MB in these 15 s with the first version of the fix, which did not stop reads).
+    assert max(sizes) < 40 * MiB, str([s // MiB for s in sizes])
+    assert min(sizes[len(sizes) // 2:]) < 2 * limit, str([s // MiB for s in sizes])
 
 
 def test_the_pages_of_a_read_go_to_the_reader_that_keeps_its_result(tmp_path):

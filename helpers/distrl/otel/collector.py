@@ -320,7 +320,7 @@ class StorageUnavailable(Exception):
 COMMIT_WAIT_S = 20.0
 # How often the writer looks at the WAL's size, and how long a checkpoint past max_wal_bytes
 # waits for readers still on the log (exports wait meanwhile).
-WAL_CHECK_S, WAL_WAIT_MS = 0.1, 500
+WAL_CHECK_S, WAL_WAIT_MS = 0.1, 200
 # OpenTelemetry's instrument names: "a maximum length of 255 characters"
 # (opentelemetry.io/docs/specs/otel/metrics/api/#instrument-name-syntax).
 MAX_NAME_CHARS = 255
@@ -551,6 +551,7 @@ class CollectorStore:
         self._life_bounds = BoundedCache(self.limits.cache_bytes // 8)  # cumulative bounds
         self._jobs: queue.Queue = queue.Queue()
         self._wal_path, self._wal_checked = self.path.with_name(self.path.name + "-wal"), 0.0
+        self._wal_next = 0  # after a checkpoint readers held up: the size to try again at
         self.interrupt_reads = None  # a multiprocessing Event: _Calls gives its readers
         self._writer = None
         if create:
@@ -663,12 +664,13 @@ class CollectorStore:
                 return
 
     def _bound_wal(self) -> None:
-        """Past max_wal_bytes, at most once a WAL_CHECK_S: checkpoint the log and truncate it
-        (sqlite.org/pragma.html#pragma_wal_checkpoint, TRUNCATE). A reader whose snapshot
-        is in the log holds that up; the writer waits for it up to WAL_WAIT_MS, else goes on
-        (SQLITE_BUSY) and tries again later. Readers that start once the log is all copied
-        read the database file alone. Past 4 x max_wal_bytes, the reads still on the log are
-        stopped through interrupt_reads (an event the reader processes watch)."""
+        """Past max_wal_bytes (looked at every WAL_CHECK_S): checkpoint the log and truncate
+        it (sqlite.org/pragma.html#pragma_wal_checkpoint, TRUNCATE). A reader whose snapshot
+        is in the log holds that up; the writer waits for it up to WAL_WAIT_MS (exports wait
+        meanwhile), else goes on and tries again once the log has grown by half. Readers that
+        start once the log is all copied read the database file alone. Past 4 x
+        max_wal_bytes, the reads still on the log are stopped through interrupt_reads (an
+        event the reader processes watch; they answer UNAVAILABLE, which clients retry)."""
         now = time.monotonic()
         if now < self._wal_checked + WAL_CHECK_S:
             return
@@ -677,18 +679,18 @@ class CollectorStore:
             size = self._wal_path.stat().st_size
         except OSError:
             return
-        if size <= self.limits.max_wal_bytes:
+        limit = self.limits.max_wal_bytes
+        if size <= max(limit, min(self._wal_next, 4 * limit)):
             return
-        if not self._truncate_wal() and size > 4 * self.limits.max_wal_bytes:
-            # Reads longer than the log takes to fill: they stop (UNAVAILABLE, which the
-            # client retries) while the log is truncated.
-            if self.interrupt_reads is not None:
-                self.interrupt_reads.set()
+        if size > 4 * limit and self.interrupt_reads is not None:
+            self.interrupt_reads.set()
             try:
-                self._truncate_wal()
+                done = self._truncate_wal()
             finally:
-                if self.interrupt_reads is not None:
-                    self.interrupt_reads.clear()
+                self.interrupt_reads.clear()
+        else:
+            done = self._truncate_wal()
+        self._wal_next = 0 if done else size * 3 // 2
 
     def _truncate_wal(self) -> bool:
         """One TRUNCATE checkpoint, waiting WAL_WAIT_MS at most; whether it got through."""
