@@ -108,7 +108,7 @@ class Limits:
     """series x alignment periods of one ListTimeSeries"""
     max_query_s: float = 30.0
     """a read's own deadline in seconds (the client's, when shorter)"""
-    max_wal_bytes: int = 64 * MiB
+    max_wal_bytes: int = 128 * MiB
     """write-ahead log size past which the writer checkpoints and truncates it (readers'
     overlapping snapshots otherwise keep it growing)"""
 
@@ -318,8 +318,8 @@ class StorageUnavailable(Exception):
 
 # How long an Export waits for the commit holding its rows before it is answered UNAVAILABLE.
 COMMIT_WAIT_S = 20.0
-# How often the writer looks at the WAL's size, and how long a checkpoint past max_wal_bytes
-# waits for readers still on the log (exports wait meanwhile).
+# How often the writer looks at the WAL's size, and how long a checkpoint past four times
+# max_wal_bytes waits for the reads it stops (exports wait meanwhile).
 WAL_CHECK_S, WAL_WAIT_MS = 0.1, 200
 # OpenTelemetry's instrument names: "a maximum length of 255 characters"
 # (opentelemetry.io/docs/specs/otel/metrics/api/#instrument-name-syntax).
@@ -666,11 +666,12 @@ class CollectorStore:
     def _bound_wal(self) -> None:
         """Past max_wal_bytes (looked at every WAL_CHECK_S): checkpoint the log and truncate
         it (sqlite.org/pragma.html#pragma_wal_checkpoint, TRUNCATE). A reader whose snapshot
-        is in the log holds that up; the writer waits for it up to WAL_WAIT_MS (exports wait
-        meanwhile), else goes on and tries again once the log has grown by half. Readers that
-        start once the log is all copied read the database file alone. Past 4 x
-        max_wal_bytes, the reads still on the log are stopped through interrupt_reads (an
-        event the reader processes watch; they answer UNAVAILABLE, which clients retry)."""
+        is in the log makes that fail at once, and the writer tries again once the log has
+        grown by half (SQLite's own PASSIVE checkpoints copy it meanwhile). Readers that start
+        once the log is all copied read the database file alone. Past 4 x max_wal_bytes, the
+        reads still on the log are stopped through interrupt_reads (an event the reader
+        processes watch; they answer UNAVAILABLE, which clients retry), and the writer waits
+        up to WAL_WAIT_MS for them (exports wait meanwhile)."""
         now = time.monotonic()
         if now < self._wal_checked + WAL_CHECK_S:
             return
@@ -685,16 +686,16 @@ class CollectorStore:
         if size > 4 * limit and self.interrupt_reads is not None:
             self.interrupt_reads.set()
             try:
-                done = self._truncate_wal()
+                done = self._truncate_wal(WAL_WAIT_MS)
             finally:
                 self.interrupt_reads.clear()
-        else:
-            done = self._truncate_wal()
+        else:  # no wait: a reader on the log makes it fail at once
+            done = self._truncate_wal(0)
         self._wal_next = 0 if done else size * 3 // 2
 
-    def _truncate_wal(self) -> bool:
-        """One TRUNCATE checkpoint, waiting WAL_WAIT_MS at most; whether it got through."""
-        self.conn.execute(f"PRAGMA busy_timeout = {WAL_WAIT_MS}")
+    def _truncate_wal(self, wait_ms: int) -> bool:
+        """One TRUNCATE checkpoint, waiting wait_ms at most; whether it got through."""
+        self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
         try:
             busy, _, _ = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
             return not busy
