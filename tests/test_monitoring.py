@@ -826,3 +826,23 @@ def test_a_percentile_across_series_with_disjoint_bounds(tmp_path):
             [series] = _list(mon, "rl.loop.duration/histogram", end_s=60,
                              aggregation=_agg(60, "ALIGN_SUM", reducer))
             assert _pts(series) == [(60, pytest.approx(expected))], reducer
+
+
+def test_a_filter_is_charged_for_the_series_it_keeps(tmp_path):
+    """A filter that selects one series of a large metric was refused for the metric's size
+    (every series was charged before the filter), though the refusal advised narrowing the
+    filter. Series the filter drops now cost their key alone."""
+    limits = Limits(max_read_bytes=8 * 2**20)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        gauge = metrics_pb2.Metric(name="wide")
+        for i in range(10_000):
+            gauge.gauge.data_points.add(attributes=_attrs(series=f"s{i}"),
+                                        time_unix_nano=T0 + 5 * S, as_double=float(i))
+        stub.Export(_request("i1", [gauge]), timeout=60)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        with pytest.raises(exceptions.ResourceExhausted, match="narrow the interval or the filter"):
+            _list(mon, "wide/gauge", end_s=10)  # 10,000 series x 2 KB: past 8 MiB
+        [one] = _list(mon, "wide/gauge", end_s=10, filters=['metric.labels.series = "s5"'])
+        assert _pts(one) == [(5, 5.0)]

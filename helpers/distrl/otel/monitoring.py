@@ -527,6 +527,7 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
 # memory growth over reads of 50,000-200,000 series and points (1.4-2.0 KB a series,
 # 160-270 bytes a number point), rounded up; a distribution's arrays on top.
 SERIES_BYTES, POINT_BYTES = 2048, 288
+DROPPED_BYTES = 200  # a series the filter drops: its key and a None in the dict
 
 
 def _point_bytes(row: dict) -> int:
@@ -543,8 +544,6 @@ def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list
     """Add a row to its series (made when new); False when the filter drops the series."""
     key = (row["resource_id"], row["scope"], row["attributes"])
     if key not in series:  # a new series: decide once whether the filter keeps it
-        if budget:
-            budget.hold(SERIES_BYTES + 3 * len(row["attributes"]))
         labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
         if row["scope"]:
             labels.setdefault("otel_scope_name", row["scope"])
@@ -552,6 +551,9 @@ def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list
             resources[row["resource_id"]] = resource_labels(json.loads(row["resource"]), project)
         s = Series(labels, resources[row["resource_id"]], kind, value_type)  # read-only, shared
         series[key] = s if _matches(terms, s) else None
+        if budget:  # charged for what it keeps: a dropped series leaves only its key
+            budget.hold((SERIES_BYTES if series[key] else DROPPED_BYTES)
+                        + 3 * len(row["attributes"]))
     s = series[key]
     if s is None:
         return False
