@@ -402,9 +402,9 @@ class EnvBatch:
             obs, _ = self.vector.reset(seed=int(seeds[0]))
         else:
             obs = np.stack([env.reset(seed=s)[0] for env, s in zip(self.envs, seeds)])
-        self.obs = self._channels_last(as_observation(obs))
+        self.obs = self._own_copy(obs) if self.vector is not None else as_observation(obs)
         self.resetting[:] = False
-        return self.obs.copy()
+        return self.obs
 
     def step(self, actions: np.ndarray, durations_ms: list | None = None):
         """One step of every slot (see the class docstring for what it returns); with
@@ -435,7 +435,7 @@ class EnvBatch:
             for j, obs in ended:
                 final_obs[j] = obs
         self.obs = next_obs
-        return next_obs.copy(), reward, terminated, truncated, final_obs, np.ones(k, bool)
+        return next_obs, reward, terminated, truncated, final_obs, np.ones(k, bool)
 
     def _step_vector(self, actions: np.ndarray, durations_ms: list | None):
         t0 = time.perf_counter()
@@ -444,15 +444,19 @@ class EnvBatch:
             durations_ms.append((time.perf_counter() - t0) * 1e3 / self.num_envs)
         stepped = ~self.resetting
         self.resetting = terminated | truncated
-        self.obs = self._channels_last(as_observation(obs))
-        return (self.obs.copy(), np.asarray(reward, np.float64), terminated, truncated,
-                self.obs.copy(), stepped)
+        # One fresh array, never written to again: the next obs, and the final obs (a slot
+        # resets in its next step), for the caller to keep.
+        self.obs = self._own_copy(obs)
+        return (self.obs, np.asarray(reward, np.float64), terminated, truncated, self.obs,
+                stepped)
 
-    def _channels_last(self, obs: np.ndarray) -> np.ndarray:
-        """ale_py's AtariVectorEnv stacks frames channels first; the network takes them last."""
+    def _own_copy(self, obs) -> np.ndarray:
+        """The vectorised env's observations in an array of our own (it reuses its buffer),
+        channels last: ale_py's AtariVectorEnv stacks frames channels first."""
+        obs = as_observation(obs)
         if self.channels_first:
             return np.ascontiguousarray(obs.transpose(0, 2, 3, 1))
-        return obs
+        return obs.copy()
 
     def close(self) -> None:
         if self.vector is not None:
