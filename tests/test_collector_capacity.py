@@ -4,7 +4,9 @@ gRPC, google-cloud-monitoring's own client."""
 
 import contextlib
 import http.client
+import socket
 import sqlite3
+import struct
 import threading
 
 import grpc
@@ -14,7 +16,7 @@ from google.api_core import exceptions as gexc
 from google.cloud import monitoring_v3
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from test_collector import PREFIX, _gauges, _stall, _wide, kv, number, request
+from test_collector import PREFIX, _gauges, _stall, _tree_rss, _warm_readers, _wide, kv, number, request
 
 from distrl.otel import explore
 from distrl.otel.collector import Limits, LocalCollector, MiB
@@ -355,6 +357,155 @@ def test_every_read_response_stays_under_a_client_s_4_mib(collector):
         "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}, timeout=60).pages
     sizes = [type(page).pb(page).ByteSize() for page in pages]
     assert len(sizes) > 1 and max(sizes) < 4 * 2**20, sizes
+
+
+def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
+    """One HTTP/2 frame (RFC 9113, section 4.1)."""
+    return (struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", stream)
+            + payload)
+
+
+def _unread_calls(endpoint: str, path: str, message: bytes, calls: int) -> socket.socket:
+    """A client that never reads: an HTTP/2 connection whose flow-control window is 0, so
+    that the server can send no answer (RFC 9113 SETTINGS_INITIAL_WINDOW_SIZE), carrying calls
+    gRPC calls of path with one message each. Headers are HPACK literals (RFC 7541, 6.2.2)."""
+    host, port = endpoint.rsplit(":", 1)
+    sock = socket.create_connection((host, int(port)))
+    headers = b"".join(b"\x00" + bytes([len(name)]) + name + bytes([len(value)]) + value
+                       for name, value in [(b":method", b"POST"), (b":scheme", b"http"),
+                                           (b":path", path.encode()), (b":authority", b"local"),
+                                           (b"content-type", b"application/grpc"),
+                                           (b"te", b"trailers")])
+    body = b"\x00" + struct.pack(">I", len(message)) + message  # gRPC's length prefix
+    wire = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, struct.pack(">HI", 4, 0))
+    for k in range(calls):  # HEADERS with END_HEADERS, DATA with END_STREAM
+        wire += _frame(1, 4, 2 * k + 1, headers) + _frame(0, 1, 2 * k + 1, body)
+    sock.sendall(wire)
+    return sock
+
+
+@pytest.mark.slow
+def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
+    """200 ListTimeSeries calls on 8 connections whose clients never read held their 3.5-MB
+    answers in gRPC's buffers: +246 MB outside the printed bound. Answers not yet read are
+    now capped (UNREAD_ANSWER_BYTES); past it reads are refused until they are taken,
+    exports go on, and the collector with its reader stays under the bound it prints."""
+    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+
+    limits = Limits(max_message_bytes=MiB, max_exports=1, max_queries=1,
+                    max_read_bytes=16 * MiB, cache_bytes=MiB, page_cache_bytes=MiB)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+        endpoint = collector.endpoint.removeprefix("http://")
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
+                  for i in range(MAX_LABEL_KEYS - 1)]
+        for series in range(34):  # one page of about 3.5 MB
+            point = number(10, 1.0, [*labels, kv("series", int_value=series)])
+            stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
+                        timeout=30)
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+        fat = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
+               "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
+        page = next(iter(client.list_time_series(request=fat, timeout=60).pages))
+        assert 3 * MiB < type(page).pb(page).ByteSize() < 4 * MiB
+        process = psutil.Process(collector.process.pid)
+        threading.Event().wait(1.0)
+        before, peak, done = _tree_rss(process), [0], threading.Event()
+
+        def sample():
+            while not done.wait(0.01):
+                peak[0] = max(peak[0], _tree_rss(process))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        message = monitoring_v3.ListTimeSeriesRequest(
+            name="projects/local", filter=fat["filter"],
+            interval={"start_time": {"seconds": 0}, "end_time": {"seconds": 60}})._pb
+        sockets = [_unread_calls(endpoint, LIST_TIME_SERIES, message.SerializeToString(), 25)
+                   for _ in range(8)]
+        try:
+            refused = None
+            for _ in range(60):  # until the unread answers fill the cap
+                try:
+                    list(client.list_time_series(request=fat, timeout=30, retry=None))
+                except gexc.ResourceExhausted as err:
+                    if "wait for their clients" in str(err):
+                        refused = str(err)
+                        break
+                threading.Event().wait(0.5)
+            threading.Event().wait(3.0)  # the 200 calls answered or refused
+            stub.Export(_gauges("beside", 5), timeout=10)  # exports go on
+        finally:
+            done.set()
+            sampler.join()
+            for sock in sockets:
+                sock.close()
+        assert refused is not None, "no read was refused while 200 answers went unread"
+        grown, bound = peak[0] - before, limits.memory_bound_bytes()
+        print(f"200 unread answers grew the collector by {grown / MiB:.0f} MiB; "
+              f"bound {bound / MiB:.0f} MiB")
+        assert grown < bound, f"grew {grown / MiB:.0f} MiB past the bound {bound / MiB:.0f} MiB"
+        for _ in range(20):  # closed connections release their answers
+            try:
+                assert len(list(client.list_time_series(request=fat, timeout=30))) == 34
+                break
+            except gexc.ResourceExhausted:
+                threading.Event().wait(0.5)
+        else:
+            raise AssertionError("reads stayed refused after the unread answers' clients left")
+
+
+@pytest.mark.slow
+def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
+    """A bucket was charged 24 bytes where a read holds about 77: reads of large histograms
+    held three times their limit. 300 points of 1,000 buckets (about 25 MiB held) are now
+    answered within a 32 MiB limit and 500 refused, where both had been answered."""
+    from distrl.otel.collector import MAX_BUCKETS
+
+    limits = Limits(max_queries=1, max_read_bytes=32 * MiB, page_cache_bytes=MiB)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+        endpoint = collector.endpoint.removeprefix("http://")
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        bounds = [float(b) for b in range(1, MAX_BUCKETS)]
+        for name, points in (("fewer", 300), ("more", 500)):
+            for lo in range(0, points, 100):
+                stub.Export(request(metrics_pb2.Metric(name=name, histogram={
+                    "aggregation_temporality": 2, "data_points": [metrics_pb2.HistogramDataPoint(
+                        start_time_unix_nano=1, time_unix_nano=10, count=MAX_BUCKETS * 1000,
+                        explicit_bounds=bounds, bucket_counts=[1000] * MAX_BUCKETS,
+                        attributes=[kv("series", int_value=i)]) for i in range(lo, lo + 100)]})),
+                    timeout=60)
+        process = psutil.Process(collector.process.pid)
+        _warm_readers(collector.endpoint, 1)
+        threading.Event().wait(1.0)
+        before, peak, done = _tree_rss(process), [0], threading.Event()
+
+        def sample():
+            while not done.wait(0.01):
+                peak[0] = max(peak[0], _tree_rss(process))
+
+        sampler = threading.Thread(target=sample)
+        sampler.start()
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+
+        def read(metric: str):
+            try:
+                return len(list(client.list_time_series(request={
+                    "name": "projects/local", "filter": f'metric.type = "{PREFIX}{metric}"',
+                    "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 100}}},
+                    timeout=120)))
+            except gexc.ResourceExhausted as err:
+                return str(err)
+        try:
+            fewer, more = read("fewer/histogram"), read("more/histogram")
+        finally:
+            done.set()
+            sampler.join()
+        assert fewer == 300, fewer
+        assert "would hold more than 32 MiB" in more, more
+        grown = peak[0] - before
+        print(f"a read of 300 histograms grew the collector by {grown / MiB:.0f} MiB")
+        assert grown < limits.max_read_bytes, f"grew {grown / MiB:.0f} MiB"
 
 
 def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):

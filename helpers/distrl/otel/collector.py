@@ -131,10 +131,11 @@ class Limits:
         # Exports: about 8 times the message for each one stored at once, on either receiver
         # (`python benchmarks/collector_under_load.py` measures it); a call still receiving,
         # a read waiting for a reader, an HTTP body arriving: one message each. Reads: what
-        # each may hold. Then the caches.
+        # each may hold, and answers their clients have not read yet. Then the caches.
         receiving = self.max_queries + READ_QUEUE + 2 * RECEIVING_CALLS
+        unread = UNREAD_ANSWER_BYTES + self.max_queries * ANSWER_MAX_BYTES
         return ((2 * self.max_exports * 8 + receiving) * self.max_message_bytes
-                + self.max_queries * self.max_read_bytes + self.cache_bytes
+                + self.max_queries * self.max_read_bytes + unread + self.cache_bytes
                 + self.page_cache_bytes)
 
     def max_calls(self) -> int:
@@ -1039,6 +1040,11 @@ READ_NICE = 10
 # waits; how long a new reader process may take to import what it needs; how long a reader
 # told that its client went away may take to stop before it is killed.
 READ_QUEUE, READ_TURN_S, READER_START_S, READER_CANCEL_S = 32, 10.0, 60.0, 5.0
+# Read answers not yet taken by their clients, in bytes: an answer waits in gRPC's buffers
+# until its client reads it, and 200 clients that never read once held 700 MB. A read that
+# gets its reader while this much waits is refused (RESOURCE_EXHAUSTED); the max_queries
+# reads running may add one answer each, under the clients' 4 MiB (ANSWER_MAX_BYTES).
+UNREAD_ANSWER_BYTES, ANSWER_MAX_BYTES = 32 * MiB, 4 * MiB
 
 
 class _Reader:
@@ -1081,6 +1087,7 @@ class _Readers:
         # Set by the writer while it truncates a log that reads keep growing (_bound_wal).
         self.interrupt = multiprocessing.get_context("spawn").Event()
         self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
+        self.unread = 0  # bytes of answers their clients have not taken yet
 
     def _take(self, prefer: int | None) -> _Reader | None:
         """An idle reader: the one that holds the pages of a page token (prefer) while it
@@ -1114,20 +1121,26 @@ class _Readers:
         if self.waiting >= READ_QUEUE:
             return None
         self.waiting += 1
+        taken: list[_Reader] = []
+
+        def took() -> bool:  # taken where it is seen free: a read arriving meanwhile cannot
+            reader = self._take(prefer)  # take it between the notice and this call's turn
+            if reader is not None:
+                taken.append(reader)
+            return bool(taken)
+
         try:
             async with self.freed:
-                await asyncio.wait_for(self.freed.wait_for(
-                    lambda: self._ready_for(prefer)), READ_TURN_S)
-                return self._take(prefer)
+                await asyncio.wait_for(self.freed.wait_for(took), READ_TURN_S)
         except TimeoutError:  # the one with the pages stays busy: any other recomputes them
-            return self._take(None)
+            return taken[0] if taken else self._take(None)
+        except asyncio.CancelledError:
+            if taken:
+                self._free(taken[0])
+            raise
         finally:
             self.waiting -= 1
-
-    def _ready_for(self, prefer: int | None) -> bool:
-        if any(r.id == prefer for r in self.all):
-            return any(r.id == prefer for r in self.idle)
-        return bool(self.idle)
+        return taken[0]
 
     def _free(self, reader: _Reader | None = None) -> None:
         """The reader is idle again (None: one ended); waiting reads look again. The notice
@@ -1178,6 +1191,11 @@ class _Readers:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.limits.max_queries} queries are running and "
                                 f"{READ_QUEUE} waiting; retry shortly")
+        if self.unread >= UNREAD_ANSWER_BYTES:
+            self._free(reader)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.unread / MiB:.0f} MiB of answers wait for their "
+                                "clients to read them; retry shortly")
         remaining = context.time_remaining()
         seconds = min(self.limits.max_query_s, self.limits.max_query_s if remaining is None
                       else max(remaining, 0.0))
@@ -1206,7 +1224,13 @@ class _Readers:
         if code:
             await context.abort(_STATUS_OF[code], payload if len(payload) <= 400
                                 else payload[:400] + "...")
+        self.unread += len(payload)
+        context.add_done_callback(functools.partial(self._taken, len(payload)))
         return payload
+
+    def _taken(self, size: int, _context) -> None:
+        """An answer's call ended: its client read it, or went away."""
+        self.unread -= size
 
     async def _after_cancel(self, reader: _Reader) -> None:
         """Tell the reader its client went away; it answers CANCELLED at its next check and

@@ -528,14 +528,20 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
 # 160-270 bytes a number point), rounded up; a distribution's arrays on top.
 SERIES_BYTES, POINT_BYTES = 2048, 288
 DROPPED_BYTES = 200  # a series the filter drops: its key and a None in the dict
+# A bucket count as json.loads gives it (an int and its list slot, 36 B, tracemalloc) and a
+# bound (a float, 32 B), each with numpy's copy when aggregated (8 B).
+COUNT_BYTES, BOUND_BYTES = 44, 40
 
 
 def _point_bytes(row: dict) -> int:
     """Of a row _add_row kept (its JSON columns parsed)."""
     if row["bucket_counts"] is not None:
-        return POINT_BYTES + 300 + 24 * len(row["bucket_counts"])
-    if row["exponential"] is not None:
-        return POINT_BYTES + 300 + 24 * (len(row["exponential"]["positive"]["counts"]) + 2)
+        return (POINT_BYTES + 300 + COUNT_BYTES * len(row["bucket_counts"])
+                + BOUND_BYTES * len(row["bounds"] or ()))
+    if row["exponential"] is not None:  # the positive side is given bounds when read
+        positive, negative = (len(row["exponential"][side]["counts"])
+                              for side in ("positive", "negative"))
+        return POINT_BYTES + 300 + (COUNT_BYTES + BOUND_BYTES) * positive + COUNT_BYTES * negative
     return POINT_BYTES
 
 
