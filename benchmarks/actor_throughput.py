@@ -2,7 +2,7 @@
 
     python benchmarks/actor_throughput.py [--env CartPole-v1] [--envs-per-actor 32 64] [--smoke]
 
-Raw: the K envs the actor steps, as the actor steps them (distrl.rl.actor.EnvBatch: a
+Raw: the K envs the actor steps, as the actor steps them (distrl.rl.envs.EnvBatch: a
 vectorised version where the env has one, gymnasium's for CartPole and ale_py's AtariVectorEnv
 for Atari; else K single envs in a loop), with random actions and nothing else. Actor: the
 Actor class as the Ray actor runs it: numpy inference for the batch of K envs, epsilon-greedy,
@@ -22,8 +22,10 @@ import time
 
 import numpy as np
 
-from distrl.rl.actor import Actor, EnvBatch, env_spec, network_for, stacks_frames
+from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
+from distrl.rl.envs import EnvBatch, env_spec, network_for
+from distrl.rl.frames import stacks_frames
 from distrl.rl.network import init_weights
 
 
@@ -34,7 +36,7 @@ def raw_rate(env_id: str, num_envs: int, seconds: float, way: str = "envbatch") 
     if way == "sync":
         import gymnasium as gym
 
-        from distrl.rl.actor import make_env
+        from distrl.rl.envs import make_env
         envs = gym.vector.SyncVectorEnv([lambda: make_env(env_id, True)] * num_envs)
         envs.reset(seed=list(range(num_envs)))
     else:

@@ -37,7 +37,7 @@ AUTHORS = dict(batch_size=32, buffer_size=100_000, target_update_interval=1_000,
                gradient_steps=1, learning_starts=5_000, exploration_initial_eps=1.0,
                exploration_final_eps=0.1, learning_rate=0.00025, gamma=0.99)
 ANNEAL_STEPS = 5_000 + 100_000  # epsilon reaches 0.1 here (after the random steps)
-EVAL_MAX_STEPS = 27_000  # distrl.rl.actor.EVAL_MAX_STEPS: both sides end evaluations there
+EVAL_MAX_STEPS = 27_000  # distrl.rl.envs.EVAL_MAX_STEPS: both sides end evaluations there
 
 
 class MinAtarTorso(BaseFeaturesExtractor):

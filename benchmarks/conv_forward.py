@@ -27,7 +27,6 @@ from distrl.rl.network import (
     NetworkSpec,
     conv2d_relu,
     init_weights,
-    numpy_q_values,
 )
 
 
@@ -52,14 +51,6 @@ def conv_einsum(x, kernel, bias, stride):
 
 
 WAYS = {"im2col": conv2d_relu, "offsets": conv_offsets, "einsum": conv_einsum}
-
-
-def q_values(conv, spec, weights, obs):
-    h = np.asarray(obs, np.float32) * np.float32(spec.input_scale)
-    for i, (_, _, stride, _) in enumerate(spec.conv_shapes()):
-        h = conv(h, weights[2 * i], weights[2 * i + 1], stride)
-    rest = weights[2 * len(spec.conv_layers):]
-    return numpy_q_values(rest, h.reshape(len(h), -1), spec.dueling)
 
 
 def per_call_ms(fn, seconds: float) -> float:
@@ -92,7 +83,7 @@ def main() -> None:
     columns = [*WAYS, "keras", "tf.function"]
     print(f"{'torso':<16}{'batch':>6}  " + "".join(f"{w + ' ms':>17}" for w in columns))
     for name, (conv_layers, image, hidden, actions) in torsos.items():
-        spec = NetworkSpec(int(np.prod(image)), actions, hidden, True, conv_layers, image, 1 / 255)
+        spec = NetworkSpec(image, actions, hidden, True, conv_layers, 1 / 255)
         weights = init_weights(spec, 0)
         model = build_keras_model(spec, weights)
         graph = tf.function(lambda x, m=model: m(x, training=False))
@@ -101,10 +92,10 @@ def main() -> None:
             reference = model(obs.astype(np.float32), training=False).numpy()
             times = {}
             for way, conv in WAYS.items():
-                np.testing.assert_allclose(q_values(conv, spec, weights, obs), reference,
+                np.testing.assert_allclose(spec.q_values(weights, obs, conv), reference,
                                            rtol=1e-3, atol=1e-4)
                 times[way] = per_call_ms(
-                    lambda c=conv, s=spec, w=weights, o=obs: q_values(c, s, w, o), args.seconds)
+                    lambda c=conv, s=spec, w=weights, o=obs: s.q_values(w, o, c), args.seconds)
             np.testing.assert_allclose(graph(obs.astype(np.float32)).numpy(), reference,
                                        rtol=1e-3, atol=1e-4)
             times["keras"] = per_call_ms(

@@ -34,7 +34,9 @@ from distrl.apex.workers import ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
-from distrl.rl.actor import Actor, frames_per_block, frames_per_transition, network_for  # noqa: E402
+from distrl.rl.actor import Actor  # noqa: E402
+from distrl.rl.envs import network_for
+from distrl.rl.frames import frames_per_block, frames_per_transition
 from distrl.rl.network import init_weights  # noqa: E402
 from distrl.rl.replay import MEMORY_SHARE, sized_capacity  # noqa: E402
 
@@ -56,7 +58,7 @@ def main() -> None:
 
     config = pong_config(args.smoke)
     spec = network_for(config)
-    shape = spec.image_shape
+    shape = spec.obs_shape
     pong = GkeSettings.for_workload("pong", project_id="my-project-id")
     head = manifests.pod_sizes(pong)["head"].memory_gib * GIB
     capacity, _ = sized_capacity(None, shape, obs_dtype=np.uint8,

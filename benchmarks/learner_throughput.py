@@ -23,30 +23,32 @@ import time
 
 import numpy as np
 
-from distrl.rl.actor import network_for
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import XLA_CACHE_ENV, Learner, configure_tensorflow
+from distrl.rl.envs import network_for
+from distrl.rl.frames import pack_frames
+from distrl.rl.learner import Learner
 from distrl.rl.network import NetworkSpec, init_weights
-from distrl.rl.replay import PrioritizedReplay, Transitions, pack_frames
+from distrl.rl.replay import PrioritizedReplay, Transitions
+from distrl.rl.tf_runtime import XLA_CACHE_ENV, configure_tensorflow
 
 
 def random_replay(spec: NetworkSpec, rng) -> PrioritizedReplay:
     """A full replay of random observations of the network's input: vectors, or images kept
     as frames (each observation a stack moved on by one random frame)."""
-    if spec.image_shape is None:
+    if not spec.is_image:
         n = 50_000
-        replay = PrioritizedReplay(n, (spec.obs_size,))
-        obs = rng.normal(size=(n + 1, spec.obs_size)).astype(np.float32)
+        replay = PrioritizedReplay(n, spec.obs_shape)
+        obs = rng.normal(size=(n + 1, *spec.obs_shape)).astype(np.float32)
         replay.add(Transitions(obs=obs[:-1], action=rng.integers(0, spec.num_actions, n),
                                reward=rng.normal(size=n).astype(np.float32),
                                discount=np.full(n, 0.97, np.float32), next_obs=obs[1:],
                                priority=rng.random(n).astype(np.float32)))
         return replay
-    n, (height, width, channels) = 4_000, spec.image_shape
+    n, (height, width, channels) = 4_000, spec.obs_shape
     frames = rng.integers(0, 256, (n + channels, height, width), dtype=np.uint8)
     stacks = np.stack([frames[t: t + channels] for t in range(n + 1)]).transpose(0, 2, 3, 1)
     planes, refs = pack_frames(stacks)
-    replay = PrioritizedReplay(n, spec.image_shape, obs_dtype=np.uint8,
+    replay = PrioritizedReplay(n, spec.obs_shape, obs_dtype=np.uint8,
                                frame_capacity=len(planes))
     replay.add(Transitions(obs=refs[:-1], action=rng.integers(0, spec.num_actions, n),
                            reward=rng.normal(size=n).astype(np.float32),
@@ -64,7 +66,7 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
     import tensorflow as tf
 
     replay = random_replay(spec, np.random.default_rng(0))
-    kept = 32 if spec.image_shape is None else 4  # image batches are large (512 x 2 x 28 KB)
+    kept = 32 if not spec.is_image else 4  # image batches are large (512 x 2 x 28 KB)
     stacks = [replay.sample_many(config.batch_size, per_call)
               for _ in range(max(1, kept // per_call))]
     with tf.device("/GPU:0" if device == "gpu" else "/CPU:0"):
@@ -72,7 +74,7 @@ def updates_per_second(config: ApexConfig, spec: NetworkSpec, updates: int,
         began = time.perf_counter()
         learner.update_many(stacks[0])  # trace (and compile)
         first_call_s = time.perf_counter() - began
-        for stack in stacks[1:10 if spec.image_shape is None else 2]:
+        for stack in stacks[1:10 if not spec.is_image else 2]:
             learner.update_many(stack)  # warm up
         calls = max(1, updates // per_call)
         start = time.perf_counter()
@@ -134,7 +136,7 @@ def main() -> None:
     # The same without XLA: what jit_compile=False trades.
     plain_rate, plain_first_s = updates_per_second(config.replace(jit_compile=False), spec,
                                                    args.updates, args.device, args.per_call)
-    target = f"target 150: {rate / 150:.2f}x, " if spec.image_shape is None else ""
+    target = f"target 150: {rate / 150:.2f}x, " if not spec.is_image else ""
     print(f"learner on {args.device} ({gpus or 'one core'}), {args.env}'s network {spec.name}, "
           f"batch {args.batch_size}: {rate:,.3g} updates/s with {args.per_call} batches per call "
           f"({target}{rate * args.batch_size:,.0f} samples/s), "

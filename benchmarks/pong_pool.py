@@ -31,8 +31,10 @@ import numpy as np
 from distrl.apex.train import build_parser
 from distrl.gke import manifests
 from distrl.gke.settings import WORKLOADS, GkeSettings
-from distrl.rl.actor import Actor, frames_per_block, frames_per_transition, network_for
+from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
+from distrl.rl.envs import network_for
+from distrl.rl.frames import frames_per_block, frames_per_transition
 from distrl.rl.network import init_weights
 from distrl.rl.replay import MEMORY_SHARE, PrioritizedReplay, sized_capacity
 
@@ -97,7 +99,7 @@ def main() -> None:
         args.capacity, args.blocks, args.seconds = 2_000, 2, 0.5
     config = pong_config(args.smoke)
     spec = network_for(config)
-    shape = spec.image_shape
+    shape = spec.obs_shape
     batch = 512 if not args.smoke else 32
 
     actor = Actor(config, 0, init_weights(spec, 0))

@@ -22,8 +22,9 @@ import ray
 
 from distrl.apex.workers import ReplayShards, ReplayWorker
 from distrl.ray_runtime import init_local_ray
-from distrl.rl.actor import Actor, network_for
+from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
+from distrl.rl.envs import network_for
 from distrl.rl.network import init_weights
 
 

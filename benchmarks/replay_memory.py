@@ -15,8 +15,10 @@ import time
 
 import numpy as np
 
-from distrl.rl.actor import Actor, frames_per_block, frames_per_transition, network_for
+from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
+from distrl.rl.envs import network_for
+from distrl.rl.frames import frames_per_block, frames_per_transition
 from distrl.rl.network import init_weights
 from distrl.rl.replay import PrioritizedReplay, sized_capacity
 
@@ -38,7 +40,7 @@ def main() -> None:
                         actor_block_steps=args.block_steps, hidden_sizes=(32,),
                         replay_capacity=args.capacity, min_replay_size=1, batch_size=1)
     spec = network_for(config)
-    shape = spec.image_shape
+    shape = spec.obs_shape
     if shape is None:
         raise SystemExit(f"--env {args.env}: vector observations; this measures image replay")
     estimate = frames_per_transition(config, shape)

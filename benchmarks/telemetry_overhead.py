@@ -32,11 +32,11 @@ def direct_cost(seconds: float = 5.0, updates: int = 300) -> None:
     from distrl.otel import conventions as otel
     from distrl.rl.actor import Actor
     from distrl.rl.config import ApexConfig
-    from distrl.rl.learner import configure_tensorflow
     from distrl.rl.network import NetworkSpec, init_weights
+    from distrl.rl.tf_runtime import configure_tensorflow
 
     config = ApexConfig()
-    spec = NetworkSpec(4, 2, config.hidden_sizes, config.dueling)
+    spec = NetworkSpec((4,), 2, config.hidden_sizes, config.dueling)
     # One learner update at the default batch, timed before the collector's server threads
     # start beside it.
     configure_tensorflow(num_threads=1)

@@ -6,18 +6,10 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from distrl.rl.actor import (
-    Actor,
-    EnvBatch,
-    NStepFolder,
-    env_spec,
-    evaluate_greedy,
-    initial_priorities,
-    network_for,
-    slot_epsilons,
-)
+from distrl.rl.actor import Actor, NStepFolder, initial_priorities, slot_epsilons
 from distrl.rl.config import ApexConfig, epsilons
-from distrl.rl.network import SMALL_TORSO, NetworkSpec, init_weights, numpy_q_values
+from distrl.rl.envs import EnvBatch, env_spec, evaluate_greedy, network_for
+from distrl.rl.network import SMALL_TORSO, NetworkSpec, init_weights
 
 
 def push_episode(folder, rewards, end):
@@ -192,7 +184,7 @@ def test_image_observations_get_a_convolutional_network():
     as configured; CartPole's vectors: dense layers only."""
     assert env_spec("MinAtar/Breakout-v1") == ((10, 10, 4), 3)
     spec = network_for(ApexConfig(env_id="MinAtar/Breakout-v1", hidden_sizes=(128,)))
-    assert spec.conv_layers == SMALL_TORSO and spec.image_shape == (10, 10, 4)
+    assert spec.conv_layers == SMALL_TORSO and spec.obs_shape == (10, 10, 4)
     assert spec.input_scale == 1.0 and spec.hidden_sizes == (128,) and spec.num_actions == 3
     with pytest.raises(ValueError, match="conv_1's 4x4 kernel does not fit its 1x1 input.*on a 10x10 image"):
         network_for(ApexConfig(env_id="MinAtar/Breakout-v1", torso="nature"))
@@ -255,7 +247,7 @@ def test_steps_marked_invalid_start_no_transition_and_join_none():
 @pytest.mark.parametrize("vectorised", [True, False])
 def test_actor_counts_the_env_steps_it_made(vectorised):
     config = ApexConfig(num_actors=1, envs_per_actor=4, seed=2)
-    actor = Actor(config, 0, init_weights(NetworkSpec(4, 2), 0))
+    actor = Actor(config, 0, init_weights(NetworkSpec((4,), 2), 0))
     if not vectorised:
         actor.envs = EnvBatch("CartPole-v1", 4, vectorised=False)
         actor.obs = actor.envs.reset(seeds=[0, 1, 2, 3])
@@ -275,7 +267,7 @@ def test_actor_counts_the_env_steps_it_made(vectorised):
 
 def test_actor_priorities_equal_a_fresh_computation():
     config = ApexConfig(num_actors=2, envs_per_actor=8, seed=3)
-    spec = NetworkSpec(4, 2)
+    spec = NetworkSpec((4,), 2)
     actor = Actor(config, 1, init_weights(spec, 1))
     for _ in range(5):
         block = actor.collect(7)
@@ -286,10 +278,10 @@ def test_actor_priorities_equal_a_fresh_computation():
 
 
 def test_greedy_evaluation_runs_every_episode_to_its_end():
-    spec = NetworkSpec(4, 2)
+    spec = NetworkSpec((4,), 2)
     returns, lengths = evaluate_greedy("CartPole-v1", init_weights(spec, 0), 4, seed=0, spec=spec)
     assert returns.shape == (4,) and np.all(returns == lengths) and np.all(lengths >= 8)
-    q = numpy_q_values(init_weights(spec, 0), np.zeros((1, 4)))
+    q = spec.q_values(init_weights(spec, 0), np.zeros((1, 4)))
     assert q.shape == (1, 2)
 
 
@@ -307,11 +299,11 @@ def test_atari_is_evaluated_epsilon_greedy_as_its_literature_does():
     """Epsilon 0.05 on Atari (Nature DQN), greedy elsewhere. An epsilon-greedy evaluation
     takes other actions than the greedy one, the same ones for the same seed; a bad epsilon is
     refused."""
-    from distrl.rl.actor import EVAL_EPSILON_ATARI, eval_epsilon
+    from distrl.rl.envs import EVAL_EPSILON_ATARI, eval_epsilon
 
     assert eval_epsilon("ALE/Pong-v5") == EVAL_EPSILON_ATARI == 0.05
     assert eval_epsilon("CartPole-v1") == eval_epsilon("MinAtar/Breakout-v1") == 0.0
-    spec, weights = NetworkSpec(4, 2), init_weights(NetworkSpec(4, 2), 0)
+    spec, weights = NetworkSpec((4,), 2), init_weights(NetworkSpec((4,), 2), 0)
     greedy = evaluate_greedy("CartPole-v1", weights, 6, seed=3, spec=spec)[1]
     noisy = [evaluate_greedy("CartPole-v1", weights, 6, seed=3, spec=spec, epsilon=0.5)[1]
              for _ in range(2)]
@@ -323,7 +315,7 @@ def test_atari_is_evaluated_epsilon_greedy_as_its_literature_does():
 
 RACE = """
 import threading
-from distrl.rl.actor import env_spec
+from distrl.rl.envs import env_spec
 barrier, errors = threading.Barrier(2), []
 def check(env_id):
     barrier.wait()
@@ -357,7 +349,8 @@ def test_atari_frames_are_preprocessed_stacked_and_packed_once_into_blocks():
     """ALE/Pong-v5 through make_env: 84x84 grey uint8 frames, 4 stacked, channels last. A Pong
     actor's blocks hold each plane once, and rebuild exactly the observations and priorities
     that the same steps folded as whole observations give."""
-    from distrl.rl.actor import frames_per_transition, make_env, stacks_frames
+    from distrl.rl.envs import make_env
+    from distrl.rl.frames import frames_per_transition, stacks_frames
 
     assert env_spec("ALE/Pong-v5") == ((84, 84, 4), 6) and stacks_frames("ALE/Pong-v5")
     env = make_env("ALE/Pong-v5")
@@ -409,9 +402,9 @@ def test_atari_is_stepped_by_ale_s_vector_env_exactly_as_make_env_steps_it(monke
     """EnvBatch steps Atari through ale_py's AtariVectorEnv: channels last, the same frames,
     rewards (clipped in training only: Space Invaders scores 5-30 a hit) and episode ends as
     make_env's wrappers give, step for step. No-ops off, both are deterministic."""
-    from distrl.rl import actor as actor_module
+    from distrl.rl import envs
 
-    monkeypatch.setattr(actor_module, "NOOP_MAX", 0)
+    monkeypatch.setattr(envs, "NOOP_MAX", 0)
     env_id, k = "ALE/SpaceInvaders-v5", 2
     vector, single = EnvBatch(env_id, k, training=training), EnvBatch(env_id, k, vectorised=False,
                                                                       training=training)

@@ -11,8 +11,8 @@ import ray
 
 from distrl.apex.driver import ApeX, TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.checkpoints import read_checkpoint
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import read_checkpoint
 from distrl.rl.network import NetworkSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -322,7 +322,7 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
                            next_obs=np.repeat(ids[:, None], 4, axis=1),
                            priority=np.full(8, priority, np.float32))
 
-    shards = [ray.remote(ReplayWorker).remote(config, NetworkSpec(4, 2), 1e9) for _ in range(2)]
+    shards = [ray.remote(ReplayWorker).remote(config, NetworkSpec((4,), 2), 1e9) for _ in range(2)]
     ray.get([shards[0].add.remote(block(0, 1.0)), shards[1].add.remote(block(100, 3.0))])
     client = ReplayShards(shards, seed=1)
     client.collect(client.request(8, 0.4, 2))  # learn the shards' masses

@@ -18,8 +18,8 @@ import pytest
 
 from distrl.apex.driver import ApeX, TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.checkpoints import latest_checkpoint, read_checkpoint
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import latest_checkpoint, read_checkpoint
 from distrl.tutorial import ERROR_LINE
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -348,8 +348,8 @@ def test_resume_refuses_a_missing_checkpoint(tmp_path, capsys):
 
 def _saved_checkpoint(directory, updates: int, config: ApexConfig) -> str:
     """A checkpoint as a learner writes it (its optimizer left out: no learner reads it here)."""
-    from distrl.rl.actor import network_for
-    from distrl.rl.learner import write_checkpoint
+    from distrl.rl.checkpoints import write_checkpoint
+    from distrl.rl.envs import network_for
     from distrl.rl.network import init_weights
 
     weights = init_weights(network_for(config), config.seed)

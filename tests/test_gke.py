@@ -1000,8 +1000,9 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     from distrl.gke import manifests
     from distrl.gke.cost import estimate_run_cost
     from distrl.gke.settings import WORKLOADS
-    from distrl.rl.actor import frames_per_block, frames_per_transition, network_for
     from distrl.rl.config import ApexConfig
+    from distrl.rl.envs import network_for
+    from distrl.rl.frames import frames_per_block, frames_per_transition
     from distrl.rl.network import NATURE_TORSO
     from distrl.rl.replay import MEMORY_SHARE, sized_capacity
 

@@ -14,11 +14,13 @@ PACKAGE = Path(__file__).resolve().parents[1] / "helpers" / "distrl"
 # the package but its version.
 LAYERS = {
     0: ["distrl", "distrl.ray_runtime", "distrl.otel.conventions", "distrl.gke.settings",
-        "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.replay"],
-    1: ["distrl.rl.actor", "distrl.rl.learner", "distrl.gke.manifests", "distrl.otel.monitoring",
+        "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.frames",
+        "distrl.rl.tf_runtime", "distrl.rl.checkpoints"],
+    1: ["distrl.rl.replay", "distrl.rl.envs", "distrl.gke.manifests", "distrl.otel.monitoring",
         "distrl.cluster.autoscale", "distrl.cluster.jobs", "distrl.apex.faults"],
-    2: ["distrl.apex.process_telemetry", "distrl.gke.cost", "distrl.gke.preflight",
-        "distrl.otel.collector", "distrl.otel.dashboard", "distrl.cluster.local"],
+    2: ["distrl.rl.actor", "distrl.rl.learner", "distrl.apex.process_telemetry",
+        "distrl.gke.cost", "distrl.gke.preflight", "distrl.otel.collector",
+        "distrl.otel.dashboard", "distrl.cluster.local"],
     3: ["distrl.apex.workers", "distrl.gke.create", "distrl.otel.explore",
         "distrl.cluster.rehearsal"],
     4: ["distrl.apex.driver"],

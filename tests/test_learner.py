@@ -5,9 +5,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dqn_reference import double_dqn_reference
 
+from distrl.rl.checkpoints import latest_checkpoint
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import Learner, configure_tensorflow, double_dqn_reference, latest_checkpoint
+from distrl.rl.learner import Learner
 from distrl.rl.network import (
     NATURE_TORSO,
     SMALL_TORSO,
@@ -15,20 +17,21 @@ from distrl.rl.network import (
     build_keras_model,
     get_keras_weights,
     init_weights,
-    numpy_q_values,
 )
 from distrl.rl.replay import SampledBatch, Transitions
+from distrl.rl.tf_runtime import configure_tensorflow
 
 configure_tensorflow(num_threads=1)
 
 
-@pytest.mark.parametrize("spec", [NetworkSpec(4, 2, (16, 8), True), NetworkSpec(6, 3, (32,), False),
-                                  NetworkSpec(5, 4, (8, 8, 8), True)])
+@pytest.mark.parametrize("spec", [NetworkSpec((4,), 2, (16, 8), True),
+                                  NetworkSpec((6,), 3, (32,), False),
+                                  NetworkSpec((5,), 4, (8, 8, 8), True)])
 def test_numpy_forward_equals_keras(spec):
     weights = init_weights(spec, seed=2)
     model = build_keras_model(spec, weights)
-    obs = np.random.default_rng(0).normal(size=(33, spec.obs_size)).astype(np.float32)
-    np.testing.assert_allclose(numpy_q_values(weights, obs, spec.dueling), model(obs).numpy(),
+    obs = np.random.default_rng(0).normal(size=(33, *spec.obs_shape)).astype(np.float32)
+    np.testing.assert_allclose(spec.q_values(weights, obs), model(obs).numpy(),
                                rtol=1e-5, atol=1e-5)
     for a, b in zip(get_keras_weights(model, spec), weights):
         np.testing.assert_array_equal(a, b)
@@ -36,11 +39,11 @@ def test_numpy_forward_equals_keras(spec):
 
 IMAGE_SPECS = [
     # the Nature torso on a frame just large enough for its three kernels, strides included
-    NetworkSpec(36 * 36 * 4, 6, (32,), True, NATURE_TORSO, (36, 36, 4), 1 / 255),
-    NetworkSpec(10 * 10 * 4, 3, (16,), False, SMALL_TORSO, (10, 10, 4)),
-    NetworkSpec(9 * 7 * 2, 2, (8,), True, ((4, 3, 2), (3, 2, 1)), (9, 7, 2)),  # not square
+    NetworkSpec((36, 36, 4), 6, (32,), True, NATURE_TORSO, 1 / 255),
+    NetworkSpec((10, 10, 4), 3, (16,), False, SMALL_TORSO),
+    NetworkSpec((9, 7, 2), 2, (8,), True, ((4, 3, 2), (3, 2, 1))),  # not square
     # a kernel twice its stride on sides its stride does not divide
-    NetworkSpec(11 * 13 * 3, 2, (8,), True, ((4, 4, 2), (2, 2, 1)), (11, 13, 3)),
+    NetworkSpec((11, 13, 3), 2, (8,), True, ((4, 4, 2), (2, 2, 1))),
 ]
 
 
@@ -49,44 +52,45 @@ def test_numpy_forward_of_an_image_network_equals_keras(spec):
     weights = init_weights(spec, seed=3)
     model = build_keras_model(spec, weights)
     rng = np.random.default_rng(0)
-    obs = rng.integers(0, 256 if spec.input_scale != 1 else 2, (5, *spec.image_shape)).astype(np.uint8)
+    obs = rng.integers(0, 256 if spec.input_scale != 1 else 2, (5, *spec.obs_shape)).astype(np.uint8)
     expected = model(obs.astype(np.float32)).numpy()
     np.testing.assert_allclose(spec.q_values(weights, obs), expected, rtol=1e-4, atol=1e-5)
     assert spec.q_values(weights, obs).dtype == np.float32
     for a, b in zip(get_keras_weights(model, spec), weights, strict=True):
         np.testing.assert_array_equal(a, b)
-    convs = sum(int(np.prod(k)) * out[0] * out[1] for _, k, _, out in spec.conv_shapes())
-    dense = sum(i * o for _, i, o in spec.layer_shapes())
+    convs = sum(int(np.prod(layer.kernel)) * layer.out[0] * layer.out[1]
+                for layer in spec.layers if layer.stride)
+    dense = sum(int(np.prod(layer.kernel)) for layer in spec.layers if not layer.stride)
     assert spec.forward_flops(2) == 2 * 2 * (convs + dense)
     assert model.count_params() == sum(int(np.prod(s)) for s in spec.weight_shapes())
 
 
 def test_the_nature_torso_on_84x84_frames_has_the_papers_shapes():
-    spec = NetworkSpec(84 * 84 * 4, 6, (512,), True, NATURE_TORSO, (84, 84, 4), 1 / 255)
-    assert [out for *_, out in spec.conv_shapes()] == [(20, 20, 32), (9, 9, 64), (7, 7, 64)]
-    assert spec.torso_size() == 3136
+    spec = NetworkSpec((84, 84, 4), 6, (512,), True, NATURE_TORSO, 1 / 255)
+    assert [layer.out for layer in spec.layers if layer.stride] == [(20, 20, 32), (9, 9, 64),
+                                                                    (7, 7, 64)]
+    assert spec.layers[3].kernel == (3136, 512)  # the torso's output, flattened
     assert spec.q_values(init_weights(spec), np.zeros((2, 84, 84, 4), np.uint8)).shape == (2, 6)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"conv_layers": SMALL_TORSO}, "needs image observations"),
-    ({"image_shape": (10, 10, 4)}, "needs image observations"),
-    ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10)}, "image_shape=(10, 10) is invalid"),
-    ({"conv_layers": SMALL_TORSO, "image_shape": (10, 10, 4), "obs_size": 100},
-     "image_shape=(10, 10, 4) is invalid: expected (height, width, channels) of obs_size=100"),
-    ({"conv_layers": NATURE_TORSO, "image_shape": (20, 20, 1)},
-     "conv_2's 3x3 kernel does not fit its 1x1 input"),
+@pytest.mark.parametrize("obs_shape, conv_layers, message", [
+    ((400,), SMALL_TORSO, "needs image observations"),
+    ((10, 10, 4), (), "needs image observations"),
+    ((10, 10), SMALL_TORSO, "obs_shape=(10, 10) is invalid"),
+    ((10, 0, 4), SMALL_TORSO, "obs_shape=(10, 0, 4) is invalid: expected (size,) of a vector or "
+                              "(height, width, channels)"),
+    ((20, 20, 1), NATURE_TORSO, "conv_2's 3x3 kernel does not fit its 1x1 input"),
 ])
-def test_an_image_network_that_cannot_be_built_is_refused_naming_the_value(kwargs, message):
-    obs_size = kwargs.pop("obs_size", int(np.prod(kwargs.get("image_shape", (10, 10, 4)))))
+def test_an_image_network_that_cannot_be_built_is_refused_naming_the_value(obs_shape,
+                                                                           conv_layers, message):
     with pytest.raises(ValueError, match=re.escape(message)):
-        NetworkSpec(obs_size, 3, (16,), True, **kwargs)
+        NetworkSpec(obs_shape, 3, (16,), True, conv_layers)
 
 
 def test_weights_of_the_wrong_shape_are_refused():
-    spec = NetworkSpec(4, 2, (16,), True)
+    spec = NetworkSpec((4,), 2, (16,), True)
     with pytest.raises(ValueError, match="expects"):
-        build_keras_model(spec, init_weights(NetworkSpec(4, 3, (16,), True)))
+        build_keras_model(spec, init_weights(NetworkSpec((4,), 3, (16,), True)))
 
 
 def tiny_batch(rng, n=6, obs_size=4):
@@ -101,20 +105,20 @@ def tiny_batch(rng, n=6, obs_size=4):
 
 def test_double_dqn_targets_and_priorities_equal_numpy():
     rng = np.random.default_rng(0)
-    spec = NetworkSpec(4, 2, (16, 16), True)
+    spec = NetworkSpec((4,), 2, (16, 16), True)
     online, target = init_weights(spec, 1), init_weights(spec, 2)
     config = ApexConfig(hidden_sizes=(16, 16), learning_rate=1e-3, target_update_period=1000)
     learner = Learner(config, spec, online)
     learner.target.set_weights(build_keras_model(spec, target).get_weights())
     batch = tiny_batch(rng)
     t = batch.transitions
-    y, td_ref = double_dqn_reference(numpy_q_values(online, t.next_obs),
-                                     numpy_q_values(target, t.next_obs),
-                                     numpy_q_values(online, t.obs), t.action, t.reward, t.discount)
+    y, td_ref = double_dqn_reference(spec.q_values(online, t.next_obs),
+                                     spec.q_values(target, t.next_obs),
+                                     spec.q_values(online, t.obs), t.action, t.reward, t.discount)
     # The reference really is double DQN: online picks, target evaluates.
-    best = numpy_q_values(online, t.next_obs).argmax(1)
+    best = spec.q_values(online, t.next_obs).argmax(1)
     assert y[1] == pytest.approx(t.reward[1])  # discount 0: no bootstrap
-    assert y[0] == pytest.approx(t.reward[0] + 0.97 * numpy_q_values(target, t.next_obs)[0, best[0]],
+    assert y[0] == pytest.approx(t.reward[0] + 0.97 * spec.q_values(target, t.next_obs)[0, best[0]],
                                  rel=1e-5)
     loss, td_abs, _ = learner.update(batch)
     np.testing.assert_allclose(td_abs, td_ref, rtol=1e-4, atol=1e-5)
@@ -128,7 +132,7 @@ def test_double_dqn_targets_and_priorities_equal_numpy():
 
 def test_target_network_follows_the_period_and_learning_reduces_loss():
     rng = np.random.default_rng(1)
-    spec = NetworkSpec(4, 2, (16,), False)
+    spec = NetworkSpec((4,), 2, (16,), False)
     config = ApexConfig(hidden_sizes=(16,), dueling=False, target_update_period=3,
                         learning_rate=1e-2, jit_compile=False)  # the period, not XLA, on test
     learner = Learner(config, spec, init_weights(spec, 0))
@@ -146,7 +150,7 @@ def test_many_batches_in_one_call_are_the_same_updates_one_by_one():
     same losses, priorities and weights, with the target copied at the same steps (period 3,
     mid-call)."""
     rng = np.random.default_rng(4)
-    spec = NetworkSpec(4, 2, (16, 8), True)
+    spec = NetworkSpec((4,), 2, (16, 8), True)
     config = ApexConfig(hidden_sizes=(16, 8), target_update_period=3, learning_rate=1e-2,
                         jit_compile=False)
     batches = [tiny_batch(rng) for _ in range(4)]
@@ -177,8 +181,8 @@ def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
     the Nature torso's update far slower (benchmarks/results/learner_throughput-pong-v5.txt). An image
     learner takes its batches as replay samples them, uint8 images channels last, and refuses
     another layout rather than reshaping it."""
-    dense = NetworkSpec(4, 2, (8,), True)
-    image = NetworkSpec(10 * 10 * 4, 3, (8,), True, SMALL_TORSO, (10, 10, 4))
+    dense = NetworkSpec((4,), 2, (8,), True)
+    image = NetworkSpec((10, 10, 4), 3, (8,), True, SMALL_TORSO)
     config = ApexConfig(hidden_sizes=(8,))
     assert config.jit_compile is None
     assert Learner(config, dense, init_weights(dense, 0)).uses_xla
@@ -214,7 +218,7 @@ def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
 
 
 def test_beta_anneals_linearly():
-    spec = NetworkSpec(4, 2, (8,), True)
+    spec = NetworkSpec((4,), 2, (8,), True)
     config = ApexConfig(hidden_sizes=(8,), priority_beta=0.4, priority_beta_final=1.0,
                         beta_anneal_updates=100)
     learner = Learner(config, spec, init_weights(spec, 0))
@@ -227,7 +231,7 @@ def test_beta_anneals_linearly():
 
 def test_checkpoint_round_trip(tmp_path):
     rng = np.random.default_rng(2)
-    spec = NetworkSpec(4, 2, (8,), True)
+    spec = NetworkSpec((4,), 2, (8,), True)
     config = ApexConfig(hidden_sizes=(8,), target_update_period=2, jit_compile=False)
     learner = Learner(config, spec, init_weights(spec, 0))
     batch = tiny_batch(rng)
@@ -271,11 +275,12 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
         import json, sys
         import numpy as np
         from distrl.rl.config import ApexConfig
-        from distrl.rl.learner import configure_tensorflow, Learner
+        from distrl.rl.tf_runtime import configure_tensorflow
+        from distrl.rl.learner import Learner
         from distrl.rl.network import init_weights, NetworkSpec
         from distrl.rl.replay import SampledBatch, Transitions
         configure_tensorflow(num_threads=1, lean=True)
-        spec = NetworkSpec(4, 2, (8,), True)
+        spec = NetworkSpec((4,), 2, (8,), True)
         learner = Learner(ApexConfig(), spec, init_weights(spec, 0))
         rng = np.random.default_rng(0)
         t = Transitions(obs=rng.normal(size=(16, 4)), action=rng.integers(0, 2, 16),
@@ -300,13 +305,14 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
 FIRST_UPDATE = """if True:
     import json, sys
     import numpy as np
-    from distrl.rl import learner as learner_module
+    from distrl.rl import tf_runtime
     from distrl.rl.config import ApexConfig
-    from distrl.rl.learner import configure_tensorflow, Learner
+    from distrl.rl.tf_runtime import configure_tensorflow
+    from distrl.rl.learner import Learner
     from distrl.rl.network import init_weights, NetworkSpec
     from distrl.rl.replay import SampledBatch, Transitions
     configure_tensorflow(num_threads=1, xla_cache=sys.argv[1] == "on")
-    spec = NetworkSpec(4, 2, (8,), True)
+    spec = NetworkSpec((4,), 2, (8,), True)
     learner = Learner(ApexConfig(jit_compile=True), spec, init_weights(spec, 0))
     rng = np.random.default_rng(0)
     t = Transitions(obs=rng.normal(size=(2, 16, 4)), action=rng.integers(0, 2, (2, 16)),
@@ -314,7 +320,7 @@ FIRST_UPDATE = """if True:
                     next_obs=rng.normal(size=(2, 16, 4)), priority=np.ones((2, 16)))
     losses, _, _ = learner.update_many(SampledBatch(t, np.zeros((2, 16), int), np.ones((2, 16)),
                                                     np.ones((2, 16))))
-    print(json.dumps({"losses": losses.tolist(), "cache": str(learner_module._xla_cache_dir)}))
+    print(json.dumps({"losses": losses.tolist(), "cache": str(tf_runtime._xla_cache_dir)}))
 """
 
 
@@ -367,7 +373,7 @@ def test_native_stderr_drops_only_the_harmless_lines_and_keeps_the_rest_in_order
 
     code = """if True:
         import os, sys
-        from distrl.rl.learner import _native_stderr_without, XLA_CACHE_NOISE
+        from distrl.rl.tf_runtime import native_stderr_without, XLA_CACHE_NOISE
         absl = "E0000 00:00:1796323457.07 29547 "
         noise = [absl + "text_format.cc:378] Error parsing text-format "
                  "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5",
@@ -375,7 +381,7 @@ def test_native_stderr_drops_only_the_harmless_lines_and_keeps_the_rest_in_order
                  "feature +prefer-no-gather is not  supported on the host machine. Machine ..."]
         real = noise[1].replace("+prefer-no-gather", "+avx512f")
         print("before", file=sys.stderr)
-        with _native_stderr_without(XLA_CACHE_NOISE):
+        with native_stderr_without(XLA_CACHE_NOISE):
             os.write(2, (noise[0] + "\\n" + real + "\\n").encode())
             print("from Python", file=sys.stderr)
             os.write(2, (noise[1] + "\\nlast, no newline").encode())
@@ -393,15 +399,15 @@ def test_an_xla_cache_that_cannot_be_made_means_compiling_each_start(tmp_path, m
                                                                    capsys):
     import os
 
-    from distrl.rl import learner as learner_module
+    from distrl.rl import tf_runtime
 
     blocker = tmp_path / "a-file"
     blocker.write_text("not a folder")
     monkeypatch.setenv("DISTRL_XLA_CACHE_DIR", str(blocker))
     monkeypatch.setenv("TF_XLA_FLAGS", "")
-    monkeypatch.setattr(learner_module, "_xla_cache_dir", tmp_path)  # whatever it was
+    monkeypatch.setattr(tf_runtime, "_xla_cache_dir", tmp_path)  # whatever it was
     configure_tensorflow(num_threads=1, xla_cache=True)
-    assert learner_module._xla_cache_dir is None and os.environ["TF_XLA_FLAGS"] == ""
+    assert tf_runtime._xla_cache_dir is None and os.environ["TF_XLA_FLAGS"] == ""
     err = capsys.readouterr().err
     assert f"no XLA cache in {blocker}" in err and "compiling each start" in err, err
 
@@ -410,8 +416,8 @@ def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tm
                                                                               monkeypatch):
     import os
 
-    from distrl.rl import learner as learner_module
-    from distrl.rl.learner import XLA_CACHE_ENV, _enable_xla_cache, default_xla_cache_dir
+    from distrl.rl import tf_runtime
+    from distrl.rl.tf_runtime import XLA_CACHE_ENV, _enable_xla_cache, default_xla_cache_dir
 
     monkeypatch.delenv(XLA_CACHE_ENV, raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
@@ -426,7 +432,7 @@ def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tm
     for i in range(5):
         (cache / f"entry{i}").write_bytes(b"x" * 100)
         os.utime(cache / f"entry{i}", (1000 + i, 1000 + i))
-    monkeypatch.setattr(learner_module, "XLA_CACHE_MAX_BYTES", 250)
+    monkeypatch.setattr(tf_runtime, "XLA_CACHE_MAX_BYTES", 250)
     monkeypatch.setenv("TF_XLA_FLAGS", "--tf_xla_enable_lazy_compilation=false")
     assert _enable_xla_cache(cache) == cache
     assert sorted(p.name for p in cache.iterdir()) == ["entry3", "entry4"]

@@ -16,7 +16,7 @@ FIGURE = re.compile(r"(?<![\w.`/=$-])(?:about |around |~)?\d[\d,.]*(?:\s*[-–]\
 # Figures that are not a run's: (notebook, figure) -> what it is.
 CONSTANTS = {
     ("01", "2 GB"): "what the notebook needs, a requirement",
-    ("01", "27,000 steps"): "where a greedy evaluation ends (rl.actor.EVAL_MAX_STEPS)",
+    ("01", "27,000 steps"): "where a greedy evaluation ends (rl.envs.EVAL_MAX_STEPS)",
     ("03", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "15 s"): "the part of that notice GKE gives non-system Pods (GKE docs; SPOT_GRACE_S)",
     ("04", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
@@ -70,10 +70,10 @@ def test_the_constants_the_prose_states_are_what_the_code_uses():
     """A constant the prose states that the code defines is the code's value, so a changed
     default cannot leave the prose behind. (Cloud facts and requirements have no code value.)"""
     from distrl.gke import manifests
-    from distrl.rl import actor
+    from distrl.rl import envs
 
     stated = {  # (notebook, figure) -> (the code's value, the figure's value), in one unit
-        ("01", "27,000 steps"): (actor.EVAL_MAX_STEPS, 27_000),
+        ("01", "27,000 steps"): (envs.EVAL_MAX_STEPS, 27_000),
         ("03", "15 s"): (manifests.SPOT_GRACE_S, 15),
     }
     assert set(stated) <= set(CONSTANTS)

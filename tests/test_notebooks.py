@@ -10,7 +10,7 @@ import pytest
 from conftest import respond
 
 from distrl.gke.settings import GkeSettings
-from distrl.rl.learner import read_checkpoint
+from distrl.rl.checkpoints import read_checkpoint
 from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook, stream_text
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

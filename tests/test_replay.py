@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from distrl.rl.frames import pack_frames
 from distrl.rl.replay import (
     APEX_CAPACITY,
     PrioritizedReplay,
@@ -15,7 +16,6 @@ from distrl.rl.replay import (
     SumTree,
     Transitions,
     available_memory,
-    pack_frames,
     sized_capacity,
 )
 
@@ -350,14 +350,14 @@ def test_framed_replay_numbers_planes_past_2_to_the_31_and_samples_exact_images(
     A replay whose count starts just below 2^31 keeps every image exact across it."""
     rng = np.random.default_rng(7)
     replay = PrioritizedReplay(200, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=150, seed=3)
-    replay.frames_inserted = 2**31 - 40  # as if the run had stored that many planes already
+    replay.frames.inserted = 2**31 - 40  # as if the run had stored that many planes already
     inserted = {}
     for _ in range(6):
         block, stream = framed_block(rng, replay.total_inserted, 20)
         keys = replay.add(block)
         inserted.update({int(k): (stream[i], stream[i + 1]) for i, k in enumerate(keys)})
         assert replay.check()["ok"], replay.check()
-    assert replay.frames_inserted > 2**31 + 50
+    assert replay.frames.inserted > 2**31 + 50
     batch = replay.sample(64)
     for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
         np.testing.assert_array_equal(obs, inserted[int(key)][0])
@@ -369,10 +369,10 @@ def test_framed_replay_refuses_blocks_it_cannot_hold_and_keeps_its_data():
     replay = PrioritizedReplay(50, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=40)
     block, _ = framed_block(rng, 0, 20)
     replay.add(block)
-    before = (replay.tree.tree.copy(), replay.frames.copy(), len(replay))
+    before = (replay.tree.tree.copy(), replay.frames.planes.copy(), len(replay))
     with pytest.raises(ValueError, match="frame_capacity=40"):
         replay.add(framed_block(rng, 20, 60)[0])
-    with pytest.raises(ValueError, match="expected a block from pack_frames"):
+    with pytest.raises(ValueError, match="expected a block from frames.pack_block"):
         replay.add(make_block(3, obs_size=4))
     with pytest.raises(ValueError, match="frames"):
         replay.add(framed_block(rng, 20, 5, size=(5, 5))[0])  # another image size
@@ -381,7 +381,7 @@ def test_framed_replay_refuses_blocks_it_cannot_hold_and_keeps_its_data():
                     discount=block.discount, next_obs=block.next_obs, priority=block.priority,
                     frames=block.frames)
     np.testing.assert_array_equal(replay.tree.tree, before[0])
-    np.testing.assert_array_equal(replay.frames, before[1])
+    np.testing.assert_array_equal(replay.frames.planes, before[1])
     assert len(replay) == before[2] and replay.check()["ok"]
     with pytest.raises(ValueError, match="frame_capacity=2 is invalid"):
         PrioritizedReplay(50, (6, 5, 4), frame_capacity=2)

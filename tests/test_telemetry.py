@@ -382,9 +382,9 @@ def test_telemetry_off_is_opentelemetrys_no_op_instruments_and_tracer():
     from distrl.rl.network import SMALL_TORSO, NetworkSpec
 
     config = ApexConfig(telemetry=False)
-    spec = NetworkSpec(4, 2)
+    spec = NetworkSpec((4,), 2)
     assert spec.name == "dueling-mlp-64x64"  # rl.model.name
-    assert NetworkSpec(400, 3, (128,), True, SMALL_TORSO, (10, 10, 4)).name == \
+    assert NetworkSpec((10, 10, 4), 3, (128,), True, SMALL_TORSO).name == \
         "dueling-conv16k3s1-mlp-128"
     tel = ProcessTelemetry(config, "learner", spec)
     assert tel.telemetry is None and tel.step_durations() is None

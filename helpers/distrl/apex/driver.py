@@ -65,9 +65,10 @@ from distrl.ray_runtime import (
     process_age_s,
     shutdown_ray,
 )
-from distrl.rl.actor import network_for, slot_epsilons
+from distrl.rl.actor import slot_epsilons
+from distrl.rl.checkpoints import check_checkpoint_network, find_resume
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import check_checkpoint_network, find_resume
+from distrl.rl.envs import network_for
 from distrl.rl.network import NetworkSpec, init_weights
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)

@@ -13,8 +13,8 @@ import typing
 
 from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
 from distrl.gke.settings import IMAGE_PYTHON_ENV
+from distrl.rl.checkpoints import find_resume
 from distrl.rl.config import ApexConfig, field_help
-from distrl.rl.learner import find_resume
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}

@@ -27,19 +27,15 @@ from distrl.apex.process_telemetry import (
     traced,
 )
 from distrl.otel import conventions as otel
-from distrl.rl.actor import (
-    EVAL_MAX_STEPS,
-    Actor,
-    eval_epsilon,
-    evaluate_greedy,
-    frames_per_block,
-    frames_per_transition,
-    network_for,
-)
+from distrl.rl.actor import Actor
+from distrl.rl.checkpoints import write_checkpoint
 from distrl.rl.config import ApexConfig
-from distrl.rl.learner import Learner, configure_tensorflow, write_checkpoint
+from distrl.rl.envs import EVAL_MAX_STEPS, eval_epsilon, evaluate_greedy, network_for
+from distrl.rl.frames import replay_sizing
+from distrl.rl.learner import Learner
 from distrl.rl.network import NetworkSpec, init_weights
 from distrl.rl.replay import MEMORY_SHARE, ReplayService, SampledBatch, sized_capacity
+from distrl.rl.tf_runtime import configure_tensorflow
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).
 PEER_TIMEOUT_S = 60.0
@@ -53,18 +49,15 @@ class ReplayWorker(ReplayService):
     """The replay process: ReplayService plus telemetry of what it serves."""
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
-        obs_shape = spec.image_shape or (spec.obs_size,)
-        obs_dtype = np.uint8 if spec.image_shape else np.float32  # actor.IMAGE_DTYPES
         # Sized on this node: it holds the memory (a refusal says how much would fit).
         capacity, frame_capacity = sized_capacity(
-            config.replay_capacity, obs_shape, obs_dtype=obs_dtype,
-            frames_per_transition=frames_per_transition(config, obs_shape),
-            frame_headroom=frames_per_block(config, obs_shape),
-            share=MEMORY_SHARE / config.replay_shards)
-        super().__init__(capacity, obs_shape, alpha=config.priority_alpha,
+            config.replay_capacity, spec.obs_shape, obs_dtype=spec.input_dtype,
+            share=MEMORY_SHARE / config.replay_shards, **replay_sizing(config, spec.obs_shape))
+        super().__init__(capacity, spec.obs_shape, alpha=config.priority_alpha,
                          eps=config.priority_eps, samples_per_insert=config.samples_per_insert,
                          min_size=config.min_replay_size, error_buffer=error_buffer,
-                         seed=config.seed, obs_dtype=obs_dtype, frame_capacity=frame_capacity)
+                         seed=config.seed, obs_dtype=spec.input_dtype,
+                         frame_capacity=frame_capacity)
         self.tel = ProcessTelemetry(config, "replay", spec)
         self.learner = None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "replay"))
@@ -378,78 +371,97 @@ class ActorWorker:
                                      otel.RL_SYNC_DESTINATION: "actor"})
 
     def run(self) -> dict:
+        """Collect, ship and sync until stop(): one block travels to replay while the next is
+        made, and fresh weights are pulled every weight_sync_period steps without waiting."""
         c, actor, tel = self.config, self.actor, self.tel
-        rl, attrs = tel.rl, self._sample_attrs
-        steps = c.actor_block_steps
-        in_flight = None          # (block ref, add ref): one block travels while the next is made
+        in_flight = None          # (block ref, add ref, size, trace context)
         weights_request = None    # (ref, start time, trace context, start time in ns)
         steps_since_sync = 0
-        sync_attrs = {otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: tel.role}
         traffic = TrafficTally()
-        traffic.start(rl, attrs)
+        traffic.start(tel.rl, self._sample_attrs)
         while not self._stop.is_set():
             with tel.unit():
                 t0 = time.perf_counter()
-                step_ms = tel.step_durations()  # every env.step's own time (None: not timed)
-                with tel.span(otel.SPAN_SAMPLE, {otel.RL_SAMPLE_STEPS: steps,
-                                                 otel.RL_SAMPLE_BATCH_SIZE: c.envs_per_actor}) as span:
-                    steps_before = actor.env_steps
-                    actor.step(steps, step_ms)
-                    span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
-                t1 = time.perf_counter()
-                with tel.span(otel.SPAN_REWARD) as span:
-                    block = actor.fold()
-                    span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
-                    insert_context = current_carrier()  # replay.insert is the fold's child
+                steps_before = actor.env_steps
+                block, insert_context, step_ms, t1 = self._collect_block()
                 t2 = time.perf_counter()
-                steps_since_sync += steps
+                steps_since_sync += c.actor_block_steps
                 if in_flight is not None:
                     self._deliver(*in_flight)
                 block_ref = _put(block)
                 with otel.in_context(insert_context):
-                    in_flight = (block_ref, call(self.replay.add, block_ref), len(block))
+                    in_flight = (block_ref, call(self.replay.add, block_ref), len(block),
+                                 insert_context)
                 if weights_request is None and steps_since_sync >= c.weight_sync_period:
                     weights_request = (self.learner.get_weights.remote(actor.weights_version),
                                        time.perf_counter(), current_carrier(), time.time_ns())
                     steps_since_sync = 0
             if weights_request is not None and _ready(weights_request[0]):
-                ref, started, sync_context, started_ns = weights_request
+                self._take_weights(*weights_request)
                 weights_request = None
-                update = _get(ref)
-                if update is not None:
-                    actor.set_weights(update[1], update[0])
-                size = sum(w.nbytes for w in update[1]) if update is not None else 0
-                # From the request to the new weights in use (the pull is asynchronous).
-                with otel.in_context(sync_context), tel.span(
-                        otel.SPAN_SYNC, {**sync_attrs, otel.RL_SYNC_BYTES: size}, started_ns):
-                    pass
-                rl.duration("rl.sync.duration", (time.perf_counter() - started) * 1e3,
-                            self._sync_attrs)
-            returns, lengths = actor.pop_episode_stats()
-            with self._lock:
-                self._returns += returns
-                self._lengths += lengths
-            rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
-            for ms in step_sample(step_ms or []):
-                rl.duration("rl.step.duration", ms, attrs)
-            rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
-            rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
-            # The env steps made: a vectorised env's reset steps are none (EnvBatch).
-            traffic.add(actor.env_steps - steps_before, returns, lengths)
-            if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
-                traffic.flush(rl, attrs)
+            self._record(traffic, actor.env_steps - steps_before, step_ms, t0, t1, t2)
         if in_flight is not None:
             self._deliver(*in_flight)
-        traffic.flush(rl, attrs)
+        traffic.flush(tel.rl, self._sample_attrs)
         tel.shutdown()
         return self.stats()
 
-    def _deliver(self, block_ref, add_ref, size: int) -> None:
-        """Wait until replay accepted the block, resending it if the rate limiter timed out."""
+    def _collect_block(self):
+        """actor_block_steps steps of every env, folded: (block, the trace context its insert
+        runs under, every env.step's time or None, the time the stepping ended)."""
+        actor, tel, steps = self.actor, self.tel, self.config.actor_block_steps
+        step_ms = tel.step_durations()  # every env.step's own time (None: not timed)
+        with tel.span(otel.SPAN_SAMPLE, {otel.RL_SAMPLE_STEPS: steps,
+                                         otel.RL_SAMPLE_BATCH_SIZE: self.config.envs_per_actor}) as span:
+            actor.step(steps, step_ms)
+            span.set_attribute(otel.RL_SAMPLE_EPISODES, len(actor.finished_returns))
+        stepped = time.perf_counter()
+        with tel.span(otel.SPAN_REWARD) as span:
+            block = actor.fold()
+            span.set_attribute(otel.RL_REWARD_BATCH_SIZE, len(block))
+            insert_context = current_carrier()  # replay.insert is the fold's child
+        return block, insert_context, step_ms, stepped
+
+    def _take_weights(self, ref, started: float, sync_context, started_ns: int) -> None:
+        """The learner's answer to a weights request: in use from now on, and the sync's span
+        and duration from the request to here (the pull is asynchronous)."""
+        update = _get(ref)
+        if update is not None:
+            self.actor.set_weights(update[1], update[0])
+        size = sum(w.nbytes for w in update[1]) if update is not None else 0
+        with otel.in_context(sync_context), self.tel.span(otel.SPAN_SYNC, {
+                otel.RL_SYNC_SOURCE: "learner", otel.RL_SYNC_DESTINATION: self.tel.role,
+                otel.RL_SYNC_BYTES: size}, started_ns):
+            pass
+        self.tel.rl.duration("rl.sync.duration", (time.perf_counter() - started) * 1e3,
+                             self._sync_attrs)
+
+    def _record(self, traffic: TrafficTally, env_steps: int, step_ms, t0: float, t1: float,
+                t2: float) -> None:
+        """One loop's episodes for stats(), and its durations and traffic for telemetry."""
+        rl, attrs = self.tel.rl, self._sample_attrs
+        returns, lengths = self.actor.pop_episode_stats()
+        with self._lock:
+            self._returns += returns
+            self._lengths += lengths
+        rl.duration("rl.sample.duration", (t1 - t0) * 1e3, attrs)
+        for ms in step_sample(step_ms or []):
+            rl.duration("rl.step.duration", ms, attrs)
+        rl.duration("rl.reward.duration", (t2 - t1) * 1e3, attrs)
+        rl.duration("rl.loop.duration", (time.perf_counter() - t0) * 1e3, attrs)
+        # The env steps made: a vectorised env's reset steps are none (EnvBatch).
+        traffic.add(env_steps, returns, lengths)
+        if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
+            traffic.flush(rl, attrs)
+
+    def _deliver(self, block_ref, add_ref, size: int, context) -> None:
+        """Wait until replay accepted the block, resending it if the rate limiter timed out;
+        a resend carries the first send's trace context (its insert is the fold's child too)."""
         while not _get(add_ref):
             if self._stop.is_set():
                 return  # replay is closing: the run is over
-            add_ref = self.replay.add.remote(block_ref)
+            with otel.in_context(context):
+                add_ref = call(self.replay.add, block_ref)
         self.blocks_sent += 1
         self.transitions_sent += size
 

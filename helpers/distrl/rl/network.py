@@ -1,24 +1,26 @@
-"""The dueling Q-network: one weight layout, two implementations.
+"""The dueling Q-network: one list of layers, two implementations.
 
 The learner trains a Keras model; actors and the evaluator run the same weights through a
 numpy forward pass, because for the small batches an actor feeds, numpy costs microseconds
 where a Keras call costs milliseconds, and an actor process never has to import TensorFlow.
 
-Flat observations go straight to the dense layers. Image observations (height, width,
-channels) go through a convolutional torso first: NATURE_TORSO, the Nature DQN's for 84x84
-Atari frames (Mnih et al. 2015, Methods), or SMALL_TORSO for small grids such as MinAtar's 10x10
-(Young & Tian 2019, section 4). Convolutions are Keras' Conv2D: channels last, "valid" padding,
-ReLU, kernels shaped (kernel, kernel, in channels, filters).
+NetworkSpec.layers is the network: both passes, the weight shapes, the layer names and the
+initial weights walk it, so a change of torso or head is a change here only. Flat
+observations go straight to the dense layers. Image observations (height, width, channels) go
+through a convolutional torso first: NATURE_TORSO, the Nature DQN's for 84x84 Atari frames
+(Mnih et al. 2015, Methods), or SMALL_TORSO for small grids such as MinAtar's 10x10 (Young &
+Tian 2019, section 4). Convolutions are Keras' Conv2D: channels last, "valid" padding, ReLU,
+kernels shaped (kernel, kernel, in channels, filters).
 
-Weights are a flat list of numpy arrays in this order:
-    conv_0 kernel, conv_0 bias, ... (images only), then hidden_0 kernel, hidden_0 bias, ...,
-    then value kernel, value bias, advantage kernel, advantage bias (dueling) or q kernel,
-    q bias (plain).
+Weights are a flat list of numpy arrays, a kernel and a bias per layer in the order of
+NetworkSpec.layers: conv_0 ... (images only), hidden_0 ..., then value and advantage (dueling)
+or q (plain).
 """
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,78 +32,88 @@ SMALL_TORSO = ((16, 3, 1),)  # then a dense layer of 128
 
 
 @dataclass(frozen=True)
-class NetworkSpec:
-    """Shapes that define the Q-network. With conv_layers, observations are images of
-    image_shape (height, width, channels), and obs_size is their size flattened."""
+class Layer:
+    """One layer with weights: a convolution (stride > 0) or a dense layer; a head is a dense
+    layer without ReLU that reads the last hidden layer (the dueling value and advantage)."""
 
-    obs_size: int
+    name: str
+    kernel: tuple[int, ...]  # (k, k, in channels, filters), or (inputs, units)
+    out: tuple[int, ...]     # one observation's output: (height, width, filters), or (units,)
+    stride: int = 0
+    head: bool = False
+
+    @property
+    def flops(self) -> int:
+        """Multiply-adds x 2 for one observation."""
+        return 2 * math.prod(self.kernel) * math.prod(self.out[:-1])
+
+
+@dataclass(frozen=True)
+class NetworkSpec:
+    """What defines the Q-network: observations of obs_shape (a vector, or an image of height,
+    width and channels, which needs conv_layers), num_actions outputs."""
+
+    obs_shape: tuple[int, ...]
     num_actions: int
     hidden_sizes: tuple[int, ...] = (64, 64)
     dueling: bool = True
     conv_layers: tuple[tuple[int, int, int], ...] = ()
-    image_shape: tuple[int, int, int] | None = None
     input_scale: float = 1.0  # observations are multiplied by it first: 1/255 for uint8 frames
 
     def __post_init__(self):
-        if bool(self.conv_layers) != (self.image_shape is not None):
-            raise ValueError(f"conv_layers={self.conv_layers!r} with image_shape="
-                             f"{self.image_shape!r}: a convolutional torso needs image "
-                             "observations (height, width, channels), and images need one")
-        if self.image_shape is not None:
-            if len(self.image_shape) != 3 or int(np.prod(self.image_shape)) != self.obs_size:
-                raise ValueError(f"image_shape={self.image_shape!r} is invalid: expected "
-                                 f"(height, width, channels) of obs_size={self.obs_size} values")
-            size = self.image_shape[:2]
-            for name, (_, kernel, _, _), _, out in self.conv_shapes():
-                if out[0] < 1 or out[1] < 1:
-                    raise ValueError(f"{name}'s {kernel}x{kernel} kernel does not fit its "
-                                     f"{size[0]}x{size[1]} input (conv_layers="
-                                     f"{self.conv_layers!r} on a {self.image_shape[0]}x"
-                                     f"{self.image_shape[1]} image)")
-                size = out[:2]
+        shape = self.obs_shape
+        if (not isinstance(shape, tuple) or len(shape) not in (1, 3)
+                or not all(isinstance(s, (int, np.integer)) and s >= 1 for s in shape)):
+            raise ValueError(f"obs_shape={shape!r} is invalid: expected (size,) of a vector or "
+                             "(height, width, channels) of an image")
+        object.__setattr__(self, "obs_shape", tuple(int(s) for s in shape))
+        if bool(self.conv_layers) != (len(shape) == 3):
+            raise ValueError(f"conv_layers={self.conv_layers!r} with obs_shape={shape!r}: a "
+                             "convolutional torso needs image observations (height, width, "
+                             "channels), and images need one")
+        self.layers  # noqa: B018 (a kernel that does not fit raises here)
 
-    def conv_shapes(self) -> list[tuple[str, tuple[int, int, int, int], int, tuple[int, int, int]]]:
-        """(name, kernel shape, stride, output shape) for every convolution, in order."""
-        if self.image_shape is None:
-            return []
-        shapes, (height, width, channels) = [], self.image_shape
+    @functools.cached_property
+    def layers(self) -> tuple[Layer, ...]:
+        """Every layer with weights, in weight-list order."""
+        layers, out = [], self.obs_shape
         for i, (filters, kernel, stride) in enumerate(self.conv_layers):
-            height, width = (height - kernel) // stride + 1, (width - kernel) // stride + 1
-            shapes.append((f"conv_{i}", (kernel, kernel, channels, filters), stride,
-                           (height, width, filters)))
-            channels = filters
-        return shapes
-
-    def torso_size(self) -> int:
-        """How many values the dense layers get: the last convolution's output, flattened."""
-        convs = self.conv_shapes()
-        return int(np.prod(convs[-1][3])) if convs else self.obs_size
-
-    def layer_shapes(self) -> list[tuple[str, int, int]]:
-        """(name, inputs, outputs) for every dense layer, in weight-list order."""
-        shapes, width = [], self.torso_size()
+            height, width, channels = out
+            out = ((height - kernel) // stride + 1, (width - kernel) // stride + 1, filters)
+            if out[0] < 1 or out[1] < 1:
+                raise ValueError(f"conv_{i}'s {kernel}x{kernel} kernel does not fit its "
+                                 f"{height}x{width} input (conv_layers={self.conv_layers!r} "
+                                 f"on a {self.obs_shape[0]}x{self.obs_shape[1]} image)")
+            layers.append(Layer(f"conv_{i}", (kernel, kernel, channels, filters), out, stride))
+        width = math.prod(out)  # the torso's output, flattened
         for i, units in enumerate(self.hidden_sizes):
-            shapes.append((f"hidden_{i}", width, units))
+            layers.append(Layer(f"hidden_{i}", (width, units), (units,)))
             width = units
-        if self.dueling:
-            shapes += [("value", width, 1), ("advantage", width, self.num_actions)]
-        else:
-            shapes.append(("q", width, self.num_actions))
-        return shapes
+        heads = (("value", 1), ("advantage", self.num_actions)) if self.dueling else (
+            ("q", self.num_actions),)
+        return tuple(layers + [Layer(name, (width, units), (units,), head=True)
+                               for name, units in heads])
 
-    def forward_flops(self, batch_size: int = 1) -> int:
-        """Multiply-adds x 2 of one forward pass (the dueling combine is negligible)."""
-        conv = sum(int(np.prod(kernel)) * out[0] * out[1] for _, kernel, _, out in self.conv_shapes())
-        return 2 * batch_size * (conv + sum(i * o for _, i, o in self.layer_shapes()))
+    @property
+    def is_image(self) -> bool:
+        return len(self.obs_shape) == 3
 
-    def layer_names(self) -> list[str]:
-        """Every layer with weights, convolutions first, in weight-list order (two arrays each)."""
-        return [c[0] for c in self.conv_shapes()] + [d[0] for d in self.layer_shapes()]
+    @property
+    def input_dtype(self) -> type:
+        """What observations travel and are stored as: images uint8 (a quarter of float32's
+        bytes), vectors float32."""
+        return np.uint8 if self.is_image else np.float32
 
     def weight_shapes(self) -> list[tuple[int, ...]]:
         """The shape of every array of the weight list, in order."""
-        conv = [s for _, kernel, _, _ in self.conv_shapes() for s in (kernel, (kernel[3],))]
-        return conv + [s for _, i, o in self.layer_shapes() for s in ((i, o), (o,))]
+        return [shape for layer in self.layers for shape in (layer.kernel, layer.out[-1:])]
+
+    def layer_names(self) -> list[str]:
+        return [layer.name for layer in self.layers]
+
+    def forward_flops(self, batch_size: int = 1) -> int:
+        """Multiply-adds x 2 of one forward pass (the dueling combine is negligible)."""
+        return batch_size * sum(layer.flops for layer in self.layers)
 
     @property
     def name(self) -> str:
@@ -111,13 +123,37 @@ class NetworkSpec:
         return (f"{'dueling-' if self.dueling else ''}{convs}mlp-"
                 f"{'x'.join(map(str, self.hidden_sizes))}")
 
-    @functools.cached_property
-    def conv_strides(self) -> tuple[int, ...]:
-        return tuple(stride for _, _, stride, _ in self.conv_shapes())
+    def q_values(self, weights: list[np.ndarray], obs: np.ndarray,
+                 conv=None) -> np.ndarray:
+        """Q-values of a batch of observations in numpy, float32, (batch, num_actions): the
+        actors' every step. conv: another convolution (benchmarks/conv_forward.py)."""
+        conv = conv or conv2d_relu
+        h = np.asarray(obs, dtype=np.float32)
+        if self.input_scale != 1.0 and self.conv_layers:  # once in the first kernel, not per pixel
+            weights = [weights[0] * np.float32(self.input_scale), *weights[1:]]
+        elif self.input_scale != 1.0:
+            h = h * np.float32(self.input_scale)
+        heads = []
+        for layer, kernel, bias in zip(self.layers, weights[::2], weights[1::2]):
+            if layer.stride:
+                h = conv(h, kernel, bias, layer.stride)
+                continue
+            if h.ndim > 2:
+                h = h.reshape(len(h), -1)
+            if layer.head:
+                heads.append(h @ kernel + bias)
+            else:
+                h = h @ kernel + bias
+                np.maximum(h, 0.0, out=h)
+        return _combine(heads, np.mean)
 
-    def q_values(self, weights: list[np.ndarray], obs: np.ndarray) -> np.ndarray:
-        """numpy_q_values for this network (the actors' every step: nothing recomputed)."""
-        return numpy_q_values(weights, obs, self.dueling, self.conv_strides, self.input_scale)
+
+def _combine(heads: list, mean):
+    """Q from the heads: Q = V + A - mean(A) (dueling, Wang et al. 2016, eq. 9), or Q."""
+    if len(heads) == 1:
+        return heads[0]
+    value, advantage = heads
+    return value + advantage - mean(advantage, axis=1, keepdims=True)
 
 
 def init_weights(spec: NetworkSpec, seed: int = 0) -> list[np.ndarray]:
@@ -142,32 +178,6 @@ def check_weights(spec: NetworkSpec, weights: list[np.ndarray]) -> None:
         raise ValueError(f"weights have shapes {got}; the network {spec} expects {expected}")
 
 
-def numpy_q_values(weights: list[np.ndarray], obs: np.ndarray, dueling: bool = True,
-                   conv_strides: tuple[int, ...] = (), input_scale: float = 1.0) -> np.ndarray:
-    """Q-values for a batch of observations, float32, shape (batch, num_actions). With
-    conv_strides (one per convolution: NetworkSpec.q_values passes them), obs are images
-    (batch, height, width, channels)."""
-    h = np.asarray(obs, dtype=np.float32)
-    if input_scale != 1.0 and conv_strides:  # scaled once in the first kernel, not per pixel
-        weights = [weights[0] * np.float32(input_scale), *weights[1:]]
-    elif input_scale != 1.0:
-        h = h * np.float32(input_scale)
-    if conv_strides:
-        for i, stride in enumerate(conv_strides):
-            h = conv2d_relu(h, weights[2 * i], weights[2 * i + 1], stride)
-        weights = weights[2 * len(conv_strides):]
-    h = h.reshape(len(h), -1)
-    num_hidden = len(weights) // 2 - (2 if dueling else 1)
-    for i in range(num_hidden):
-        h = h @ weights[2 * i] + weights[2 * i + 1]
-        np.maximum(h, 0.0, out=h)
-    if not dueling:
-        return h @ weights[-2] + weights[-1]
-    value = h @ weights[-4] + weights[-3]
-    advantage = h @ weights[-2] + weights[-1]
-    return value + advantage - advantage.mean(axis=1, keepdims=True)
-
-
 def conv2d_relu(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, stride: int) -> np.ndarray:
     """relu(conv2d(x) + bias) of a batch of images (batch, height, width, channels), "valid"
     padding: the windows copied into one matrix (im2col), then one matrix product. Chosen on
@@ -183,26 +193,30 @@ def conv2d_relu(x: np.ndarray, kernel: np.ndarray, bias: np.ndarray, stride: int
 
 
 def build_keras_model(spec: NetworkSpec, weights: list[np.ndarray] | None = None):
-    """The same network in Keras (imports TensorFlow: call it in the learner only)."""
+    """The same network in Keras, walking the same layers (imports TensorFlow: call it in the
+    learner only)."""
     import keras
 
-    inputs = keras.Input(shape=spec.image_shape or (spec.obs_size,), name="obs")
+    inputs = keras.Input(shape=spec.obs_shape, name="obs")
     h = inputs
     if spec.input_scale != 1.0:
         h = keras.layers.Rescaling(spec.input_scale, name="scale")(h)
-    for name, (k, _, _, filters), stride, _ in spec.conv_shapes():
-        h = keras.layers.Conv2D(filters, k, strides=stride, activation="relu", name=name)(h)
-    if spec.conv_layers:
-        h = keras.layers.Flatten(name="flatten")(h)
-    for name, _, units in spec.layer_shapes()[: len(spec.hidden_sizes)]:
-        h = keras.layers.Dense(units, activation="relu", name=name)(h)
-    if spec.dueling:
-        value = keras.layers.Dense(1, name="value")(h)
-        advantage = keras.layers.Dense(spec.num_actions, name="advantage")(h)
-        q = value + advantage - keras.ops.mean(advantage, axis=1, keepdims=True)
-    else:
-        q = keras.layers.Dense(spec.num_actions, name="q")(h)
-    model = keras.Model(inputs, q, name="dueling_q" if spec.dueling else "q")
+    heads = []
+    for layer in spec.layers:
+        if layer.stride:
+            h = keras.layers.Conv2D(layer.kernel[-1], layer.kernel[0], strides=layer.stride,
+                                    activation="relu", name=layer.name)(h)
+            continue
+        if len(h.shape) > 2:
+            h = keras.layers.Flatten(name="flatten")(h)
+        dense = keras.layers.Dense(layer.kernel[-1], activation=None if layer.head else "relu",
+                                   name=layer.name)
+        if layer.head:
+            heads.append(dense(h))
+        else:
+            h = dense(h)
+    model = keras.Model(inputs, _combine(heads, keras.ops.mean),
+                        name="dueling_q" if spec.dueling else "q")
     if weights is not None:
         set_keras_weights(model, spec, weights)
     return model

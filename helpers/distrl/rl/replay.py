@@ -8,11 +8,8 @@
 Everything is struct-of-arrays: one numpy array per field, blocks in and batches out, so that
 nothing is a Python loop over transitions and nothing crosses a process as a list of tuples.
 
-Image observations are stored as frames: each channel of an observation is a plane (height x
-width, the env's dtype, uint8 for pixels) stored once, and a transition holds the indices of its
-observations' planes. Four stacked Atari frames share three planes with the next step's, and a
-transition's next observation is a later transition's observation, so a transition costs about
-one plane (7 KB at 84x84) instead of two float32 stacks (220 KB).
+Image observations are stored as frames (distrl.rl.frames): each plane once, a transition
+holding the numbers of its observations' planes.
 """
 
 from __future__ import annotations
@@ -20,11 +17,12 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from distrl.rl import frames as framing
 
 
 @dataclass
@@ -35,10 +33,10 @@ class Transitions:
     k steps folded when the target should bootstrap from next_obs, and 0 when the episode
     terminated inside the n steps. priority is the actor's |TD error| (before the exponent).
 
-    frames, for image observations on their way to replay (pack_frames): the block's planes
-    (num_planes, height, width), each stored once; obs and next_obs then hold, per transition,
-    the index in frames of each channel's plane ((n, channels) int32). observations() rebuilds
-    the images.
+    frames, for image observations on their way to replay (frames.pack_block): the block's
+    planes (num_planes, height, width), each stored once; obs and next_obs then hold, per
+    transition, the index in frames of each channel's plane ((n, channels) int32).
+    observations() rebuilds the images.
     """
 
     obs: np.ndarray
@@ -49,16 +47,19 @@ class Transitions:
     priority: np.ndarray
     frames: np.ndarray | None = None
 
+    # The fields with one row per transition (frames is the block's, not a row's).
+    ROWS = ("obs", "action", "reward", "discount", "next_obs", "priority")
+
     def __len__(self) -> int:
         return int(self.action.shape[0])
 
     def __post_init__(self) -> None:
         n = len(self)
-        for f in fields(self)[:-1]:
-            value = getattr(self, f.name)
+        for name in self.ROWS:
+            value = getattr(self, name)
             if not isinstance(value, np.ndarray) or value.shape[:1] != (n,):
                 shape = getattr(value, "shape", type(value).__name__)
-                raise ValueError(f"Transitions.{f.name} has shape {shape}; expected a numpy "
+                raise ValueError(f"Transitions.{name} has shape {shape}; expected a numpy "
                                  f"array with {n} rows like Transitions.action")
         if self.frames is not None:
             for name in ("obs", "next_obs"):
@@ -72,53 +73,18 @@ class Transitions:
     def observations(self, refs: np.ndarray) -> np.ndarray:
         """The images (..., height, width, channels) that plane indices refs (..., channels)
         stand for."""
-        return np.moveaxis(self.frames.take(refs, axis=0), -3, -1)
+        return framing.images(self.frames, refs)
 
     @staticmethod
     def concat(blocks: list[Transitions]) -> Transitions:
         if any(b.frames is not None for b in blocks):
             raise ValueError("Transitions.concat takes blocks of observations, not of frames")
-        return Transitions(*(np.concatenate([getattr(b, f.name) for b in blocks])
-                             for f in fields(Transitions)[:-1]))
+        return Transitions(**{name: np.concatenate([getattr(b, name) for b in blocks])
+                              for name in Transitions.ROWS})
 
     def take(self, index) -> Transitions:
-        return Transitions(*(getattr(self, f.name)[index] for f in fields(self)[:-1]),
+        return Transitions(**{name: getattr(self, name)[index] for name in self.ROWS},
                            frames=self.frames)
-
-
-def pack_frames(observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Image observations (E, height, width, channels) as planes stored once, and each
-    observation's plane indices (E, channels).
-
-    Where observation e's channels 0..C-2 are exactly e - 1's channels 1..C-1 (a frame stack
-    moved on by one frame), only its last plane is new; otherwise all its C planes are. So an
-    episode's observations in time order share all but one plane each. The test is on the
-    values, so the packing is exact for any env: one that stacks no frames shares no planes.
-    """
-    num, channels = len(observations), observations.shape[-1]
-    shifted = np.zeros(num, dtype=bool)
-    if num > 1 and channels == 4 and observations.dtype == np.uint8:
-        # A pixel's 4 planes as one little-endian uint32: planes 0-2 of e are planes 1-3 of
-        # e - 1 shifted down a byte. 5x faster than comparing strided planes (a Pong block).
-        pixels = np.ascontiguousarray(observations).view("<u4")[..., 0]
-        shifted[1:] = ((pixels[1:] & 0xFFFFFF) == (pixels[:-1] >> 8)).all(axis=(1, 2))
-    elif num > 1 and channels > 1:
-        shifted[1:] = (observations[1:, ..., :-1] == observations[:-1, ..., 1:]).all(axis=(1, 2, 3))
-    new = np.where(shifted, 1, channels)
-    first_new = np.cumsum(new) - new          # index of each observation's first new plane
-    # run[e]: how many observations in a row up to e moved on by one frame (0 where e did not).
-    run = np.arange(num) - np.maximum.accumulate(np.where(~shifted, np.arange(num), 0))
-    channel = np.arange(channels)
-    back = channels - 1 - channel                               # frames ago a channel was new
-    head = np.arange(num) - run                                 # where the run started
-    in_run = back[None, :] <= run[:, None]
-    earlier = np.maximum(np.arange(num)[:, None] - back[None, :], 0)
-    recent = first_new[earlier] + new[earlier] - 1              # the newest plane of e - back
-    at_head = first_new[head][:, None] + channel[None, :] + run[:, None]
-    refs = np.where(in_run, recent, at_head).astype(np.int32)
-    source, plane = np.nonzero(np.where(shifted[:, None], channel[None, :] == channels - 1, True))
-    frames = observations[source, :, :, plane]
-    return frames, refs
 
 
 @dataclass
@@ -213,11 +179,11 @@ class PrioritizedReplay:
     Every inserted transition gets a key (its global insertion number); the slot is
     key % capacity, so an update for a key whose slot has since been overwritten is ignored.
 
-    Image observations (obs_shape of rank 3) are kept as frames in a ring of frame_capacity
-    planes (default: channels per transition, enough when no two observations share a plane).
-    Blocks arrive packed (pack_frames) and each block's transitions reference only its own
-    planes, so when the ring overwrites a block's planes, that block's transitions leave with
-    them: both rings evict oldest first, and the live keys stay one contiguous run.
+    Image observations (obs_shape of rank 3) are kept as frames in a frames.FrameRing of
+    frame_capacity planes (default: channels per transition, enough when no two observations
+    share a plane). Blocks arrive packed (frames.pack_block); when the ring overwrites a
+    block's planes, that block's transitions leave with them: both rings evict oldest first,
+    and the live keys stay one contiguous run.
     """
 
     def __init__(self, capacity: int, obs_shape: tuple[int, ...], *, obs_dtype=np.float32,
@@ -237,16 +203,11 @@ class PrioritizedReplay:
         self.framed = len(self.obs_shape) == 3
         if self.framed:
             height, width, channels = self.obs_shape
-            frame_capacity = capacity * channels if frame_capacity is None else frame_capacity
-            if not isinstance(frame_capacity, int) or frame_capacity < channels:
-                raise ValueError(f"frame_capacity={frame_capacity!r} is invalid: expected an "
-                                 f"integer >= {channels} (one observation's planes)")
-            self.frame_capacity = frame_capacity
-            self.frames = np.zeros((frame_capacity, height, width), dtype=obs_dtype)
+            self.frames = framing.FrameRing(capacity * channels if frame_capacity is None
+                                            else frame_capacity, (height, width), obs_dtype,
+                                            channels)
             self.obs = np.zeros((capacity, channels), dtype=np.int64)  # plane numbers
             self.next_obs = np.zeros((capacity, channels), dtype=np.int64)
-            self.frames_inserted = 0
-            self._blocks: deque[tuple[int, int]] = deque()  # (first key, first plane number)
         else:
             self.obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
             self.next_obs = np.zeros((capacity, *self.obs_shape), dtype=obs_dtype)
@@ -265,7 +226,7 @@ class PrioritizedReplay:
     def nbytes(self) -> int:
         """Bytes of every array this replay holds (what it costs in RAM once filled)."""
         arrays = [self.obs, self.next_obs, self.action, self.reward, self.discount, self.key,
-                  self.tree.tree] + ([self.frames] if self.framed else [])
+                  self.tree.tree] + ([self.frames.planes] if self.framed else [])
         return sum(a.nbytes for a in arrays)
 
     @staticmethod
@@ -276,9 +237,9 @@ class PrioritizedReplay:
         fields = capacity * (8 + 4 + 4 + 8) + 2 * leaves * 8  # action, reward, discount, key, tree
         if len(obs_shape) == 3:
             height, width, channels = obs_shape
-            frames = capacity * channels if frame_capacity is None else frame_capacity
+            planes = capacity * channels if frame_capacity is None else frame_capacity
             return (fields + 2 * capacity * channels * 8
-                    + frames * height * width * np.dtype(obs_dtype).itemsize)
+                    + framing.FrameRing.bytes_for(planes, (height, width), obs_dtype))
         return fields + 2 * capacity * math.prod(obs_shape) * np.dtype(obs_dtype).itemsize
 
     def check(self) -> dict:
@@ -302,9 +263,8 @@ class PrioritizedReplay:
         if not np.isclose(self.tree.total, total, rtol=1e-6, atol=1e-9):
             problems.append(f"sum tree root {self.tree.total} != sum of leaves {total}")
         if self.framed and size:
-            oldest = self.frames_inserted - self.frame_capacity
             slots = expected % self.capacity
-            if min(self.obs[slots].min(), self.next_obs[slots].min()) < oldest:
+            if min(self.obs[slots].min(), self.next_obs[slots].min()) < self.frames.oldest:
                 problems.append("a live transition references an overwritten frame")
         return {"ok": not problems, "problems": problems, "size": size,
                 "inserted": self.total_inserted}
@@ -323,28 +283,13 @@ class PrioritizedReplay:
                 got = (f"frames {None if block.frames is None else block.frames.shape[1:]} "
                        f"with {block.obs.shape[1:]} plane indices")
                 raise ValueError(f"block has {got}; this replay stores {self.obs_shape} images "
-                                 f"as frames: expected a block from pack_frames")
-            if len(block.frames) > self.frame_capacity:
+                                 f"as frames: expected a block from frames.pack_block")
+            if len(block.frames) > self.frames.capacity:
                 raise ValueError(f"block has {len(block.frames)} frames; this replay holds "
-                                 f"frame_capacity={self.frame_capacity}")
+                                 f"frame_capacity={self.frames.capacity}")
         elif block.frames is not None or block.obs.shape[1:] != self.obs_shape:
             raise ValueError(f"block observations have shape {block.obs.shape[1:]}; this replay "
                              f"stores observations of shape {self.obs_shape}")
-
-    def _store_frames(self, block: Transitions) -> int:
-        """Write a block's planes into the frame ring, evict the blocks whose planes they
-        overwrote, and return the first plane's number."""
-        first, count = self.frames_inserted, len(block.frames)
-        slots = np.arange(first, first + count) % self.frame_capacity
-        self.frames[slots] = block.frames
-        self.frames_inserted += count
-        self._blocks.append((self.total_inserted, first))
-        oldest = self.frames_inserted - self.frame_capacity  # the oldest plane still held
-        while self._blocks and self._blocks[0][1] < oldest:
-            start, _ = self._blocks.popleft()
-            stop = self._blocks[0][0] if self._blocks else self.total_inserted
-            self._evict(np.arange(max(start, self.total_inserted - self.capacity), stop))
-        return first
 
     def _evict(self, keys: np.ndarray) -> None:
         slots = keys % self.capacity
@@ -365,7 +310,9 @@ class PrioritizedReplay:
             n = self.capacity
         obs, next_obs = block.obs, block.next_obs
         if self.framed:
-            first = self._store_frames(block)
+            first, evicted = self.frames.store(block.frames, self.total_inserted)
+            for start, stop in evicted:
+                self._evict(np.arange(max(start, self.total_inserted - self.capacity), stop))
             # int64: pack_frames numbers a block's planes in int32, and the run's count passes
             # 2^31 (NumPy 2 keeps an int32 array's type when a Python int is added).
             obs, next_obs = obs.astype(np.int64) + first, next_obs.astype(np.int64) + first
@@ -385,10 +332,8 @@ class PrioritizedReplay:
             self.key[dst] = keys[src]
             self.tree.set_range(dst.start, scaled[src])
         self.total_inserted += n
-        if self.framed:  # forget blocks whose transitions the ring has overwritten
-            while (len(self._blocks) > 1
-                   and self._blocks[1][0] <= self.total_inserted - self.capacity):
-                self._blocks.popleft()
+        if self.framed:  # blocks whose transitions the ring has overwritten
+            self.frames.forget_below(self.total_inserted - self.capacity)
         return keys
 
     def sample(self, batch_size: int, beta: float = 0.4) -> SampledBatch:
@@ -436,12 +381,7 @@ class PrioritizedReplay:
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
         """The observations of these slots; images rebuilt from their planes, channels last."""
         stored = (self.next_obs if after else self.obs).take(slots, axis=0)
-        if not self.framed:
-            return stored
-        planes = self.frames.take(stored % self.frame_capacity, axis=0)  # (..., C, H, W)
-        # The transpose is a copy here: done in the learner's graph instead, TensorFlow moves
-        # it before the cast to float, onto uint8, which oneDNN's CPU kernels do not take.
-        return np.ascontiguousarray(np.moveaxis(planes, -3, -1))
+        return self.frames.images(stored) if self.framed else stored
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
