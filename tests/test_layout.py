@@ -121,3 +121,19 @@ def test_the_collector_command_loads_no_cloud_module_and_the_driver_no_cluster_c
     driver = loaded_by("import distrl.apex.driver")
     heavy = ("distrl.cluster", "distrl.gke", "distrl.otel.collector")
     assert not {m for m in driver if m.startswith(heavy)}, driver
+
+
+# Issue 53: a function a reader takes in at once. The exceptions would be tables a reader would
+# rather see whole; there are none today.
+MAX_FUNCTION_LINES = 60
+
+
+def test_no_function_of_the_package_is_longer_than_a_screen():
+    long = []
+    for name, path in modules().items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > MAX_FUNCTION_LINES:
+                    long.append(f"{name}.{node.name} ({path.name}:{node.lineno}): {lines} lines")
+    assert not long, "split these where each part reads as one idea:\n" + "\n".join(long)

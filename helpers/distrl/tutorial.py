@@ -150,38 +150,10 @@ def main(argv: list[str] | None = None) -> int:
     if not notebooks:
         print(f"no notebooks matched {args.only} in {args.notebooks_dir}", file=sys.stderr)
         return 2
-    params = dict(args.parameter)
     failed: set[str] = set()
-    table: list[tuple[str, str, float]] = []
-    for i, notebook in enumerate(notebooks, 1):
-        number = notebook.name[:2]
-        tag = f"[{i}/{len(notebooks)}] {notebook.name}"
-        blocked = [n for n in REQUIRES.get(number, ()) if n in failed]
-        if blocked:
-            print(f"{tag} skipped: it needs notebook {', '.join(blocked)}, which failed",
-                  file=sys.stderr)
-            failed.add(number)
-            table.append((notebook.name, "skipped", 0.0))
-            continue
-        print(f"{tag} ...", flush=True)
-        start = time.monotonic()
-        try:
-            out = run_notebook(notebook, output_dir, params, kernel=args.kernel)
-        except Exception as err:  # the kernel is shut down: whatever it started is stopped
-            took = time.monotonic() - start
-            print(f"{tag} FAILED after {took:.0f}s in {describe_failure(err)}\n"
-                  f"  the executed notebook is kept at {output_dir / notebook.name}",
-                  file=sys.stderr, flush=True)
-            failed.add(number)
-            table.append((notebook.name, "FAILED", took))
-            continue
-        took = time.monotonic() - start
-        table.append((notebook.name, "ok", took))
-        print(f"{tag} done in {took:.0f}s -> {out}", flush=True)
-        errors = error_lines(out)
-        if errors:  # it ran through, but something logged at ERROR level: show where
-            print(f"{tag}: {len(errors)} ERROR-level line(s) in its outputs, the first: "
-                  f"{errors[0][:200]}", file=sys.stderr, flush=True)
+    table = [_run_one(notebook, f"[{i}/{len(notebooks)}] {notebook.name}", output_dir,
+                      dict(args.parameter), args.kernel, failed)
+             for i, notebook in enumerate(notebooks, 1)]
     width = max(len(name) for name, _, _ in table)
     print("\n" + "\n".join(f"  {name:<{width}}  {state:>7}  {took:6.0f} s"
                            for name, state, took in table))
@@ -193,6 +165,37 @@ def main(argv: list[str] | None = None) -> int:
     print(f"all {len(notebooks)} notebook(s) ran; executed notebooks and results are in "
           f"{output_dir.resolve()}")
     return 0
+
+
+def _run_one(notebook: Path, tag: str, output_dir: Path, params: dict, kernel: str,
+             failed: set[str]) -> tuple[str, str, float]:
+    """Run one notebook unless one it needs failed; (name, ok|FAILED|skipped, seconds), and
+    its number added to failed unless it ran through."""
+    number = notebook.name[:2]
+    blocked = [n for n in REQUIRES.get(number, ()) if n in failed]
+    if blocked:
+        print(f"{tag} skipped: it needs notebook {', '.join(blocked)}, which failed",
+              file=sys.stderr)
+        failed.add(number)
+        return notebook.name, "skipped", 0.0
+    print(f"{tag} ...", flush=True)
+    start = time.monotonic()
+    try:
+        out = run_notebook(notebook, output_dir, params, kernel=kernel)
+    except Exception as err:  # the kernel is shut down: whatever it started is stopped
+        took = time.monotonic() - start
+        print(f"{tag} FAILED after {took:.0f}s in {describe_failure(err)}\n"
+              f"  the executed notebook is kept at {output_dir / notebook.name}",
+              file=sys.stderr, flush=True)
+        failed.add(number)
+        return notebook.name, "FAILED", took
+    took = time.monotonic() - start
+    print(f"{tag} done in {took:.0f}s -> {out}", flush=True)
+    errors = error_lines(out)
+    if errors:  # it ran through, but something logged at ERROR level: show where
+        print(f"{tag}: {len(errors)} ERROR-level line(s) in its outputs, the first: "
+              f"{errors[0][:200]}", file=sys.stderr, flush=True)
+    return notebook.name, "ok", took
 
 
 if __name__ == "__main__":

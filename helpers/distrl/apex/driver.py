@@ -524,45 +524,66 @@ class _Run:
 
     def tick(self, now: float) -> None:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
-        c, t, fleet = self.config, self.topology, self.fleet
-        for kind, detail in fleet.tick(now):
+        for kind, detail in self.fleet.tick(now):
             self.say(kind, detail)
+        self._ask_for_stats()
+        env_steps = self.steps_before + self.fleet.env_steps()
+        learner = self.learner_stats or {}
+        updates = learner.get("updates", 0)
+        self._note_learner(now, learner, env_steps)
+        self._record_throughput(now, env_steps, updates)
+        # The stops come after the record, so that the run's last state is in the throughput.
+        self._check_stops(now, env_steps, updates)
+
+    def _ask_for_stats(self) -> None:
+        """Every process's stats, asked for once at a time (a new iteration's trace)."""
+        t = self.topology
         carrier = self.traces.next_iteration()
-        fleet.ask(carrier)
+        self.fleet.ask(carrier)
         if self.learner_ref is None:
             self.learner_ref = t.learner.stats.remote(trace_context=carrier)
         asked = set(self.replay_refs.values())
         self.replay_refs |= {r.stats.remote(): s for s, r in enumerate(t.replays)
                              if s not in asked}
-        env_steps = self.steps_before + fleet.env_steps()
-        learner = self.learner_stats or {}
+
+    def _note_learner(self, now: float, learner: dict, env_steps: int) -> None:
+        """The learner's first update and hold, said once; the run's progress, told to it
+        (for its checkpoints)."""
         updates = learner.get("updates", 0)
-        inserted = sum(s["inserted"] for s in self.replay_stats.values())
-        if self.startup_s is None and inserted > 0:
-            self.startup_s = now - self.t_start
-        # This process's first update (a resumed learner's count starts above 0 before it).
         if learner.get("holding") and not self.said_holding:
             self.said_holding = True
             self.say("learner_held", f"learner held at {updates:,} updates "
-                     f"(hold_learner_at_updates={c.hold_learner_at_updates:,}): it trains no "
-                     "more until the run stops")
+                     f"(hold_learner_at_updates={self.config.hold_learner_at_updates:,}): it "
+                     "trains no more until the run stops")
+        # This process's first update (a resumed learner's count starts above 0 before it).
         if not self.said_first_update and learner.get("first_update_time") is not None:
             self.said_first_update = True
             self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
                      "start: training")
         if self.learner_stats is not None:
-            t.learner.note_progress.remote({"env_steps": env_steps, "train_s": self.seconds_before
-                                            + now - self.t_start})
+            self.topology.learner.note_progress.remote(
+                {"env_steps": env_steps, "train_s": self.seconds_before + now - self.t_start})
+
+    def _record_throughput(self, now: float, env_steps: int, updates: int) -> None:
+        replays = self.replay_stats.values()
+        inserted = sum(s["inserted"] for s in replays)
+        if self.startup_s is None and inserted > 0:
+            self.startup_s = now - self.t_start
         self.throughput.append({
             "time_s": now - self.t_start, "env_steps": env_steps, "learner_updates": updates,
-            "inserted": inserted, "replay_size": sum(s["size"] for s in self.replay_stats.values()),
+            "inserted": inserted, "replay_size": sum(s["size"] for s in replays),
             # the rate limiter's waits so far: actors held back (summed over actors), the
             # learner kept waiting for data
-            "actors_waited_s": sum(s["insert_wait_s"] for s in self.replay_stats.values()),
-            "learner_waited_s": sum(s["sample_wait_s"] for s in self.replay_stats.values()),
-            "actors_running": fleet.running(), "actors_waiting": len(fleet.waiting(now))})
+            "actors_waited_s": sum(s["insert_wait_s"] for s in replays),
+            "learner_waited_s": sum(s["sample_wait_s"] for s in replays),
+            "actors_running": self.fleet.running(),
+            "actors_waiting": len(self.fleet.waiting(now))})
         self._show_progress(env_steps)
-        # The stops come after the record, so that the run's last state is in the throughput.
+
+    def _check_stops(self, now: float, env_steps: int, updates: int) -> None:
+        """Stop for a SIGTERM, a limit reached or a process that never ran; start an
+        evaluation when one is due."""
+        c, t = self.config, self.topology
         if self.apex.sigterm.is_set():
             return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint"
                              + self.not_running(now))
@@ -578,7 +599,7 @@ class _Run:
             self.last_eval = now
         if c.max_env_steps and env_steps >= c.max_env_steps:
             self.stop("max_env_steps", f"max_env_steps={c.max_env_steps:,} reached")
-        idle = fleet.none_running_since
+        idle = self.fleet.none_running_since
         if idle is not None and now - idle >= c.actor_wait_s:
             self.stop("no_actors", f"no actor has run for {now - idle:.0f} s (actor_wait_s="
                       f"{c.actor_wait_s:g}): {self.waiting_line(now)}; the cluster has no free "
@@ -633,60 +654,65 @@ class _Run:
         if events is not None:
             for kind, detail in events:
                 self.say(kind, detail)
-            return
-        if ref == self.learner_run:  # run() ends on its own: max_learner_updates, or lost
+        elif ref == self.learner_run:  # run() ends on its own: max_learner_updates, or lost
             try:  # its final stats: the last poll's update count may lag behind them
                 self.learner_final = self.ray.get(ref, timeout=0) or {}
             except RayError as e:
                 raise self.apex.lost("learner", e) from e
             self.learner_run = None
-            return self.stop("max_learner_updates",
-                             f"max_learner_updates={self.config.max_learner_updates:,} reached")
-        if ref == self.learner_ref:
+            self.stop("max_learner_updates",
+                      f"max_learner_updates={self.config.max_learner_updates:,} reached")
+        elif ref == self.learner_ref:
             self.learner_ref = None
-            stats = get_within(ref, 0)
-            if stats is not None and self.learner_stats is None:
-                self.say("learner_running", f"learner running ({now - self.t_start:.1f} s "
-                         "after start)")
-                self.topology.start_evaluator(self.ray, self.config)
-                if self.resumed_weights is not None:  # first, the checkpoint it resumed from
-                    self.eval_ref = self.topology.evaluator.evaluate.remote(
-                        (self.resumed["updates"], self.resumed_weights))
-                    self.last_eval = now
-            self.learner_stats = stats or self.learner_stats
-            return
-        if ref in self.replay_refs:
+            self._learner_stats(get_within(ref, 0), now)
+        elif ref in self.replay_refs:
             shard = self.replay_refs.pop(ref)
             try:
                 self.replay_stats[shard] = self.ray.get(ref, timeout=0)
             except RayError as e:
                 raise self.apex.lost("replay", e) from e
-            return
-        if ref == self.eval_ref:
+        elif ref == self.eval_ref:
             self.eval_ref = None
-            ev = get_within(ref, 0)
-            if ev is None:
-                return
-            ev |= {"time_s": now - self.t_start, "env_steps": self.throughput[-1]["env_steps"],
-                   "learner_updates": self.throughput[-1]["learner_updates"]}
-            best = max((e["mean_return"] for e in self.evals), default=None)
-            self.evals.append(ev)
-            # Atari is evaluated with a small epsilon (actor.eval_epsilon): the log says so.
-            how = f"epsilon-{ev['epsilon']:g}" if ev.get("epsilon") else "greedy"
-            if best is None or ev["mean_return"] > best:
-                # A job's log shows learning as it happens (the progress bar, where there is
-                # one, shows the latest return already).
-                self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
-                         f"far, after {ev['time_s']:.1f} s and {ev['learner_updates']:,} updates",
-                         print_it=not self.config.progress)
-            self.topology.learner.log_scalars.remote(
-                {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
-                ev["learner_updates"])
-            target = self.config.target_return
-            if target is not None and ev["mean_return"] >= target:
-                self.time_to_target = ev["time_s"]
-                self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
-                          f"target {target:g} after {ev['time_s']:.1f} s")
+            evaluation = get_within(ref, 0)
+            if evaluation is not None:
+                self._evaluation(evaluation, now)
+
+    def _learner_stats(self, stats: dict | None, now: float) -> None:
+        """The learner's stats; its first start the evaluator (which first evaluates the
+        checkpoint a run resumed from)."""
+        if stats is not None and self.learner_stats is None:
+            self.say("learner_running", f"learner running ({now - self.t_start:.1f} s after "
+                     "start)")
+            self.topology.start_evaluator(self.ray, self.config)
+            if self.resumed_weights is not None:
+                self.eval_ref = self.topology.evaluator.evaluate.remote(
+                    (self.resumed["updates"], self.resumed_weights))
+                self.last_eval = now
+        self.learner_stats = stats or self.learner_stats
+
+    def _evaluation(self, ev: dict, now: float) -> None:
+        """An evaluation's result: kept, said when it is the best so far, logged to
+        TensorBoard, and a stop when it reaches target_return."""
+        ev |= {"time_s": now - self.t_start, "env_steps": self.throughput[-1]["env_steps"],
+               "learner_updates": self.throughput[-1]["learner_updates"]}
+        best = max((e["mean_return"] for e in self.evals), default=None)
+        self.evals.append(ev)
+        # Atari is evaluated with a small epsilon (envs.eval_epsilon): the log says so.
+        how = f"epsilon-{ev['epsilon']:g}" if ev.get("epsilon") else "greedy"
+        if best is None or ev["mean_return"] > best:
+            # A job's log shows learning as it happens (the progress bar, where there is
+            # one, shows the latest return already).
+            self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
+                     f"far, after {ev['time_s']:.1f} s and {ev['learner_updates']:,} updates",
+                     print_it=not self.config.progress)
+        self.topology.learner.log_scalars.remote(
+            {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
+            ev["learner_updates"])
+        target = self.config.target_return
+        if target is not None and ev["mean_return"] >= target:
+            self.time_to_target = ev["time_s"]
+            self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
+                      f"target {target:g} after {ev['time_s']:.1f} s")
 
     # --- the end ---
     def finish(self) -> TrainingResult:
@@ -727,46 +753,34 @@ class _Run:
         if problems:
             self.say("shutdown", f"while stopping: {problems[0]}"
                      + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        self._add_learner_events(learner_final)
+        replay = {k: sum(s[k] for s in shards) for k in ("size", "inserted", "sampled", "cpu_s")}
+        updates = (learner_final or self.learner_stats or {}).get("updates", 0)
+        n = len(t.actors)
+
+        def per_actor(key: str) -> list:
+            return [actor_finals[i][key] if i in actor_finals else None for i in range(n)]
+
+        return self._result(
+            env_steps=self.steps_before + fleet.env_steps(), updates=updates,
+            replay=replay, checkpoint=checkpoint, weights=final_weights,
+            replay_check=_replay_check(checks),
+            cpu_seconds={"driver": time.process_time() - self.driver_cpu_start,
+                         "learner": (learner_final or {}).get("cpu_s", 0.0),
+                         "replay": replay["cpu_s"], "evaluator": evaluator_cpu_s,
+                         "actors": sum(f["cpu_s"] for f in actor_finals.values())},
+            weights_versions=per_actor("weights_version"), epsilons=per_actor("epsilons"),
+            actor_steps=[fleet.base[i] + fleet.last[i]["env_steps"] for i in range(n)],
+            restarts=list(fleet.restarts), nodes=list(fleet.nodes),
+            states=fleet.states(time.monotonic()), sent=per_actor("transitions_sent"))
+
+    def _add_learner_events(self, learner_final: dict | None) -> None:
+        """The learner's own events (checkpoints, holds), on the run's clock, in order."""
         for event in (learner_final or {}).get("events", []):
             self.events.append({"time_s": event["time"] - (time.time() - (
                 time.monotonic() - self.t_start)), "kind": event["kind"],
                 "detail": event["detail"]})
         self.events.sort(key=lambda e: e["time_s"])
-        replay = {k: sum(s[k] for s in shards) for k in ("size", "inserted", "sampled", "cpu_s")}
-        updates = (learner_final or self.learner_stats or {}).get("updates", 0)
-        now = time.monotonic()
-        states = []
-        for i in range(len(t.actors)):
-            if i in fleet.retired:
-                states.append(fleet.retired[i])
-            elif fleet.waiting_since[i] is not None and fleet.seen[i] is None:
-                states.append(f"never ran: waited {now - fleet.waiting_since[i]:.0f} s for a CPU")
-            elif fleet.waiting_since[i] is not None:
-                states.append(f"not running at the end: waited "
-                              f"{now - fleet.waiting_since[i]:.0f} s for a CPU")
-            else:
-                states.append("running")
-        return self._result(
-            env_steps=self.steps_before + fleet.env_steps(), updates=updates,
-            replay=replay, checkpoint=checkpoint, weights=final_weights,
-            replay_check={"ok": bool(checks) and all(x["ok"] for x in checks),
-                          "problems": [p for x in checks for p in x["problems"]],
-                          "size": sum(x["size"] for x in checks),
-                          "inserted": sum(x["inserted"] for x in checks),
-                          "shards": len(checks)},
-            cpu_seconds={"driver": time.process_time() - self.driver_cpu_start,
-                         "learner": (learner_final or {}).get("cpu_s", 0.0),
-                         "replay": replay["cpu_s"], "evaluator": evaluator_cpu_s,
-                         "actors": sum(f["cpu_s"] for f in actor_finals.values())},
-            weights_versions=[actor_finals[i]["weights_version"] if i in actor_finals else None
-                              for i in range(len(t.actors))],
-            epsilons=[actor_finals[i]["epsilons"] if i in actor_finals else None
-                      for i in range(len(t.actors))],
-            actor_steps=[fleet.base[i] + fleet.last[i]["env_steps"]
-                         for i in range(len(t.actors))],
-            restarts=list(fleet.restarts), nodes=list(fleet.nodes), states=states,
-            sent=[actor_finals[i]["transitions_sent"] if i in actor_finals else None
-                  for i in range(len(t.actors))])
 
     def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
         self.stop(reason, detail)
@@ -849,6 +863,14 @@ class _Run:
             config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result
+
+
+def _replay_check(checks: list[dict]) -> dict:
+    """The replay shards' integrity checks (PrioritizedReplay.check) as one."""
+    return {"ok": bool(checks) and all(x["ok"] for x in checks),
+            "problems": [p for x in checks for p in x["problems"]],
+            "size": sum(x["size"] for x in checks),
+            "inserted": sum(x["inserted"] for x in checks), "shards": len(checks)}
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:

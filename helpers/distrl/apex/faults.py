@@ -316,6 +316,22 @@ class ActorFleet:
         return f"{self.running()} of {self.expected} actors running" + (
             f"; {waits}" if waits else "")
 
+    def states(self, now: float) -> list[str]:
+        """How each actor ended: running, retired (and why), or never or no longer running
+        for want of a CPU."""
+        states = []
+        for i in range(len(self.actors)):
+            if i in self.retired:
+                states.append(self.retired[i])
+            elif self.waiting_since[i] is not None and self.seen[i] is None:
+                states.append(f"never ran: waited {now - self.waiting_since[i]:.0f} s for a CPU")
+            elif self.waiting_since[i] is not None:
+                states.append(f"not running at the end: waited "
+                              f"{now - self.waiting_since[i]:.0f} s for a CPU")
+            else:
+                states.append("running")
+        return states
+
     def env_steps(self) -> int:
         return sum(b + s["env_steps"] for b, s in zip(self.base, self.last))
 

@@ -214,7 +214,8 @@ def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
     ]
 
 
-def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
+def _create_cluster_step(s: GkeSettings, project: str) -> Step:
+    """The cluster itself: Standard (a system node; the pools follow) or Autopilot."""
     loc, labels = s.location_flag, _labels_flag(s)
     nodes_as = f"--service-account={s.node_email}"
     describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
@@ -222,7 +223,7 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
                       "--quiet")
     otel = f"--managed-otel-scope={MANAGED_OTEL_SCOPE}"
     if s.mode == "standard":
-        create = Step(
+        return Step(
             "Create the Standard cluster",
             ("gcloud", "container", "clusters", "create", s.cluster, loc,
              "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
@@ -235,22 +236,25 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
             "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
             delete_cluster, exists=(*describe, "--format=value(name)"),
             owner=_labelled(s, describe, "resourceLabels"))
-    else:
-        # gcloud 576.0.0 promoted --managed-otel-scope to GA for clusters create, create-auto
-        # and update alike (its release notes); create-auto takes no --workload-pool
-        # (Autopilot always has Workload Identity).
-        create = Step(
-            "Create the Autopilot cluster",
-            ("gcloud", "container", "clusters", "create-auto", s.cluster, loc,
-             "--release-channel=rapid", "--enable-ray-operator", nodes_as, otel, labels,
-             project),
-            "Autopilot makes nodes for the pods' requests, running as the node service account: "
-            "actors ask for Spot with the node selector cloud.google.com/gke-spot, the head for "
-            "a GPU with cloud.google.com/gke-accelerator. Workload Identity is always on.",
-            delete_cluster, exists=(*describe, "--format=value(name)"),
-            owner=_labelled(s, describe, "resourceLabels"))
+    # gcloud 576.0.0 promoted --managed-otel-scope to GA for clusters create, create-auto
+    # and update alike (its release notes); create-auto takes no --workload-pool
+    # (Autopilot always has Workload Identity).
+    return Step(
+        "Create the Autopilot cluster",
+        ("gcloud", "container", "clusters", "create-auto", s.cluster, loc,
+         "--release-channel=rapid", "--enable-ray-operator", nodes_as, otel, labels, project),
+        "Autopilot makes nodes for the pods' requests, running as the node service account: "
+        "actors ask for Spot with the node selector cloud.google.com/gke-spot, the head for "
+        "a GPU with cloud.google.com/gke-accelerator. Workload Identity is always on.",
+        delete_cluster, exists=(*describe, "--format=value(name)"),
+        owner=_labelled(s, describe, "resourceLabels"))
+
+
+def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
+    loc = s.location_flag
+    describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
     steps = [
-        create,
+        _create_cluster_step(s, project),
         Step("Fetch cluster credentials for kubectl",
              ("gcloud", "container", "clusters", "get-credentials", s.cluster, loc, project),
              f"Writes the kubeconfig context {s.kube_context}, which every kubectl command "
@@ -405,6 +409,13 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
              "not prove it): without the token the actors group never grows.",
              check=preflight.autoscaler_token_problems),
     ]
+    return steps + _verify_steps(s)
+
+
+def _verify_steps(s: GkeSettings) -> list[Step]:
+    """What the running cluster shows: TensorFlow's GPU in the head pod, the pods, Ray's
+    nodes."""
+    ns, steps = f"--namespace={s.namespace}", []
     if s.gpu_type != "none":
         steps.append(Step(
             "Check TensorFlow sees the GPU in the head pod",
@@ -479,10 +490,8 @@ def teardown_plan(plan: list[Step]) -> list[Step]:
     return undo + left
 
 
-def main(argv: list[str] | None = None) -> int:
-    """`distrl gke plan|create|teardown|cost ...`: the plan from the command line."""
+def _parser():
     import argparse
-
 
     parser = argparse.ArgumentParser(prog="distrl gke", description=__doc__.splitlines()[0])
     parser.add_argument("action", choices=["plan", "create", "teardown", "cost", "render",
@@ -502,6 +511,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--manifests-dir", default="runs/gke/manifests")
     parser.add_argument("--auth-token-file", default=str(DEFAULT_TOKEN_FILE),
                         help="the Ray auth token for the cluster (created if missing)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`distrl gke plan|create|teardown|cost ...`: the plan from the command line."""
+    parser = _parser()
     args = parser.parse_args(argv)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(GkeSettings)
               if getattr(args, f.name) is not None}

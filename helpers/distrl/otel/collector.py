@@ -330,6 +330,22 @@ MAX_NAME_CHARS = 255
 MAX_ERROR_CHARS = 300  # a client's names and values are cut, so a refusal stays short
 
 
+def _kinds(metric, data: str, temporality: int, points) -> tuple[str, str, str]:
+    """(kind, metric kind, value type) of an OTLP metric: a gauge or a non-monotonic sum is a
+    GAUGE, a monotonic sum a counter, a histogram a DISTRIBUTION; an integer gauge is INT64
+    (from its first point), every other number DOUBLE."""
+    if data == "gauge" or (data == "sum" and not metric.sum.is_monotonic):
+        kind, metric_kind = "gauge", "GAUGE"
+    elif data == "sum":
+        kind, metric_kind = "counter", _metric_kind(temporality)
+    else:
+        kind, metric_kind = "histogram", _metric_kind(temporality)
+    if kind == "histogram":
+        return kind, metric_kind, "DISTRIBUTION"
+    is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
+    return kind, metric_kind, "INT64" if is_int and kind == "gauge" else "DOUBLE"
+
+
 def _refusal(name: str, index: int, point, err: Exception) -> str:
     """partial_success.error_message for the first refused point: which point, which rule."""
     where = f"{name[:80]!r}{'...' if len(name) > 80 else ''} point {index} " \
@@ -830,17 +846,7 @@ class CollectorStore:
             return len(points), (f"{name[:80]!r}: summary points are not stored; the local "
                                  "collector stores gauges, sums and histograms")
         temporality = getattr(container, "aggregation_temporality", 0)
-        if data == "gauge" or (data == "sum" and not metric.sum.is_monotonic):
-            kind, metric_kind = "gauge", "GAUGE"
-        elif data == "sum":
-            kind, metric_kind = "counter", _metric_kind(temporality)
-        else:
-            kind, metric_kind = "histogram", _metric_kind(temporality)
-        if kind == "histogram":
-            value_type = "DISTRIBUTION"
-        else:
-            is_int = bool(points) and points[0].WhichOneof("value") == "as_int"
-            value_type = "INT64" if is_int and kind == "gauge" else "DOUBLE"
+        kind, metric_kind, value_type = _kinds(metric, data, temporality, points)
         metric_type = metric_type_of(name, kind)
         try:
             value_type = self._descriptor(metric_type, name, kind, metric_kind, value_type, unit,
@@ -851,32 +857,32 @@ class CollectorStore:
         for i, p in enumerate(points):
             try:
                 attributes = attributes_json(p.attributes)
-                if kind == "histogram":
-                    extra = (_histogram_fields(p) if data == "histogram"
-                             else _exponential_fields(p))
-                    if data == "histogram" and temporality == 2:
-                        self._check_life_bounds(metric_type, rid, scope, attributes, p,
-                                                extra[4])
-                    row = (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
-                           p.time_unix_nano, None, None, *extra, scope)
-                else:
-                    which = p.WhichOneof("value")
-                    if which != "as_int" and value_type == "INT64":
-                        raise InvalidPoint(f"a double value ({p.as_double!r}) on a metric whose "
-                                           "points are integers (INT64, from its first point)")
-                    _check_point(p, ("value", None if which == "as_int" else p.as_double))
-                    row = (metric_type, rid, attributes, temporality,
-                           p.start_time_unix_nano, p.time_unix_nano,
-                           float(p.as_int) if which == "as_int" else p.as_double,
-                           p.as_int if which == "as_int" else None,
-                           None, None, None, None, None, None, None, scope)
+                rows.append(self._point_row(metric_type, data, value_type, temporality, rid,
+                                            scope, attributes, p))
                 self._labels(metric_type, attributes)  # last: only a stored point's keys
             except (InvalidPoint, ValueError, OverflowError, TypeError) as err:
                 rejected += 1
                 error = error or _refusal(name, i, p, err)
-                continue
-            rows.append(row)
         return rejected, error
+
+    def _point_row(self, metric_type, data, value_type, temporality, rid, scope, attributes,
+                   p) -> tuple:
+        """The points row of one data point, or InvalidPoint saying why it cannot be one."""
+        if data in ("histogram", "exponential_histogram"):
+            extra = _histogram_fields(p) if data == "histogram" else _exponential_fields(p)
+            if data == "histogram" and temporality == 2:
+                self._check_life_bounds(metric_type, rid, scope, attributes, p, extra[4])
+            return (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
+                    p.time_unix_nano, None, None, *extra, scope)
+        which = p.WhichOneof("value")
+        if which != "as_int" and value_type == "INT64":
+            raise InvalidPoint(f"a double value ({p.as_double!r}) on a metric whose points are "
+                               "integers (INT64, from its first point)")
+        _check_point(p, ("value", None if which == "as_int" else p.as_double))
+        return (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
+                p.time_unix_nano, float(p.as_int) if which == "as_int" else p.as_double,
+                p.as_int if which == "as_int" else None,
+                None, None, None, None, None, None, None, scope)
 
     def _check_life_bounds(self, metric_type, rid, scope, attributes, p, bounds: str) -> None:
         """A cumulative series keeps its bucket bounds while its start time stays: its
@@ -1341,133 +1347,159 @@ def _response(kind: str, stored: tuple[int, int, str]):
     return response
 
 
-def _http_handler(store: CollectorStore, token: str | None):
+_HTTP_ROUTES = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
+                "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
+
+
+def _http_handler(store: CollectorStore, token: str | None) -> type:
+    """The OTLP/HTTP request handler of one server: _OtlpHttp with this store, token and
+    turns."""
+    return type("Handler", (_OtlpHttp,), {
+        "store": store, "expected": f"Bearer {token}".encode() if token else None,
+        "receiving": threading.BoundedSemaphore(RECEIVING_CALLS),
+        "turns": threading.BoundedSemaphore(store.limits.max_exports)})
+
+
+class _OtlpHttp(BaseHTTPRequestHandler):
     """OTLP/HTTP, binary protobuf, plain or gzip (opentelemetry.io/docs/specs/otlp/#otlphttp):
     the same writes as the gRPC services; 400 for a body that does not parse, 401 without the
     bearer token (when one is set), 408 for a body not received within MESSAGE_WAIT_S, 503
     with Retry-After (the exporter retries) when storage failed, RECEIVING_CALLS bodies are
     arriving or max_exports are being stored. A body is received before it asks for a turn,
     so a slow client holds none. HTTP/1.1: an exporter keeps its connection."""
-    routes = {"/v1/metrics": (metrics_service_pb2.ExportMetricsServiceRequest, "metrics"),
-              "/v1/traces": (trace_service_pb2.ExportTraceServiceRequest, "traces")}
-    limits = store.limits
-    receiving = threading.BoundedSemaphore(RECEIVING_CALLS)
-    turns = threading.BoundedSemaphore(limits.max_exports)
-    expected = f"Bearer {token}".encode() if token else None
 
-    class Handler(BaseHTTPRequestHandler):
-        timeout = 30  # a client that sends no request line does not hold a thread forever
-        protocol_version = "HTTP/1.1"
+    timeout = 30  # a client that sends no request line does not hold a thread forever
+    protocol_version = "HTTP/1.1"
+    store: CollectorStore  # these four: _http_handler's
+    expected: bytes | None
+    receiving: threading.BoundedSemaphore
+    turns: threading.BoundedSemaphore
 
-        def do_POST(self):  # noqa: N802 (http.server's method name)
-            if expected and not hmac.compare_digest(
-                    self.headers.get("Authorization", "").encode(), expected):
-                return self._reply(HTTPStatus.UNAUTHORIZED, b"missing or wrong bearer token")
-            route = routes.get(self.path.split("?")[0])
-            if route is None:
-                return self._reply(HTTPStatus.NOT_FOUND, b"POST /v1/metrics or /v1/traces")
-            if self.headers.get("Content-Type", "").split(";")[0] != "application/x-protobuf":
-                return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                                   b"Content-Type must be application/x-protobuf")
-            encoding = self.headers.get("Content-Encoding", "identity").strip().lower()
-            if encoding not in ("identity", "gzip"):
-                return self._reply(HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
-                                   f"Content-Encoding {encoding[:40]!r} is not accepted; "
-                                   "send gzip or none".encode())
-            length = self.headers.get("Content-Length", "")
-            if not length.isdigit() or int(length) > limits.max_message_bytes:
-                return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length.isdigit()
-                                   else HTTPStatus.LENGTH_REQUIRED,
-                                   f"Content-Length up to {limits.max_message_bytes} bytes"
-                                   .encode())
-            if not receiving.acquire(blocking=False):
-                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
-                                   f"{RECEIVING_CALLS} bodies are arriving; retry".encode())
-            try:
-                body = self._body(int(length))
-            finally:
-                receiving.release()
-            if body is None:
-                return self._reply(HTTPStatus.REQUEST_TIMEOUT,
-                                   f"the body did not arrive within {MESSAGE_WAIT_S:g} s"
-                                   .encode())
-            if not turns.acquire(blocking=False):
-                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
-                                   f"{limits.max_exports} exports are being stored; retry"
-                                   .encode())
-            try:
-                self._export(route, body, encoding == "gzip")
-            finally:
-                turns.release()
+    def do_POST(self):  # noqa: N802 (http.server's method name)
+        refused = self._refusal()
+        if refused:
+            return self._reply(*refused)
+        body = self._receive(int(self.headers["Content-Length"]))
+        if isinstance(body, tuple):
+            return self._reply(*body)
+        if not self.turns.acquire(blocking=False):
+            return self._reply(HTTPStatus.SERVICE_UNAVAILABLE,
+                               f"{self.store.limits.max_exports} exports are being stored; "
+                               "retry".encode())
+        try:
+            self._export(_HTTP_ROUTES[self.path.split("?")[0]], body)
+        finally:
+            self.turns.release()
 
-        def _export(self, route, body: bytes, gzipped: bool):
-            if gzipped:
-                inflate = zlib.decompressobj(wbits=31)  # gzip framing
-                try:
-                    body = inflate.decompress(body, limits.max_message_bytes + 1)
-                except zlib.error as err:
-                    return self._reply(HTTPStatus.BAD_REQUEST, f"not gzip: {err}".encode())
-                if len(body) > limits.max_message_bytes:
-                    return self._reply(HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
-                                       f"the body inflates past {limits.max_message_bytes} "
-                                       "bytes".encode())
-                if not inflate.eof:
-                    return self._reply(HTTPStatus.BAD_REQUEST, b"the gzip body is truncated")
-            message_type, kind = route
-            request = message_type()
-            try:
-                request.ParseFromString(body)
-            except DecodeError as err:
-                return self._reply(HTTPStatus.BAD_REQUEST, f"not an OTLP message: {err}".encode())
-            try:
-                write = store.write_metrics if kind == "metrics" else store.write_spans
-                response = _response(kind, write(request))
-            except StorageUnavailable as err:
-                return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, str(err).encode())
-            except Exception as err:  # noqa: BLE001 (the client gets the reason)
-                return self._reply(HTTPStatus.INTERNAL_SERVER_ERROR,
-                                   f"the request could not be stored: {err!r}"[:300].encode())
-            self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")
+    def _refusal(self) -> tuple[HTTPStatus, bytes] | None:
+        """Why the headers alone refuse the request, or None."""
+        if self.expected and not hmac.compare_digest(
+                self.headers.get("Authorization", "").encode(), self.expected):
+            return HTTPStatus.UNAUTHORIZED, b"missing or wrong bearer token"
+        if self.path.split("?")[0] not in _HTTP_ROUTES:
+            return HTTPStatus.NOT_FOUND, b"POST /v1/metrics or /v1/traces"
+        if self.headers.get("Content-Type", "").split(";")[0] != "application/x-protobuf":
+            return (HTTPStatus.UNSUPPORTED_MEDIA_TYPE,
+                    b"Content-Type must be application/x-protobuf")
+        if self._encoding() not in ("identity", "gzip"):
+            return (HTTPStatus.UNSUPPORTED_MEDIA_TYPE, f"Content-Encoding "
+                    f"{self._encoding()[:40]!r} is not accepted; send gzip or none".encode())
+        length, most = self.headers.get("Content-Length", ""), self.store.limits.max_message_bytes
+        if not length.isdigit() or int(length) > most:
+            return (HTTPStatus.REQUEST_ENTITY_TOO_LARGE if length.isdigit()
+                    else HTTPStatus.LENGTH_REQUIRED, f"Content-Length up to {most} bytes".encode())
+        return None
 
-        def _body(self, length: int) -> bytes | None:
-            """The body, or None when it takes longer than MESSAGE_WAIT_S in all (a client
-            sending a byte now and then holds a turn no longer)."""
-            deadline, chunks = time.monotonic() + MESSAGE_WAIT_S, []
-            try:
-                while length:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        return None
-                    self.connection.settimeout(remaining)
-                    chunk = self.rfile.read1(min(length, MiB))
-                    if not chunk:
-                        return None
-                    chunks.append(chunk)
-                    length -= len(chunk)
-            except OSError:  # the socket's timeout, or the client went away
-                return None
-            finally:
-                self.connection.settimeout(self.timeout)
-            return b"".join(chunks)
+    def _encoding(self) -> str:
+        return self.headers.get("Content-Encoding", "identity").strip().lower()
 
-        def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
-            if status != HTTPStatus.OK:  # a body may be left unread: not the next request
-                self.close_connection = True
-            try:
-                self.send_response(status)
-                if status == HTTPStatus.SERVICE_UNAVAILABLE:
-                    self.send_header("Retry-After", "1")
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-            except OSError:  # the client went away: nothing to tell it
-                self.close_connection = True
+    def _receive(self, length: int) -> bytes | tuple[HTTPStatus, bytes]:
+        """The body (one of RECEIVING_CALLS at once), or the reply refusing it."""
+        if not self.receiving.acquire(blocking=False):
+            return (HTTPStatus.SERVICE_UNAVAILABLE,
+                    f"{RECEIVING_CALLS} bodies are arriving; retry".encode())
+        try:
+            body = self._body(length)
+        finally:
+            self.receiving.release()
+        if body is None:
+            return (HTTPStatus.REQUEST_TIMEOUT,
+                    f"the body did not arrive within {MESSAGE_WAIT_S:g} s".encode())
+        return body
 
-        def log_message(self, *args):  # no line per request on stderr
-            pass
+    def _export(self, route, body: bytes):
+        if self._encoding() == "gzip":
+            body = self._inflate(body)
+            if isinstance(body, tuple):
+                return self._reply(*body)
+        message_type, kind = route
+        request = message_type()
+        try:
+            request.ParseFromString(body)
+        except DecodeError as err:
+            return self._reply(HTTPStatus.BAD_REQUEST, f"not an OTLP message: {err}".encode())
+        try:
+            write = self.store.write_metrics if kind == "metrics" else self.store.write_spans
+            response = _response(kind, write(request))
+        except StorageUnavailable as err:
+            return self._reply(HTTPStatus.SERVICE_UNAVAILABLE, str(err).encode())
+        except Exception as err:  # noqa: BLE001 (the client gets the reason)
+            return self._reply(HTTPStatus.INTERNAL_SERVER_ERROR,
+                               f"the request could not be stored: {err!r}"[:300].encode())
+        self._reply(HTTPStatus.OK, response.SerializeToString(), "application/x-protobuf")
 
-    return Handler
+    def _inflate(self, body: bytes) -> bytes | tuple[HTTPStatus, bytes]:
+        """A gzip body inflated, up to max_message_bytes; or the reply refusing it."""
+        most = self.store.limits.max_message_bytes
+        inflate = zlib.decompressobj(wbits=31)  # gzip framing
+        try:
+            body = inflate.decompress(body, most + 1)
+        except zlib.error as err:
+            return HTTPStatus.BAD_REQUEST, f"not gzip: {err}".encode()
+        if len(body) > most:
+            return (HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                    f"the body inflates past {most} bytes".encode())
+        if not inflate.eof:
+            return HTTPStatus.BAD_REQUEST, b"the gzip body is truncated"
+        return body
+
+    def _body(self, length: int) -> bytes | None:
+        """The body, or None when it takes longer than MESSAGE_WAIT_S in all (a client
+        sending a byte now and then holds a turn no longer)."""
+        deadline, chunks = time.monotonic() + MESSAGE_WAIT_S, []
+        try:
+            while length:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self.connection.settimeout(remaining)
+                chunk = self.rfile.read1(min(length, MiB))
+                if not chunk:
+                    return None
+                chunks.append(chunk)
+                length -= len(chunk)
+        except OSError:  # the socket's timeout, or the client went away
+            return None
+        finally:
+            self.connection.settimeout(self.timeout)
+        return b"".join(chunks)
+
+    def _reply(self, status: HTTPStatus, body: bytes, content_type: str = "text/plain"):
+        if status != HTTPStatus.OK:  # a body may be left unread: not the next request
+            self.close_connection = True
+        try:
+            self.send_response(status)
+            if status == HTTPStatus.SERVICE_UNAVAILABLE:
+                self.send_header("Retry-After", "1")
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+        except OSError:  # the client went away: nothing to tell it
+            self.close_connection = True
+
+    def log_message(self, *args):  # no line per request on stderr
+        pass
 
 
 class _HTTPServer(ThreadingHTTPServer):

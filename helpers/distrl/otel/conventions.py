@@ -269,54 +269,25 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
 
     if _env_flag("OTEL_SDK_DISABLED"):
         return Telemetry(metrics.NoOpMeterProvider(), trace.NoOpTracerProvider(), None, False)
-    if export_interval_ms is not None and export_interval_ms <= 0:
-        raise ValueError(f"export_interval_ms={export_interval_ms!r} is invalid: expected > 0")
-    if export_timeout_s <= 0:
-        raise ValueError(f"export_timeout_s={export_timeout_s!r} is invalid: expected > 0")
-    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
-        raise ValueError(f"endpoint={endpoint!r} is invalid: expected http://host:port (plain "
-                         "gRPC) or https://host:port (TLS), e.g. http://localhost:4317")
-
-    protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol={protocol!r} (or OTEL_EXPORTER_OTLP_PROTOCOL) is invalid: "
-                         f"expected one of {', '.join(PROTOCOLS)}")
-    if endpoint is None:  # a given endpoint was checked above and wins over the env
-        _check_env_schemes(protocol)
-    metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
+    protocol = _checked_protocol(protocol, endpoint, export_interval_ms, export_timeout_s)
     from opentelemetry.sdk.metrics import MeterProvider
-    from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
     quiet_exporter_logs()
-    from_env = Resource.create({}).attributes  # OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME
-    attributes = {"service.instance.id": instance_id or f"{socket.gethostname()}-{os.getpid()}-"
-                                                        f"{uuid.uuid4().hex[:8]}"}
-    if service_namespace or "service.namespace" not in from_env:
-        attributes["service.namespace"] = service_namespace or DEFAULT_SERVICE_NAMESPACE
-    attributes.update(resource_attributes or {})
-    name = service_name or os.environ.get("OTEL_SERVICE_NAME") or DEFAULT_SERVICE_NAME
-    attributes["service.name"] = name
-    # Resource.create adds OTEL_RESOURCE_ATTRIBUTES; explicit attributes win over it.
-    resource = Resource.create(attributes)
-
+    resource = _resource(service_name, service_namespace, instance_id, resource_attributes)
     exporters, endpoints = [], []
+    metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
     if metric_readers is None:
-        interval = export_interval_ms
-        if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
-            interval = DEFAULT_EXPORT_INTERVAL_MS
         exporters.append(metric_exporter())
         endpoints.append(_endpoint_of("METRICS", protocol, endpoint))
-        metric_readers = [_fork_safe_reader_class()(
-            exporters[-1],
-            export_interval_millis=interval, export_timeout_millis=export_timeout_s * 1000)]
+        metric_readers = [_periodic_reader(exporters[-1], export_interval_ms, export_timeout_s)]
     if span_processors is None:
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
         exporters.append(span_exporter())
         endpoints.append(_endpoint_of("TRACES", protocol, endpoint))
         span_processors = [BatchSpanProcessor(
-            exporters[-1],
-            export_timeout_millis=int(export_timeout_s * 1000))]
+            exporters[-1], export_timeout_millis=int(export_timeout_s * 1000))]
     meter_provider = MeterProvider(resource=resource, metric_readers=metric_readers)
     tracer_provider = TracerProvider(resource=resource)
     for processor in span_processors:
@@ -324,6 +295,54 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     _set_globals_once(meter_provider, tracer_provider)
     return Telemetry(meter_provider, tracer_provider, resource, True, tuple(exporters),
                      tuple(dict.fromkeys(endpoints)))
+
+
+def _checked_protocol(protocol: str | None, endpoint: str | None,
+                      export_interval_ms: int | None, export_timeout_s: float) -> str:
+    """The OTLP protocol to use (argument, else OTEL_EXPORTER_OTLP_PROTOCOL, else grpc), once
+    every argument and the endpoint variables the exporters will read are known to be valid."""
+    if export_interval_ms is not None and export_interval_ms <= 0:
+        raise ValueError(f"export_interval_ms={export_interval_ms!r} is invalid: expected > 0")
+    if export_timeout_s <= 0:
+        raise ValueError(f"export_timeout_s={export_timeout_s!r} is invalid: expected > 0")
+    if endpoint is not None and not endpoint.startswith(("http://", "https://")):
+        raise ValueError(f"endpoint={endpoint!r} is invalid: expected http://host:port (plain "
+                         "gRPC) or https://host:port (TLS), e.g. http://localhost:4317")
+    protocol = protocol or os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") or "grpc"
+    if protocol not in PROTOCOLS:
+        raise ValueError(f"protocol={protocol!r} (or OTEL_EXPORTER_OTLP_PROTOCOL) is invalid: "
+                         f"expected one of {', '.join(PROTOCOLS)}")
+    if endpoint is None:  # a given endpoint was checked above and wins over the env
+        _check_env_schemes(protocol)
+    return protocol
+
+
+def _resource(service_name: str | None, service_namespace: str | None,
+              instance_id: str | None, resource_attributes: dict | None):
+    """The process's Resource: OTEL_RESOURCE_ATTRIBUTES and OTEL_SERVICE_NAME, under the
+    arguments, which win; a unique service.instance.id and the distrl namespace by default."""
+    from opentelemetry.sdk.resources import Resource
+
+    from_env = Resource.create({}).attributes  # OTEL_RESOURCE_ATTRIBUTES, OTEL_SERVICE_NAME
+    attributes = {"service.instance.id": instance_id or f"{socket.gethostname()}-{os.getpid()}-"
+                                                        f"{uuid.uuid4().hex[:8]}"}
+    if service_namespace or "service.namespace" not in from_env:
+        attributes["service.namespace"] = service_namespace or DEFAULT_SERVICE_NAMESPACE
+    attributes.update(resource_attributes or {})
+    attributes["service.name"] = (service_name or os.environ.get("OTEL_SERVICE_NAME")
+                                  or DEFAULT_SERVICE_NAME)
+    # Resource.create adds OTEL_RESOURCE_ATTRIBUTES; explicit attributes win over it.
+    return Resource.create(attributes)
+
+
+def _periodic_reader(exporter, export_interval_ms: int | None, export_timeout_s: float):
+    """The metric reader exporting every interval: the argument, else the SDK reads
+    OTEL_METRIC_EXPORT_INTERVAL itself, else DEFAULT_EXPORT_INTERVAL_MS."""
+    interval = export_interval_ms
+    if interval is None and not os.environ.get("OTEL_METRIC_EXPORT_INTERVAL"):
+        interval = DEFAULT_EXPORT_INTERVAL_MS
+    return _fork_safe_reader_class()(exporter, export_interval_millis=interval,
+                                     export_timeout_millis=export_timeout_s * 1000)
 
 
 def _set_globals_once(meter_provider, tracer_provider) -> None:

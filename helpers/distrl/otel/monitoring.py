@@ -237,85 +237,107 @@ def parse_filter(text: str) -> list[Term]:
     if len(text) > MAX_FILTER_CHARS:
         raise _invalid(f"filter {_excerpt(text)} is longer than this collector's "
                        f"{MAX_FILTER_CHARS:,} characters")
-    shown = _excerpt(text)
+    return _FilterParser(text).terms()
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    """(kind, text) of each token of a filter: selector, string, op or punct."""
     tokens = []
     for m in _TOKEN.finditer(text):
         kind = m.lastgroup
-        value = m.group(kind)
         if kind == "bad":
-            raise _invalid(f"filter {shown}: unexpected character {_excerpt(value)}")
-        tokens.append((kind, value))
-    terms, i = [], 0
+            raise _invalid(f"filter {_excerpt(text)}: unexpected character "
+                           f"{_excerpt(m.group(kind))}")
+        tokens.append((kind, m.group(kind)))
+    return tokens
 
-    def take(expected_kind=None):
-        nonlocal i
-        if i >= len(tokens):
-            raise _invalid(f"filter {shown} ends early")
-        token = tokens[i]
-        i += 1
+
+class _FilterParser:
+    """Comparisons joined by AND: selector = "string", selector != "string", or selector =
+    function("string", ...)."""
+
+    def __init__(self, text: str):
+        self.shown, self.tokens, self.i = _excerpt(text), _tokens(text), 0
+
+    def take(self, expected_kind: str | None = None) -> tuple[str, str]:
+        if self.i >= len(self.tokens):
+            raise _invalid(f"filter {self.shown} ends early")
+        token = self.tokens[self.i]
+        self.i += 1
         if expected_kind and token[0] != expected_kind:
-            raise _invalid(f"filter {shown}: expected a {expected_kind}, got {_excerpt(token[1])}")
+            raise _invalid(f"filter {self.shown}: expected a {expected_kind}, got "
+                           f"{_excerpt(token[1])}")
         return token
 
-    while i < len(tokens):
-        if terms:
-            # Comparisons side by side are joined by AND, as in Cloud Monitoring's own filters
-            # (`metric.type="..." resource.type="prometheus_target"`, in Google's dashboards).
-            kind, value = tokens[i]
-            if value == "AND":
-                i += 1
-            elif value in ("OR", "NOT"):
-                raise _unimplemented(f"filter operator {value} is not supported; join "
-                                     "comparisons with AND")
-            elif kind != "selector":
-                raise _invalid(f"filter {shown}: expected AND between comparisons, got "
-                               f"{_excerpt(value)}")
-        kind, value = take()
+    def terms(self) -> list[Term]:
+        terms = []
+        while self.i < len(self.tokens):
+            if terms:
+                self._joiner()
+            terms.append(self._comparison())
+        return terms
+
+    def _joiner(self) -> None:
+        """Comparisons side by side are joined by AND, as in Cloud Monitoring's own filters
+        (`metric.type="..." resource.type="prometheus_target"`, in Google's dashboards)."""
+        kind, value = self.tokens[self.i]
+        if value == "AND":
+            self.i += 1
+        elif value in ("OR", "NOT"):
+            raise _unimplemented(f"filter operator {value} is not supported; join comparisons "
+                                 "with AND")
+        elif kind != "selector":
+            raise _invalid(f"filter {self.shown}: expected AND between comparisons, got "
+                           f"{_excerpt(value)}")
+
+    def _comparison(self) -> Term:
+        kind, value = self.take()
         if value in ("NOT", "OR", "AND") or value == "(":
             raise _unimplemented(f"filter {'parentheses' if value == '(' else value} "
                                  "is not supported; join comparisons with AND")
         if kind != "selector":
-            raise _invalid(f"filter {shown}: expected a selector such as metric.type, got "
+            raise _invalid(f"filter {self.shown}: expected a selector such as metric.type, got "
                            f"{_excerpt(value)}")
         scope, key = _selector(value)
-        _, op = take("op")
+        _, op = self.take("op")
         if op not in ("=", "!="):
             raise _unimplemented(f"filter operator {_excerpt(op)} is not supported; use = or != "
                                  "(with a function such as starts_with or "
                                  "monitoring.regex.full_match for patterns)")
-        if op == "=" and i < len(tokens) and tokens[i] == ("op", "="):  # the seed's ==
-            raise _invalid(f"filter {shown}: == is not a Monitoring filter comparison; write = "
-                           "(cloud.google.com/monitoring/api/v3/filters)")
-        kind, value = take()
+        if op == "=" and self.i < len(self.tokens) and self.tokens[self.i] == ("op", "="):
+            raise _invalid(f"filter {self.shown}: == is not a Monitoring filter comparison; "
+                           "write = (cloud.google.com/monitoring/api/v3/filters)")
+        kind, value = self.take()
         if kind == "string":
-            terms.append(Term(scope, key, op == "!=", None, (_unquote(value),)))
-            continue
+            return Term(scope, key, op == "!=", None, (_unquote(value),))
         if kind != "selector":
-            raise _invalid(f"filter {shown}: expected a quoted string or a function after "
+            raise _invalid(f"filter {self.shown}: expected a quoted string or a function after "
                            f"{op}, got {_excerpt(value)}")
-        if value not in _FUNCTIONS:
-            raise _unimplemented(f"filter function {_excerpt(value)} is not supported; supported: "
-                                 f"{', '.join(_FUNCTIONS)}")
-        function = value
-        take("punct")  # (
+        return Term(scope, key, op == "!=", value, self._arguments(value))
+
+    def _arguments(self, function: str) -> tuple[str, ...]:
+        """The quoted arguments of function(...), checked."""
+        if function not in _FUNCTIONS:
+            raise _unimplemented(f"filter function {_excerpt(function)} is not supported; "
+                                 f"supported: {', '.join(_FUNCTIONS)}")
+        self.take("punct")  # (
         args = []
         while True:
-            args.append(_unquote(take("string")[1]))
-            _, punct = take("punct")
+            args.append(_unquote(self.take("string")[1]))
+            _, punct = self.take("punct")
             if punct == ")":
                 break
             if punct != ",":
-                raise _invalid(f"filter {shown}: expected , or ) in {function}(...)")
+                raise _invalid(f"filter {self.shown}: expected , or ) in {function}(...)")
         if function != "one_of" and len(args) != 1:
-            raise _invalid(f"filter {shown}: {function} takes one string, got {len(args)}")
+            raise _invalid(f"filter {self.shown}: {function} takes one string, got {len(args)}")
         if function == "monitoring.regex.full_match":
             try:
                 _re2(args[0])
             except re2.error as err:
                 raise _invalid(f"filter: bad RE2 regular expression {_excerpt(args[0])}: "
                                f"{err.args[0] if err.args else err}") from None
-        terms.append(Term(scope, key, op == "!=", function, tuple(args)))
-    return terms
+        return tuple(args)
 
 
 # ---- series read from the store ----
@@ -794,7 +816,8 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
 def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
               budget: Budget | None = None) -> list[Series]:
     """Cloud Monitoring's Aggregation, checked by check_aggregation(), applied to the series
-    (see the module docstring); the budget's deadline is checked as it goes."""
+    (see the module docstring): each series aligned, then the groups reduced; the budget's
+    deadline is checked as it goes."""
     check = budget.check if budget else (lambda: None)
     aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
     if aligner == Aligner.ALIGN_NONE:
@@ -803,10 +826,17 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
         return series
     if not series:
         return []
-    period_ns = _ns(aggregation.alignment_period)
-    kind, value_type = series[0].kind, series[0].value_type
-    op = _ALIGNERS[aligner]
-    out_kind, out_type = _aligned_types(op, kind, value_type)
+    aligned = _align(series, _ALIGNERS[aligner], _ns(aggregation.alignment_period), start_ns,
+                     end_ns, check)
+    if reducer == Reducer.REDUCE_NONE:
+        return aligned
+    return _reduce_groups(aligned, _REDUCERS[reducer], aggregation.group_by_fields, check)
+
+
+def _align(series: list[Series], op, period_ns: int, start_ns: int, end_ns: int,
+           check) -> list[Series]:
+    """Each series as one point a period, the periods ending at end_ns and back to start_ns."""
+    out_kind, out_type = _aligned_types(op, series[0].kind, series[0].value_type)
     ends = []
     hi = end_ns
     while hi > start_ns or (hi == end_ns == start_ns):
@@ -825,10 +855,13 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
                 points.append((hi - period_ns if out_kind == Kind.DELTA else hi, hi, value))
         points.reverse()
         aligned.append(Series(s.metric_labels, s.resource_labels, out_kind, out_type, points))
-    if reducer == Reducer.REDUCE_NONE:
-        return aligned
-    rop = _REDUCERS[reducer]
-    fields = [_group_field(f) for f in aggregation.group_by_fields]
+    return aligned
+
+
+def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[Series]:
+    """One series per group of the group_by fields' values, its points reduced across the
+    group's series period by period."""
+    fields = [_group_field(f) for f in group_by_fields]
     groups: dict = {}
     for s in aligned:
         metric_labels, res_labels = {}, {}
@@ -844,7 +877,7 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
     elif rop == "mean" or isinstance(rop, float):
         red_type = ValueType.DOUBLE
     else:
-        red_type = out_type
+        red_type = aligned[0].value_type
     reduced = []
     for i, (metric_labels, res_labels, members) in enumerate(groups.values()):
         if i % 512 == 0:
@@ -856,7 +889,7 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
         points = [(start, end, _reduce(rop, values))
                   for (start, end), values in sorted(by_end.items(), key=lambda kv: kv[0][1])]
         if points:
-            reduced.append(Series(metric_labels, res_labels, out_kind, red_type, points))
+            reduced.append(Series(metric_labels, res_labels, aligned[0].kind, red_type, points))
     return reduced
 
 

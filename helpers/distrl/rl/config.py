@@ -215,19 +215,86 @@ def _is_num(v) -> bool:
     return (isinstance(v, (int, float)) and not isinstance(v, bool)) and math.isfinite(v)
 
 
+def _rule(ok, accepted: str) -> tuple:
+    return ok, accepted
+
+
+_POSITIVE_INT = _rule(lambda v: _is_int(v) and v >= 1, "an integer >= 1")
+_POSITIVE_NUM = _rule(lambda v: _is_num(v) and v > 0, "a number > 0")
+_UNIT = _rule(lambda v: _is_num(v) and 0.0 <= v <= 1.0, "a number in [0, 1]")
+_BOOL = _rule(lambda v: isinstance(v, bool), "True or False")
+_OPTIONAL_INT = _rule(lambda v: v is None or (_is_int(v) and v >= 1), "None or an integer >= 1")
+_OPTIONAL_PATH = _rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                       "None or a non-empty path or URI")
+
+# What each field accepts, one rule a field: a table reads better than a function here.
+FIELD_RULES: dict[str, tuple] = {
+    "env_id": _rule(lambda v: isinstance(v, str) and v.strip() != "",
+                    "a non-empty gymnasium environment id such as 'CartPole-v1'"),
+    "seed": _rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    **dict.fromkeys(["num_actors", "envs_per_actor", "actor_block_steps", "weight_sync_period",
+                     "n_step", "batch_size", "target_update_period", "weight_publish_period",
+                     "batches_per_fetch", "eval_episodes", "beta_anneal_updates"],
+                    _POSITIVE_INT),
+    "replay_capacity": _rule(lambda v: v is None or _is_int(v) and v >= 1,
+                             "an integer >= 1, or None (as many as fit in the replay node's "
+                             "memory)"),
+    **dict.fromkeys(["priority_alpha", "priority_beta", "priority_beta_final", "epsilon_base"],
+                    _UNIT),
+    "gamma": _rule(lambda v: _is_num(v) and 0.0 <= v < 1.0, "a number in [0, 1)"),
+    "epsilon_alpha": _rule(lambda v: _is_num(v) and v >= 0, "a number >= 0"),
+    **dict.fromkeys(["priority_eps", "learning_rate", "adam_epsilon", "max_grad_norm",
+                     "huber_delta", "eval_interval_s", "checkpoint_interval_s",
+                     "samples_per_insert_tolerance", "learner_cpus"], _POSITIVE_NUM),
+    "samples_per_insert": _rule(lambda v: _is_num(v) and v >= 0,
+                                "a number >= 0 (0 disables the rate limiter)"),
+    "num_gpus": _rule(lambda v: _is_num(v) and v >= 0, "a number >= 0"),
+    "actor_cpus": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
+    "resource_timeout_s": _rule(lambda v: _is_num(v) and v >= 0, "a number >= 0"),
+    **dict.fromkeys(["actor_wait_s", "learner_wait_s"],
+                    _rule(lambda v: _is_num(v) and v > 0, "a number of seconds > 0")),
+    "autoscaling": _rule(lambda v: v is None or isinstance(v, bool),
+                         "None (detect), True or False"),
+    "hidden_sizes": _rule(lambda v: len(v) >= 1 and all(_is_int(h) and h >= 1 for h in v),
+                          "one or more integers >= 1, e.g. (128, 128)"),
+    "torso": _rule(lambda v: v in ("auto", "small", "nature"), "auto, small or nature"),
+    "target_return": _rule(lambda v: v is None or _is_num(v), "None or a finite number"),
+    **dict.fromkeys(["max_env_steps", "max_learner_updates", "hold_learner_at_updates"],
+                    _OPTIONAL_INT),
+    "max_seconds": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
+    "output_dir": _rule(lambda v: v is None or (isinstance(v, str) and v != ""),
+                        "None or a non-empty path"),
+    **dict.fromkeys(["checkpoint_dir", "resume"], _OPTIONAL_PATH),
+    "max_actor_restarts": _rule(lambda v: _is_int(v) and v >= -1,
+                                "an integer >= -1 (-1: always restart)"),
+    "otlp_endpoint": _rule(lambda v: v is None or (isinstance(v, str)
+                                                   and v.startswith(("http://", "https://"))),
+                           "None or http://host:port (https:// for TLS)"),
+    "metric_export_interval_s": _rule(lambda v: v is None or (_is_num(v) and v > 0),
+                                      "None or a number > 0"),
+    "run_id": _rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
+                    "None or a non-empty string"),
+    "peak_flops": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
+    **dict.fromkeys(["dueling", "per_slot_epsilon", "xla_cache", "progress", "telemetry"],
+                    _BOOL),
+    "jit_compile": _rule(lambda v: v is None or isinstance(v, bool),
+                         "True, False or None (XLA except for convolutions on a CPU)"),
+}
+
+
 def _validate(c: ApexConfig) -> None:
-    _check(isinstance(c.env_id, str) and c.env_id.strip() != "", "env_id", c.env_id,
-           "a non-empty gymnasium environment id such as 'CartPole-v1'")
-    _check(_is_int(c.seed) and c.seed >= 0, "seed", c.seed, "an integer >= 0")
-    positive_ints = ["num_actors", "envs_per_actor", "actor_block_steps", "weight_sync_period",
-                     "n_step", "batch_size", "target_update_period",
-                     "weight_publish_period", "batches_per_fetch", "eval_episodes", "beta_anneal_updates"]
-    for name in positive_ints:
-        v = getattr(c, name)
-        _check(_is_int(v) and v >= 1, name, v, "an integer >= 1")
-    _check(c.replay_capacity is None or _is_int(c.replay_capacity) and c.replay_capacity >= 1,
-           "replay_capacity", c.replay_capacity,
-           "an integer >= 1, or None (as many as fit in the replay node's memory)")
+    for name, (ok, accepted) in FIELD_RULES.items():
+        value = getattr(c, name)
+        try:
+            valid = ok(value)
+        except TypeError:  # e.g. len() of a number given as hidden_sizes
+            valid = False
+        _check(valid, name, value, accepted)
+    _check_replay_sizes(c)
+
+
+def _check_replay_sizes(c: ApexConfig) -> None:
+    """The rules between fields: what the replay (and each of its shards) must hold."""
     # None is sized on the replay's node; the replay checks the sizes below against it there.
     capacity = c.replay_capacity or 2**62
     _check(_is_int(c.min_replay_size) and 1 <= c.min_replay_size <= capacity,
@@ -238,71 +305,9 @@ def _validate(c: ApexConfig) -> None:
     _check(_is_int(c.replay_shards) and 1 <= c.replay_shards <= c.num_actors, "replay_shards",
            c.replay_shards, f"an integer from 1 to num_actors={c.num_actors} (each shard needs "
            "an actor filling it)")
-    _check(not _is_int(c.replay_shards) or c.replay_shards < 1
-           or capacity // c.replay_shards >= c.batch_size, "replay_shards",
-           c.replay_shards, f"at most replay_capacity // batch_size = "
-           f"{capacity // c.batch_size} (a shard must hold a batch)")
-    for name in ["priority_alpha", "priority_beta", "priority_beta_final", "epsilon_base"]:
-        v = getattr(c, name)
-        _check(_is_num(v) and 0.0 <= v <= 1.0, name, v, "a number in [0, 1]")
-    _check(_is_num(c.gamma) and 0.0 <= c.gamma < 1.0, "gamma", c.gamma, "a number in [0, 1)")
-    _check(_is_num(c.epsilon_alpha) and c.epsilon_alpha >= 0, "epsilon_alpha", c.epsilon_alpha,
-           "a number >= 0")
-    positive_nums = ["priority_eps", "learning_rate", "adam_epsilon", "max_grad_norm",
-                     "huber_delta", "eval_interval_s", "checkpoint_interval_s"]
-    for name in positive_nums:
-        v = getattr(c, name)
-        _check(_is_num(v) and v > 0, name, v, "a number > 0")
-    _check(_is_num(c.samples_per_insert) and c.samples_per_insert >= 0, "samples_per_insert",
-           c.samples_per_insert, "a number >= 0 (0 disables the rate limiter)")
-    _check(_is_num(c.samples_per_insert_tolerance) and c.samples_per_insert_tolerance > 0,
-           "samples_per_insert_tolerance", c.samples_per_insert_tolerance, "a number > 0")
-    _check(_is_num(c.num_gpus) and c.num_gpus >= 0, "num_gpus", c.num_gpus, "a number >= 0")
-    _check(_is_num(c.learner_cpus) and c.learner_cpus > 0, "learner_cpus", c.learner_cpus,
-           "a number > 0")
-    _check(c.actor_cpus is None or (_is_num(c.actor_cpus) and c.actor_cpus > 0), "actor_cpus",
-           c.actor_cpus, "None or a number > 0")
-    _check(_is_num(c.resource_timeout_s) and c.resource_timeout_s >= 0, "resource_timeout_s",
-           c.resource_timeout_s, "a number >= 0")
-    _check(_is_num(c.actor_wait_s) and c.actor_wait_s > 0, "actor_wait_s", c.actor_wait_s,
-           "a number of seconds > 0")
-    _check(_is_num(c.learner_wait_s) and c.learner_wait_s > 0, "learner_wait_s",
-           c.learner_wait_s, "a number of seconds > 0")
-    _check(c.autoscaling is None or isinstance(c.autoscaling, bool), "autoscaling",
-           c.autoscaling, "None (detect), True or False")
-    _check(len(c.hidden_sizes) >= 1 and all(_is_int(h) and h >= 1 for h in c.hidden_sizes),
-           "hidden_sizes", c.hidden_sizes, "one or more integers >= 1, e.g. (128, 128)")
-    _check(c.torso in ("auto", "small", "nature"), "torso", c.torso, "auto, small or nature")
-    _check(c.target_return is None or _is_num(c.target_return), "target_return",
-           c.target_return, "None or a finite number")
-    for name in ["max_env_steps", "max_learner_updates", "hold_learner_at_updates"]:
-        v = getattr(c, name)
-        _check(v is None or (_is_int(v) and v >= 1), name, v, "None or an integer >= 1")
-    _check(c.max_seconds is None or (_is_num(c.max_seconds) and c.max_seconds > 0),
-           "max_seconds", c.max_seconds, "None or a number > 0")
-    _check(c.output_dir is None or (isinstance(c.output_dir, str) and c.output_dir != ""),
-           "output_dir", c.output_dir, "None or a non-empty path")
-    for name in ["checkpoint_dir", "resume"]:
-        v = getattr(c, name)
-        _check(v is None or (isinstance(v, str) and v.strip() != ""), name, v,
-               "None or a non-empty path or URI")
-    _check(_is_int(c.max_actor_restarts) and c.max_actor_restarts >= -1, "max_actor_restarts",
-           c.max_actor_restarts, "an integer >= -1 (-1: always restart)")
-    _check(c.otlp_endpoint is None or (isinstance(c.otlp_endpoint, str)
-                                       and c.otlp_endpoint.startswith(("http://", "https://"))),
-           "otlp_endpoint", c.otlp_endpoint, "None or http://host:port (https:// for TLS)")
-    _check(c.metric_export_interval_s is None or (_is_num(c.metric_export_interval_s)
-                                                  and c.metric_export_interval_s > 0),
-           "metric_export_interval_s", c.metric_export_interval_s, "None or a number > 0")
-    _check(c.run_id is None or (isinstance(c.run_id, str) and c.run_id.strip() != ""), "run_id",
-           c.run_id, "None or a non-empty string")
-    _check(c.peak_flops is None or (_is_num(c.peak_flops) and c.peak_flops > 0), "peak_flops",
-           c.peak_flops, "None or a number > 0")
-    for name in ["dueling", "per_slot_epsilon", "xla_cache", "progress", "telemetry"]:
-        v = getattr(c, name)
-        _check(isinstance(v, bool), name, v, "True or False")
-    _check(c.jit_compile is None or isinstance(c.jit_compile, bool), "jit_compile",
-           c.jit_compile, "True, False or None (XLA except for convolutions on a CPU)")
+    _check(capacity // c.replay_shards >= c.batch_size, "replay_shards", c.replay_shards,
+           f"at most replay_capacity // batch_size = {capacity // c.batch_size} (a shard must "
+           "hold a batch)")
 
 
 @cache
