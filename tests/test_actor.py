@@ -6,8 +6,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 
-from distrl.rl.actor import Actor, NStepFolder, initial_priorities, slot_epsilons
-from distrl.rl.config import ApexConfig, epsilons
+from distrl.rl.actor import Actor, NStepFolder, epsilons, initial_priorities, slot_epsilons
+from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EnvBatch, env_spec, evaluate_greedy, network_for
 from distrl.rl.network import SMALL_TORSO, NetworkSpec, init_weights
 

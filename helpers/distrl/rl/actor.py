@@ -15,10 +15,20 @@ import time
 import numpy as np
 
 from distrl.rl import frames
-from distrl.rl.config import ApexConfig, epsilons
+from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EnvBatch, as_observation, env_spec, network_for
 from distrl.rl.network import NetworkSpec
 from distrl.rl.replay import Transitions
+
+
+def epsilons(num_slots: int, base: float = 0.4, alpha: float = 7.0):
+    """Ape-X per-slot exploration: eps_i = base ** (1 + alpha * i / (N - 1)); N = 1 gives base."""
+    if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots < 1:
+        raise ValueError(f"num_slots={num_slots!r} is invalid: expected an integer >= 1")
+    if num_slots == 1:
+        return np.array([base], dtype=np.float64)
+    i = np.arange(num_slots, dtype=np.float64)
+    return base ** (1.0 + alpha * i / (num_slots - 1))
 
 
 def slot_epsilons(config: ApexConfig, actor_index: int) -> np.ndarray:
@@ -267,4 +277,5 @@ class Actor:
         self.envs.close()
 
 
-__all__ = ["Actor", "NStepFolder", "initial_priorities", "slot_epsilons"]
+__all__ = ["Actor", "NStepFolder", "epsilons", "fold_windows", "initial_priorities",
+           "slot_epsilons"]

@@ -323,16 +323,4 @@ def field_help(cls: type | None = None) -> dict[str, str]:
     return docs
 
 
-def epsilons(num_slots: int, base: float = 0.4, alpha: float = 7.0):
-    """Ape-X per-slot exploration: eps_i = base ** (1 + alpha * i / (N - 1)); N = 1 gives base."""
-    import numpy as np
-
-    if not _is_int(num_slots) or num_slots < 1:
-        raise ValueError(f"num_slots={num_slots!r} is invalid: expected an integer >= 1")
-    if num_slots == 1:
-        return np.array([base], dtype=np.float64)
-    i = np.arange(num_slots, dtype=np.float64)
-    return base ** (1.0 + alpha * i / (num_slots - 1))
-
-
-__all__ = ["ApexConfig", "epsilons", "field_help"]
+__all__ = ["ApexConfig", "field_help"]
