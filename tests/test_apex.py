@@ -373,3 +373,44 @@ def test_an_output_dir_the_results_cannot_be_written_to_is_refused_before_the_ru
     with pytest.raises(ValueError, match="is a file; expected a directory"):
         ApeX(output_dir=str(tmp_path / "file"))
     assert ApeX(output_dir=str(tmp_path / "fresh")).output_dir.is_dir()
+
+
+def test_a_block_resent_after_the_rate_limiter_refused_it_keeps_its_trace_context(local_ray):
+    """An actor resends a block replay refused (its rate limiter's wait ran out): the resend
+    ran under no trace context, so its replay.insert span joined no trace. Both sends now carry
+    the context of the fold that made the block. A real Ray actor records what arrives."""
+    import threading
+    from types import SimpleNamespace
+
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from distrl.apex.process_telemetry import call, current_carrier, traced
+    from distrl.apex.workers import ActorWorker
+    from distrl.otel import conventions as otel
+
+    class Replay:
+        def __init__(self):
+            self.trace_ids = []
+
+        @traced
+        def add(self, block) -> bool:
+            from opentelemetry import trace
+
+            self.trace_ids.append(trace.get_current_span().get_span_context().trace_id)
+            return len(self.trace_ids) > 1  # the first send is refused, as a full limiter does
+
+        def seen(self) -> list[int]:
+            return self.trace_ids
+
+    replay = ray.remote(Replay).remote()
+    worker = SimpleNamespace(replay=replay, _stop=threading.Event(), blocks_sent=0,
+                             transitions_sent=0)
+    with TracerProvider().get_tracer("test").start_as_current_span("rl.reward") as fold:
+        context = current_carrier()
+    block_ref = ray.put(np.zeros(3))
+    with otel.in_context(context):
+        first = call(replay.add, block_ref)
+    ActorWorker._deliver(worker, block_ref, first, 3, context)
+    trace_id = fold.get_span_context().trace_id
+    assert ray.get(replay.seen.remote(), timeout=30) == [trace_id, trace_id]
+    assert (worker.blocks_sent, worker.transitions_sent) == (1, 3)
