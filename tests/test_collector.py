@@ -555,6 +555,32 @@ def _tree_rss(process: psutil.Process) -> int:
     return total
 
 
+class TreePeak:
+    """Inside the block, the resident memory of a collector and its reader processes sampled
+    every 10 ms; `grown`: its peak above where it started."""
+
+    def __init__(self, process: psutil.Process):
+        self.process, self.done = process, threading.Event()
+
+    def __enter__(self):
+        self.before = self.peak = _tree_rss(self.process)
+        self.sampler = threading.Thread(target=self._sample)
+        self.sampler.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self.done.wait(0.01):
+            self.peak = max(self.peak, _tree_rss(self.process))
+
+    def __exit__(self, *exc):
+        self.done.set()
+        self.sampler.join()
+
+    @property
+    def grown(self) -> int:
+        return self.peak - self.before
+
+
 def _warm_readers(endpoint: str, n: int) -> None:
     """n reads at once, so that n reader processes have started (their imports are the
     baseline, not what a read holds)."""
@@ -590,14 +616,6 @@ def test_reads_hold_no_more_memory_than_the_limits_print(tmp_path):
         process = psutil.Process(collector.process.pid)
         _warm_readers(collector.endpoint, limits.max_queries)
         threading.Event().wait(1.0)
-        before, peak, done = _tree_rss(process), [0], threading.Event()
-
-        def sample():
-            while not done.wait(0.01):
-                peak[0] = max(peak[0], _tree_rss(process))
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
         client = explore.Monitoring(endpoint=collector.endpoint).client
 
         def read(metric: str):
@@ -614,17 +632,13 @@ def test_reads_hold_no_more_memory_than_the_limits_print(tmp_path):
                 except ResourceExhausted as err:
                     if "queries are running" not in str(err):
                         return str(err)
-                    done.wait(0.25)
+                    threading.Event().wait(0.25)
             return "no turn in 120 tries"
 
-        try:
-            with futures.ThreadPoolExecutor(6) as pool:
-                answers = list(pool.map(read, ["near", "wide", "near", "wide", "descriptors",
-                                               "descriptors"]))
-        finally:
-            done.set()
-            sampler.join()
-        grown = peak[0] - before
+        with TreePeak(process) as memory, futures.ThreadPoolExecutor(6) as pool:
+            answers = list(pool.map(read, ["near", "wide", "near", "wide", "descriptors",
+                                           "descriptors"]))
+        grown = memory.grown
         assert answers[0] == answers[2] == 10_000, answers
         assert all("would hold more than 32 MiB" in a for a in (answers[1], answers[3])), answers
         assert answers[4] == answers[5] == 4_002, answers  # named.*, wide and near

@@ -16,7 +16,17 @@ from google.api_core import exceptions as gexc
 from google.cloud import monitoring_v3
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from test_collector import PREFIX, _gauges, _stall, _tree_rss, _warm_readers, _wide, kv, number, request
+from test_collector import (
+    PREFIX,
+    TreePeak,
+    _gauges,
+    _stall,
+    _warm_readers,
+    _wide,
+    kv,
+    number,
+    request,
+)
 
 from distrl.otel import explore
 from distrl.otel.collector import Limits, LocalCollector, MiB
@@ -408,40 +418,32 @@ def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
                "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
         page = next(iter(client.list_time_series(request=fat, timeout=60).pages))
         assert 3 * MiB < type(page).pb(page).ByteSize() < 4 * MiB
-        process = psutil.Process(collector.process.pid)
         threading.Event().wait(1.0)
-        before, peak, done = _tree_rss(process), [0], threading.Event()
-
-        def sample():
-            while not done.wait(0.01):
-                peak[0] = max(peak[0], _tree_rss(process))
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
         message = monitoring_v3.ListTimeSeriesRequest(
             name="projects/local", filter=fat["filter"],
             interval={"start_time": {"seconds": 0}, "end_time": {"seconds": 60}})._pb
-        sockets = [_unread_calls(endpoint, LIST_TIME_SERIES, message.SerializeToString(), 25)
-                   for _ in range(8)]
+        sockets: list[socket.socket] = []
         try:
-            refused = None
-            for _ in range(60):  # until the unread answers fill the cap
-                try:
-                    list(client.list_time_series(request=fat, timeout=30, retry=None))
-                except gexc.ResourceExhausted as err:
-                    if "wait for their clients" in str(err):
-                        refused = str(err)
-                        break
-                threading.Event().wait(0.5)
-            threading.Event().wait(3.0)  # the 200 calls answered or refused
-            stub.Export(_gauges("beside", 5), timeout=10)  # exports go on
+            with TreePeak(psutil.Process(collector.process.pid)) as memory:
+                sockets += [_unread_calls(endpoint, LIST_TIME_SERIES,
+                                          message.SerializeToString(), 25)
+                            for _ in range(8)]
+                refused = None
+                for _ in range(60):  # until the unread answers fill the cap
+                    try:
+                        list(client.list_time_series(request=fat, timeout=30, retry=None))
+                    except gexc.ResourceExhausted as err:
+                        if "wait for their clients" in str(err):
+                            refused = str(err)
+                            break
+                    threading.Event().wait(0.5)
+                threading.Event().wait(3.0)  # the 200 calls answered or refused
+                stub.Export(_gauges("beside", 5), timeout=10)  # exports go on
         finally:
-            done.set()
-            sampler.join()
             for sock in sockets:
                 sock.close()
         assert refused is not None, "no read was refused while 200 answers went unread"
-        grown, bound = peak[0] - before, limits.memory_bound_bytes()
+        grown, bound = memory.grown, limits.memory_bound_bytes()
         print(f"200 unread answers grew the collector by {grown / MiB:.0f} MiB; "
               f"bound {bound / MiB:.0f} MiB")
         assert grown < bound, f"grew {grown / MiB:.0f} MiB past the bound {bound / MiB:.0f} MiB"
@@ -475,17 +477,8 @@ def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
                         explicit_bounds=bounds, bucket_counts=[1000] * MAX_BUCKETS,
                         attributes=[kv("series", int_value=i)]) for i in range(lo, lo + 100)]})),
                     timeout=60)
-        process = psutil.Process(collector.process.pid)
         _warm_readers(collector.endpoint, 1)
         threading.Event().wait(1.0)
-        before, peak, done = _tree_rss(process), [0], threading.Event()
-
-        def sample():
-            while not done.wait(0.01):
-                peak[0] = max(peak[0], _tree_rss(process))
-
-        sampler = threading.Thread(target=sample)
-        sampler.start()
         client = explore.Monitoring(endpoint=collector.endpoint).client
 
         def read(metric: str):
@@ -496,14 +489,11 @@ def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
                     timeout=120)))
             except gexc.ResourceExhausted as err:
                 return str(err)
-        try:
+        with TreePeak(psutil.Process(collector.process.pid)) as memory:
             fewer, more = read("fewer/histogram"), read("more/histogram")
-        finally:
-            done.set()
-            sampler.join()
         assert fewer == 300, fewer
         assert "would hold more than 32 MiB" in more, more
-        grown = peak[0] - before
+        grown = memory.grown
         print(f"a read of 300 histograms grew the collector by {grown / MiB:.0f} MiB")
         assert grown < limits.max_read_bytes, f"grew {grown / MiB:.0f} MiB"
 
