@@ -857,12 +857,14 @@ class CollectorStore:
         for i, p in enumerate(points):
             try:
                 attributes = attributes_json(p.attributes)
-                rows.append(self._point_row(metric_type, data, value_type, temporality, rid,
-                                            scope, attributes, p))
+                row = self._point_row(metric_type, data, value_type, temporality, rid, scope,
+                                      attributes, p)
                 self._labels(metric_type, attributes)  # last: only a stored point's keys
             except (InvalidPoint, ValueError, OverflowError, TypeError) as err:
                 rejected += 1
                 error = error or _refusal(name, i, p, err)
+                continue
+            rows.append(row)  # only a point every check passed
         return rejected, error
 
     def _point_row(self, metric_type, data, value_type, temporality, rid, scope, attributes,
