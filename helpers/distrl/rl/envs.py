@@ -56,7 +56,7 @@ NOOP_MAX = 30
 
 
 def make_env(env_id: str, training: bool = True, render_mode: str | None = None) -> gym.Env:
-    """gym.make, plus for Atari gymnasium's own preprocessing (FRAME_STACK above): an
+    """gym.make, plus for Atari gymnasium's own preprocessing (frames.FRAME_STACK): an
     (84, 84, 4) uint8 observation, channels last as the network takes images.
 
     The ALE env itself must not skip frames (AtariPreprocessing refuses one that does) and
