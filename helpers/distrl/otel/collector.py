@@ -1042,8 +1042,11 @@ def _stored(write, request_type, raw: bytes) -> tuple[grpc.StatusCode | None, ob
 # A call's one message must arrive within this time of its start, or the call is cancelled:
 # a client that sends headers and then nothing (or a trickle) holds no slot for longer.
 MESSAGE_WAIT_S = 5.0
-# A reader process's CPU priority (nice): ingestion goes first.
-READ_NICE = 10
+# A reader process's CPU priority (nice): ingestion goes first. 19, not 10: beside 2 loops of
+# whole reads, exports' p99 was 3.2-4.5x alone at 10, 2.3-2.4x at 19 (beside 40 loops reading
+# 20,000 series 3.4-3.5x, and 2.1-3.7x; `python benchmarks/collector_under_load.py`, 2-3 runs
+# each). Reads then yield to Ray's workers (nice 15).
+READ_NICE = 19
 # Reads waiting for a free reader, at most (more are refused at once), and how long each
 # waits; how long a new reader process may take to import what it needs; how long a reader
 # told that its client went away may take to stop before it is killed.
