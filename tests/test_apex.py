@@ -414,3 +414,11 @@ def test_a_block_resent_after_the_rate_limiter_refused_it_keeps_its_trace_contex
     trace_id = fold.get_span_context().trace_id
     assert ray.get(replay.seen.remote(), timeout=30) == [trace_id, trace_id]
     assert (worker.blocks_sent, worker.transitions_sent) == (1, 3)
+    # A block made outside a trace is resent with none, even while a later loop is traced
+    # (it had joined that loop's trace: a replay.insert under rl.loop, seen in a CI run).
+    replay = ray.remote(Replay).remote()
+    worker.replay = replay
+    first = call(replay.add, block_ref)  # no span is current: no context
+    with TracerProvider().get_tracer("test").start_as_current_span("rl.loop"):
+        ActorWorker._deliver(worker, block_ref, first, 3, None)
+    assert ray.get(replay.seen.remote(), timeout=30) == [0, 0]

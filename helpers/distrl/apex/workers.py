@@ -17,6 +17,7 @@ import numpy as np
 
 from distrl.apex.faults import ask_learner_to_checkpoint, on_sigterm
 from distrl.apex.process_telemetry import (
+    TRACE_KWARG,
     TRAFFIC_FLUSH_BLOCKS,
     LearnerMetrics,
     ProcessTelemetry,
@@ -454,14 +455,14 @@ class ActorWorker:
         if traffic.blocks >= TRAFFIC_FLUSH_BLOCKS:
             traffic.flush(rl, attrs)
 
-    def _deliver(self, block_ref, add_ref, size: int, context) -> None:
+    def _deliver(self, block_ref, add_ref, size: int, context: dict | None) -> None:
         """Wait until replay accepted the block, resending it if the rate limiter timed out;
-        a resend carries the first send's trace context (its insert is the fold's child too)."""
+        a resend carries the first send's trace context exactly (its insert is the fold's
+        child too), none where the block was made outside a trace, whatever runs now."""
         while not _get(add_ref):
             if self._stop.is_set():
                 return  # replay is closing: the run is over
-            with otel.in_context(context):
-                add_ref = call(self.replay.add, block_ref)
+            add_ref = self.replay.add.remote(block_ref, **{TRACE_KWARG: context})
         self.blocks_sent += 1
         self.transitions_sent += size
 
