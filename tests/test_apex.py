@@ -422,3 +422,20 @@ def test_a_block_resent_after_the_rate_limiter_refused_it_keeps_its_trace_contex
     with TracerProvider().get_tracer("test").start_as_current_span("rl.loop"):
         ActorWorker._deliver(worker, block_ref, first, 3, None)
     assert ray.get(replay.seen.remote(), timeout=30) == [0, 0]
+
+
+def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_ray, tmp_path):
+    """A resumed run first evaluates the checkpoint it starts from. That evaluation stopped the
+    run when it met target_return, so a resumed job could end having trained nothing (notebook
+    04's resumed job, once in a clean-room run: 0 updates after the checkpoint). It is the
+    run's baseline now: the run trains on, and the next evaluation may stop it."""
+    config = ApexConfig(target_return=None, max_learner_updates=200, max_seconds=120,
+                        output_dir=str(tmp_path / "first"), progress=False, eval_interval_s=2)
+    first = ApeX(config).train()
+    resumed = ApeX(config.replace(target_return=0.0, max_learner_updates=None,
+                                  output_dir=str(tmp_path / "second"),
+                                  resume=first.checkpoint)).train()
+    assert resumed.evals[0]["weights_version"] == first.learner_updates  # the baseline
+    assert resumed.evals[0]["mean_return"] >= 0.0  # at the target, and the run went on
+    assert resumed.reached_target and len(resumed.evals) >= 2
+    assert resumed.learner_updates > first.learner_updates

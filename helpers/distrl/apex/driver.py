@@ -444,6 +444,9 @@ class _Run:
         self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
         self.said_first_update = self.said_holding = False
         self.resumed_weights = None  # a resumed run's checkpoint: its first evaluation
+        # That first evaluation is the run's baseline: it shows where training resumes and
+        # stops nothing (a resumed run trains on, even from a checkpoint at its target).
+        self.baseline_pending = False
         self.driver_cpu_start = time.process_time()
         self.bar = None
 
@@ -687,7 +690,7 @@ class _Run:
             if self.resumed_weights is not None:
                 self.eval_ref = self.topology.evaluator.evaluate.remote(
                     (self.resumed["updates"], self.resumed_weights))
-                self.last_eval = now
+                self.last_eval, self.baseline_pending = now, True
         self.learner_stats = stats or self.learner_stats
 
     def _evaluation(self, ev: dict, now: float) -> None:
@@ -708,8 +711,9 @@ class _Run:
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
             ev["learner_updates"])
-        target = self.config.target_return
-        if target is not None and ev["mean_return"] >= target:
+        target, baseline = self.config.target_return, self.baseline_pending
+        self.baseline_pending = False
+        if target is not None and ev["mean_return"] >= target and not baseline:
             self.time_to_target = ev["time_s"]
             self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
                       f"target {target:g} after {ev['time_s']:.1f} s")
