@@ -36,7 +36,7 @@ from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
 from distrl.rl.actor import Actor  # noqa: E402
 from distrl.rl.envs import network_for
-from distrl.rl.frames import frames_per_block, frames_per_transition
+from distrl.rl.frames import replay_sizing
 from distrl.rl.network import init_weights  # noqa: E402
 from distrl.rl.replay import MEMORY_SHARE, sized_capacity  # noqa: E402
 
@@ -61,10 +61,8 @@ def main() -> None:
     shape = spec.obs_shape
     pong = GkeSettings.for_workload("pong", project_id="my-project-id")
     head = manifests.pod_sizes(pong)["head"].memory_gib * GIB
-    capacity, _ = sized_capacity(None, shape, obs_dtype=np.uint8,
-                                 frames_per_transition=frames_per_transition(config, shape),
-                                 frame_headroom=frames_per_block(config, shape),
-                                 share=MEMORY_SHARE, available=head)
+    capacity, _ = sized_capacity(None, shape, obs_dtype=np.uint8, share=MEMORY_SHARE,
+                                 available=head, **replay_sizing(config, shape))
     batch, seconds, blocks_made = 512, args.seconds, 3
     if args.smoke:
         capacity, batch, seconds, blocks_made = 2_000, 32, 2.0, 2

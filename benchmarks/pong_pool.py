@@ -34,7 +34,7 @@ from distrl.gke.settings import WORKLOADS, GkeSettings
 from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
-from distrl.rl.frames import frames_per_block, frames_per_transition
+from distrl.rl.frames import replay_sizing
 from distrl.rl.network import init_weights
 from distrl.rl.replay import MEMORY_SHARE, PrioritizedReplay, sized_capacity
 
@@ -116,10 +116,8 @@ def main() -> None:
           f"a transition, {per_block * planes * shape[0] * shape[1] / 2**20:.1f} MiB a block "
           f"(made in {made:.1f} s)")
 
-    capacity, frame_capacity = sized_capacity(
-        args.capacity, shape, obs_dtype=np.uint8,
-        frames_per_transition=frames_per_transition(config, shape),
-        frame_headroom=frames_per_block(config, shape))
+    capacity, frame_capacity = sized_capacity(args.capacity, shape, obs_dtype=np.uint8,
+                                              **replay_sizing(config, shape))
     replay = PrioritizedReplay(capacity, shape, obs_dtype=np.uint8, frame_capacity=frame_capacity)
     rss_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     added, start = 0, time.perf_counter()
@@ -170,10 +168,8 @@ def main() -> None:
     pong = GkeSettings.for_workload("pong", project_id="my-project-id")
     actors = manifests.num_actors(pong)
     head = manifests.pod_sizes(pong)["head"].memory_gib * 2**30
-    fits, _ = sized_capacity(None, shape, obs_dtype=np.uint8,
-                             frames_per_transition=frames_per_transition(config, shape),
-                             frame_headroom=frames_per_block(config, shape),
-                             share=MEMORY_SHARE, available=head)
+    fits, _ = sized_capacity(None, shape, obs_dtype=np.uint8, share=MEMORY_SHARE,
+                             available=head, **replay_sizing(config, shape))
     inserted = actors * actor_rate
     share = inserted / ingest + GPU_UPDATES_SECOND_HAND / sample
     paper_pool = round(GPU_UPDATES_SECOND_HAND * 512 / PAPER_RATIO / actor_rate)

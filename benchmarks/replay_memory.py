@@ -18,7 +18,7 @@ import numpy as np
 from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
-from distrl.rl.frames import frames_per_block, frames_per_transition
+from distrl.rl.frames import replay_sizing
 from distrl.rl.network import init_weights
 from distrl.rl.replay import PrioritizedReplay, sized_capacity
 
@@ -41,12 +41,12 @@ def main() -> None:
                         replay_capacity=args.capacity, min_replay_size=1, batch_size=1)
     spec = network_for(config)
     shape = spec.obs_shape
-    if shape is None:
+    if not spec.is_image:
         raise SystemExit(f"--env {args.env}: vector observations; this measures image replay")
-    estimate = frames_per_transition(config, shape)
-    capacity, frame_capacity = sized_capacity(
-        args.capacity, shape, obs_dtype=np.uint8, frames_per_transition=estimate,
-        frame_headroom=frames_per_block(config, shape))
+    sizing = replay_sizing(config, shape)
+    estimate = sizing["frames_per_transition"]
+    capacity, frame_capacity = sized_capacity(args.capacity, shape, obs_dtype=np.uint8,
+                                              **sizing)
     replay = PrioritizedReplay(capacity, shape, obs_dtype=np.uint8, frame_capacity=frame_capacity)
     actor = Actor(config, 0, init_weights(spec, 0))
     transitions = planes = 0
@@ -67,7 +67,7 @@ def main() -> None:
     # Sized as the replay process sizes it, with the ratio the blocks really packed.
     per_million = PrioritizedReplay.bytes_for(
         1_000_000, shape, np.uint8,
-        int(np.ceil(1_000_000 * planes / transitions)) + frames_per_block(config, shape))
+        int(np.ceil(1_000_000 * planes / transitions)) + sizing["frame_headroom"])
     float32 = 2 * int(np.prod(shape)) * 4
     print(f"{args.env}: {transitions:,} transitions from {args.envs_per_actor} envs in blocks of "
           f"{args.block_steps} steps ({seconds:.1f} s); replay capacity {capacity:,}, frame ring "

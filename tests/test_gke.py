@@ -1002,7 +1002,7 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     from distrl.gke.settings import WORKLOADS
     from distrl.rl.config import ApexConfig
     from distrl.rl.envs import network_for
-    from distrl.rl.frames import frames_per_block, frames_per_transition
+    from distrl.rl.frames import replay_sizing
     from distrl.rl.network import NATURE_TORSO
     from distrl.rl.replay import MEMORY_SHARE, sized_capacity
 
@@ -1033,10 +1033,8 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     # The replay, sized in the head pod as the replay process sizes itself, holds what the
     # learner waits for before its first update.
     head_memory = manifests.pod_sizes(pong)["head"].memory_gib * 2**30
-    capacity, _ = sized_capacity(None, (84, 84, 4), obs_dtype=np.uint8,
-                                 frames_per_transition=frames_per_transition(config, (84, 84, 4)),
-                                 frame_headroom=frames_per_block(config, (84, 84, 4)),
-                                 share=MEMORY_SHARE, available=head_memory)
+    capacity, _ = sized_capacity(None, (84, 84, 4), obs_dtype=np.uint8, share=MEMORY_SHARE,
+                                 available=head_memory, **replay_sizing(config, (84, 84, 4)))
     assert config.min_replay_size < capacity
     # The run's cost: the cluster's hourly cost for its whole budget, and beside it the Spot
     # price's drift, the nodes' addresses and the telemetry the run sends.
