@@ -2,6 +2,7 @@
 large exports.
 
     python benchmarks/collector_under_load.py [--series 20000] [--exporters 4] [--seconds 20]
+        [--loads queries,readers,heavy,stalled,cancelled,memory]
 
 Fills a collector with `--series` gauge series (and `--descriptor-points` more points, over
 which ListMetricDescriptors is timed), then runs `--exporters` processes that each
@@ -196,12 +197,28 @@ def export_latencies(endpoint: str, exporters: int, seconds: float, queries: int
     return latencies, float(np.mean([ok for _, ok in results])), counts
 
 
+HOSTILE = {"readers": "40 looping readers", "heavy": "40 looping readers of every series",
+           "stalled": "18 stalled calls reopened every 5 s",
+           "cancelled": "reads cancelled after 10 ms"}
+LOADS = ("queries", *HOSTILE, "memory")
+
+
+def _loads(text: str) -> tuple[str, ...]:
+    loads = tuple(text.split(","))
+    if unknown := [load for load in loads if load not in LOADS]:
+        raise argparse.ArgumentTypeError(f"unknown load(s) {unknown}: accepted {list(LOADS)}")
+    return loads
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--series", type=int, default=20_000)
     parser.add_argument("--exporters", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--descriptor-points", type=int, default=200_000)
+    parser.add_argument("--loads", type=_loads, default=LOADS,
+                        help=f"which loads to run beside the exports alone (default all: "
+                             f"{','.join(LOADS)})")
     parser.add_argument("--smoke", action="store_true",
                         help="seconds, tiny settings: that the script runs (tests/test_benchmarks.py)")
     args = parser.parse_args()
@@ -231,39 +248,53 @@ def main() -> None:
         print(f"export latency alone: p50 {np.percentile(quiet, 50):.1f} ms, p99 "
               f"{p99_alone:.1f} ms, max {quiet.max():.0f} ms ({len(quiet):,} exports, "
               f"{accepted:.1%} accepted)", flush=True)
-        loaded, accepted, counts = export_latencies(endpoint, args.exporters, args.seconds,
-                                                    queries=2)
-        print(f"export latency beside 2 query loops: p50 {np.percentile(loaded, 50):.1f} ms, "
-              f"p99 {np.percentile(loaded, 99):.1f} ms, max {loaded.max():.0f} ms "
-              f"({len(loaded):,} exports, {accepted:.1%} accepted)")
-        print(f"p99 ratio loaded/alone: {np.percentile(loaded, 99) / p99_alone:.1f}"
-              f"; query loops answered {sum(c[0] for c in counts)}, refused "
-              f"{sum(c[1] for c in counts)} {next((c[2] for c in counts if c[2]), '')}",
-              flush=True)
+        if "queries" in args.loads:
+            loaded, accepted, counts = export_latencies(endpoint, args.exporters, args.seconds,
+                                                        queries=2)
+            print(f"export latency beside 2 query loops: p50 {np.percentile(loaded, 50):.1f} ms, "
+                  f"p99 {np.percentile(loaded, 99):.1f} ms, max {loaded.max():.0f} ms "
+                  f"({len(loaded):,} exports, {accepted:.1%} accepted)")
+            print(f"p99 ratio loaded/alone: {np.percentile(loaded, 99) / p99_alone:.1f}"
+                  f"; query loops answered {sum(c[0] for c in counts)}, refused "
+                  f"{sum(c[1] for c in counts)} {next((c[2] for c in counts if c[2]), '')}",
+                  flush=True)
         # Issue 52's goals beside each hostile load: at least 99% of exports accepted at their
         # first try, and an export p99 at most 3x its value alone.
-        for load, label in (("readers", "40 looping readers"),
-                            ("heavy", "40 looping readers of every series"),
-                            ("stalled", "18 stalled calls reopened every 5 s"),
-                            ("cancelled", "reads cancelled after 10 ms")):
+        for load, label in HOSTILE.items():
+            if load not in args.loads:
+                continue
+            cpu = _tree_cpu_s(collector.process.pid)
             lat, accepted, (calls,) = export_latencies(endpoint, args.exporters, args.seconds,
                                                        load=load)
             ratio = np.percentile(lat, 99) / p99_alone
             print(f"beside {label} ({calls:,} calls): {accepted:.1%} of {len(lat):,} exports "
                   f"accepted (goal 99%), p99 {np.percentile(lat, 99):.1f} ms = {ratio:.1f}x "
-                  f"alone (goal 3x)", flush=True)
-        process = psutil.Process(collector.process.pid)
-        before = process.memory_info().rss
-        limits = Limits()
-        big = gauge_request("bench.big", range(95_000), time.time_ns())  # just under the limit
-        size = big.ByteSize()
-        n = 2 if args.smoke else limits.max_exports
-        with mp.get_context("spawn").Pool(n) as pool:
-            codes = pool.starmap(_export_code, [(endpoint, big)] * n)
-        print(f"collector RSS {before / 2**20:.0f} MiB before and "
-              f"{process.memory_info().rss / 2**20:.0f} MiB after {n} concurrent exports of "
-              f"{size / 2**20:.1f} MiB ({', '.join(sorted(set(codes)))}); the limits' bound "
-              f"above the baseline: {limits.memory_bound_bytes() / 2**20:.0f} MiB")
+                  f"alone (goal 3x), max {lat.max():.0f} ms; the collector and its readers "
+                  f"used {_tree_cpu_s(collector.process.pid) - cpu:.0f} CPU-s", flush=True)
+        if "memory" in args.loads:
+            process = psutil.Process(collector.process.pid)
+            before = process.memory_info().rss
+            limits = Limits()
+            big = gauge_request("bench.big", range(95_000), time.time_ns())  # just under the limit
+            size = big.ByteSize()
+            n = 2 if args.smoke else limits.max_exports
+            with mp.get_context("spawn").Pool(n) as pool:
+                codes = pool.starmap(_export_code, [(endpoint, big)] * n)
+            print(f"collector RSS {before / 2**20:.0f} MiB before and "
+                  f"{process.memory_info().rss / 2**20:.0f} MiB after {n} concurrent exports of "
+                  f"{size / 2**20:.1f} MiB ({', '.join(sorted(set(codes)))}); the limits' bound "
+                  f"above the baseline: {limits.memory_bound_bytes() / 2**20:.0f} MiB")
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds a process and its live children have used."""
+    total = 0.0
+    root = psutil.Process(pid)
+    for p in [root, *root.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
 
 
 def _export_code(endpoint: str, request) -> str:

@@ -109,8 +109,9 @@ class Limits:
     max_query_s: float = 30.0
     """a read's own deadline in seconds (the client's, when shorter)"""
     max_wal_bytes: int = 128 * MiB
-    """write-ahead log size past which the writer checkpoints and truncates it (readers'
-    overlapping snapshots otherwise keep it growing)"""
+    """write-ahead log length the writer keeps to: it starts the log again from half this
+    length when no read holds it, and past 4x stops the reads on it to do so (readers'
+    overlapping snapshots kept it growing); its file stays under 4x (plus a look's growth)"""
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
@@ -319,9 +320,16 @@ class StorageUnavailable(Exception):
 
 # How long an Export waits for the commit holding its rows before it is answered UNAVAILABLE.
 COMMIT_WAIT_S = 20.0
-# How often the writer looks at the WAL's size, and how long a checkpoint past four times
-# max_wal_bytes waits for the reads it stops (exports wait meanwhile).
-WAL_CHECK_S, WAL_WAIT_MS = 0.1, 200
+# How often the checkpointer looks at the WAL; how long a restart waits for the reads on the
+# log (exports wait meanwhile), and how long once they are being stopped; how long reads are
+# refused, at most, while the writer starts a log past four times max_wal_bytes again.
+WAL_CHECK_S, RESTART_WAIT_MS, STOP_WAIT_MS, STOP_READS_S = 0.1, 10, 200, 2.0
+RESTART_TAIL_BYTES = 4 * MiB  # at most this much is left to copy when the log restarts
+# A thread of its own copies the log's pages back to the database as they are written,
+# beside the writer, which starts the log again with a few pages left to copy. SQLite's
+# automatic checkpoint copied ~80 MB inside a COMMIT every ~0.8 s beside 4 exporters, and
+# every export waited for it (~105 ms; benchmarks/collector_under_load.py).
+
 # OpenTelemetry's instrument names: "a maximum length of 255 characters"
 # (opentelemetry.io/docs/specs/otel/metrics/api/#instrument-name-syntax).
 MAX_NAME_CHARS = 255
@@ -567,20 +575,31 @@ class CollectorStore:
         self._descriptors = BoundedCache(self.limits.cache_bytes // 8)  # type -> value type
         self._life_bounds = BoundedCache(self.limits.cache_bytes // 8)  # cumulative bounds
         self._jobs: queue.Queue = queue.Queue()
-        self._wal_path, self._wal_checked = self.path.with_name(self.path.name + "-wal"), 0.0
-        self._wal_next = 0  # after a checkpoint readers held up: the size to try again at
+        self._wal_path = self.path.with_name(self.path.name + "-wal")
         self.interrupt_reads = None  # a multiprocessing Event: _Calls gives its readers
-        self._writer = None
+        self._checkpointing = threading.Lock()  # one checkpoint at a time
+        self._restartable = 0  # the log's bytes, when the last copy left few to copy
+        self._retry_at = 0  # after a restart a read held up: the length to try again at
+        self._stopping_since = None  # reads are stopped (_stop_reads)
+        self._restarted_frames = -1  # the frames of a log that restarts at the next commit
+        self._writer = self._checkpointer = None
+        self._closing = threading.Event()
         if create:
             self._writer = threading.Thread(target=self._write_loop, daemon=True,
                                             name="collector-writer")
             self._writer.start()
+            self._checkpointer = threading.Thread(target=self._checkpoint_loop, daemon=True,
+                                                  name="collector-checkpointer")
+            self._checkpointer.start()
 
     def _create(self) -> None:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # WAL: commits need no fsync
-        # Checkpoints (which do fsync) every ~80 MB of WAL instead of every 4 MB.
-        self.conn.execute("PRAGMA wal_autocheckpoint=20000")
+        # No checkpoint inside a commit (_checkpoint_loop, _restart_log). A file that grew
+        # past 4 x max_wal_bytes while reads held the log is cut back to that size when the
+        # log starts again (sqlite.org/pragma.html#pragma_journal_size_limit).
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")
+        self.conn.execute(f"PRAGMA journal_size_limit={4 * self.limits.max_wal_bytes}")
         had_labels = self.conn.execute("SELECT 1 FROM sqlite_master WHERE name = "
                                        "'metric_labels'").fetchone()
         self.conn.executescript(SCHEMA)
@@ -590,6 +609,10 @@ class CollectorStore:
         self.conn.commit()
 
     def close(self) -> None:
+        if self._checkpointer is not None:
+            self._closing.set()
+            self._checkpointer.join(COMMIT_WAIT_S)
+            self._checkpointer = None
         if self._writer is not None:
             self._jobs.put(None)  # the writer commits what is queued, then stops
             self._writer.join(COMMIT_WAIT_S)
@@ -676,50 +699,91 @@ class CollectorStore:
             jobs = [job for job in jobs if job is not None]
             if jobs:
                 self._commit(jobs)
-                self._bound_wal()
+                self._restart_log()
             if stop:
                 return
 
-    def _bound_wal(self) -> None:
-        """Past max_wal_bytes (looked at every WAL_CHECK_S): checkpoint the log and truncate
-        it (sqlite.org/pragma.html#pragma_wal_checkpoint, TRUNCATE). A reader whose snapshot
-        is in the log makes that fail at once, and the writer tries again once the log has
-        grown by half (SQLite's own PASSIVE checkpoints copy it meanwhile). Readers that start
-        once the log is all copied read the database file alone. Past 4 x max_wal_bytes, the
-        reads still on the log are stopped through interrupt_reads (an event the reader
-        processes watch; they answer UNAVAILABLE, which clients retry), and the writer waits
-        up to WAL_WAIT_MS for them (exports wait meanwhile)."""
-        now = time.monotonic()
-        if now < self._wal_checked + WAL_CHECK_S:
-            return
-        self._wal_checked = now
+    def _checkpoint_loop(self) -> None:
+        """Copies the log's new pages back to the database every WAL_CHECK_S that anything was
+        written, on a connection of its own, beside the writer (a PASSIVE checkpoint:
+        sqlite.org/c3ref/wal_checkpoint_v2.html), and tells _restart_log how long the log is
+        once at most RESTART_TAIL_BYTES of it are left to copy. A page a read still needs
+        stays in the log until that read ends. Past 4 x max_wal_bytes, reads are stopped
+        through interrupt_reads (an event the reader processes watch; they answer UNAVAILABLE,
+        which clients retry) until the log starts again, STOP_READS_S at most."""
+        conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
+                               check_same_thread=False)
+        frame_bytes = conn.execute("PRAGMA page_size").fetchone()[0] + 24  # a frame's header
+        seen = None
         try:
-            size = self._wal_path.stat().st_size
-        except OSError:
-            return
-        limit = self.limits.max_wal_bytes
-        if size <= max(limit, min(self._wal_next, 4 * limit)):
-            return
-        if size > 4 * limit and self.interrupt_reads is not None:
-            self.interrupt_reads.set()
-            try:
-                done = self._truncate_wal(WAL_WAIT_MS)
-            finally:
-                self.interrupt_reads.clear()
-        else:  # no wait: a reader on the log makes it fail at once
-            done = self._truncate_wal(0)
-        self._wal_next = 0 if done else size * 3 // 2
-
-    def _truncate_wal(self, wait_ms: int) -> bool:
-        """One TRUNCATE checkpoint, waiting wait_ms at most; whether it got through."""
-        self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
-        try:
-            busy, _, _ = self.conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
-            return not busy
-        except sqlite3.Error:
-            return False
+            while not self._closing.wait(WAL_CHECK_S):
+                try:
+                    stat = self._wal_path.stat()
+                    if (stat.st_size, stat.st_mtime_ns) == seen:  # nothing written since
+                        continue
+                    seen = (stat.st_size, stat.st_mtime_ns)
+                    with self._checkpointing:
+                        busy, frames, copied = conn.execute(
+                            "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
+                        if busy or frames == self._restarted_frames:  # not yet restarted
+                            continue
+                        tail = (frames - copied) * frame_bytes
+                        self._restartable = frames * frame_bytes * (tail <= RESTART_TAIL_BYTES)
+                        self._stop_reads(frames * frame_bytes > 4 * self.limits.max_wal_bytes)
+                except (OSError, sqlite3.Error):  # a full disk: the writer's commits say so
+                    continue
         finally:
-            self.conn.execute("PRAGMA busy_timeout = 30000")  # sqlite3.connect's timeout=30
+            with self._checkpointing:
+                self._stop_reads(False)
+            conn.close()
+
+    def _stop_reads(self, stop: bool) -> None:
+        """Stops the reads, or lets them go on (under _checkpointing)."""
+        if self.interrupt_reads is None:
+            return
+        now = time.monotonic()
+        if stop and self._stopping_since is None:
+            self.interrupt_reads.set()
+            self._stopping_since = now
+        elif self._stopping_since is not None and (
+                not stop or now > self._stopping_since + STOP_READS_S):
+            self.interrupt_reads.clear()
+            self._stopping_since = None
+
+    def _restart_log(self) -> None:
+        """Between two commits: starts the log again once it is half max_wal_bytes long and
+        the checkpointer has copied all but its last pages (a RESTART checkpoint,
+        sqlite.org/pragma.html#pragma_wal_checkpoint; commits wait while it copies them). It
+        waits RESTART_WAIT_MS at most for the reads on the log (short ones end meanwhile; new
+        ones read the database); if one is still there, it tries again once the log has grown
+        by half. While reads are stopped (past 4 x max_wal_bytes) it tries after every
+        commit, waiting STOP_WAIT_MS for them."""
+        log, limit = self._restartable, self.limits.max_wal_bytes
+        stopping = self._stopping_since is not None
+        if not stopping and (log <= max(limit // 2, min(self._retry_at, 4 * limit))
+                             or not self._checkpointing.acquire(blocking=False)):
+            return
+        if stopping and not self._checkpointing.acquire(timeout=STOP_WAIT_MS / 1e3):
+            return
+        try:
+            self._restartable = 0  # until the next copy
+            wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
+            self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
+            try:
+                busy, frames, _ = self.conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                restarted = not busy
+            except sqlite3.Error:
+                restarted, frames = False, -1
+            finally:
+                self.conn.execute("PRAGMA busy_timeout = 30000")  # sqlite3.connect's timeout=30
+            # The log starts again at the next commit: until then the checkpointer still
+            # counts these frames.
+            self._restarted_frames = frames if restarted else -1
+            self._retry_at = 0 if restarted else log * 3 // 2
+            if restarted:
+                self._stop_reads(False)
+        finally:
+            self._checkpointing.release()
 
     def _commit(self, jobs: list) -> None:
         """One transaction for the jobs, a savepoint each: a request that fails half-way
@@ -1095,7 +1159,7 @@ class _Readers:
         self.ids = itertools.count()
         import multiprocessing
 
-        # Set by the writer while it truncates a log that reads keep growing (_bound_wal).
+        # Set while the store starts a log that reads keep growing again (_checkpoint_loop).
         self.interrupt = multiprocessing.get_context("spawn").Event()
         self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
         self.unread = 0  # bytes of answers their clients have not taken yet

@@ -464,8 +464,7 @@ class Budget:
 
     def refusal(self) -> Refused:
         if getattr(self.context, "interrupted", False):
-            return Refused(grpc.StatusCode.UNAVAILABLE, "the collector is truncating its "
-                           "write-ahead log; retry")
+            return Refused(grpc.StatusCode.UNAVAILABLE, WAL_RESTART)
         if self.cancelled:
             return Refused(grpc.StatusCode.CANCELLED, "the client stopped waiting")
         return Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
@@ -1361,6 +1360,9 @@ def answer(service: MetricService, method: str, request, context):
 _READER: MetricService | None = None
 
 
+WAL_RESTART = "the collector is starting its write-ahead log again; retry"
+
+
 class _ReadDeadline:
     """What Budget and answer() ask of a gRPC context, in a reader process: the time left of
     the call (the collector passes it), whether its client still waits (the collector sends
@@ -1376,7 +1378,7 @@ class _ReadDeadline:
 
     def is_active(self) -> bool:
         if self.active and self.interrupt is not None and self.interrupt.is_set():
-            self.active, self.interrupted = False, True  # the writer truncates its log
+            self.active, self.interrupted = False, True  # the writer restarts its log
         if self.active and self.conn is not None and self.conn.poll(0):
             message = self.conn.recv()  # "cancel", or None: the collector stops
             self.active, self.stop_after = False, message is None
@@ -1406,6 +1408,9 @@ def reader_main(conn, open_store: Callable[[], Any], nice: int, interrupt=None,
         if call is None:
             return
         if call == "cancel":
+            continue
+        if interrupt is not None and interrupt.is_set():  # not even a short read meanwhile
+            conn.send((grpc.StatusCode.UNAVAILABLE.value[0], WAL_RESTART))
             continue
         context = _ReadDeadline(call[2], conn, interrupt)
         conn.send(answer_bytes(*call[:2], context))
