@@ -565,8 +565,11 @@ def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):
     answered = [r for r in reads if r == 3_000]
     refused = [r for r in reads if isinstance(r, str)]
     assert len(answered) + len(refused) == len(reads), reads  # whole answers, or refusals
+    # How many get through depends on the machine: 87-90 of ~185 here, 3 of 107 beside two
+    # busy loops (this limit is reached every few tenths of a second).
+    print(f"{len(answered)} reads answered, {len(refused)} refused")
     assert all("write-ahead log" in r for r in refused), refused
-    assert len(answered) >= 10, f"{len(answered)} reads answered, {len(refused)} refused"
+    assert refused, "the reads were never stopped: the test did not reach 4 x the limit"
 
 
 def test_the_pages_of_a_read_go_to_the_reader_that_keeps_its_result(tmp_path):
