@@ -111,7 +111,7 @@ class Limits:
     max_wal_bytes: int = 128 * MiB
     """write-ahead log length the writer keeps to: it starts the log again from half this
     length when no read holds it, and past 4x stops the reads on it to do so (readers'
-    overlapping snapshots kept it growing); its file stays under 4x (plus a look's growth)"""
+    overlapping snapshots kept it growing); a file that grew past 4x is cut back to it"""
 
     def __post_init__(self):
         for name in ("max_message_bytes", "max_exports", "max_queries", "cache_bytes",
