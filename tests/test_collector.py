@@ -898,7 +898,9 @@ def test_a_full_disk_is_answered_unavailable_and_the_collector_recovers(tmp_path
     the others to hang: they held every slot, and SIGTERM no longer stopped the collector.
     Here the collector's writes fail for real past its file size limit (as on a full disk):
     every export of a failed commit gets UNAVAILABLE, which exporters retry, the first commit
-    after space returns succeeds, and nothing acknowledged is lost."""
+    after space returns succeeds, and nothing acknowledged is lost. (While the disk is full an
+    export may also get through: a log the checkpointer has copied starts again in the space
+    its file already has, as it would on a full disk.)"""
     db = tmp_path / "otel.db"
     collector = LocalCollector(db, port=0).start()
     try:
@@ -916,8 +918,11 @@ def test_a_full_disk_is_answered_unavailable_and_the_collector_recovers(tmp_path
             acked += 500
         assert acked and codes[-1] == "UNAVAILABLE", codes
         with futures.ThreadPoolExecutor(8) as pool:  # one failed commit of many exports
-            assert set(pool.map(lambda t: _code(stub, _gauges("full", 500, t=1000 + t)),
-                                range(8))) == {"UNAVAILABLE"}
+            many = list(pool.map(lambda t: _code(stub, _gauges("full", 500, t=1000 + t)),
+                                 range(8)))
+        assert set(many) <= {"OK", "UNAVAILABLE"}, many  # each answered, none hangs
+        assert "UNAVAILABLE" in many, many
+        acked += 500 * many.count("OK")
         process.rlimit(psutil.RLIMIT_FSIZE, (hard, hard))  # space is back
         for t in range(2000, 2010):
             assert _code(stub, _gauges("full", 500, t=t)) == "OK"
