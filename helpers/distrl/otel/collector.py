@@ -760,14 +760,12 @@ class CollectorStore:
         commit, waiting STOP_WAIT_MS for them."""
         log, limit = self._restartable, self.limits.max_wal_bytes
         stopping = self._stopping_since is not None
-        if not stopping and (log <= max(limit // 2, min(self._retry_at, 4 * limit))
-                             or not self._checkpointing.acquire(blocking=False)):
-            return
-        if stopping and not self._checkpointing.acquire(timeout=STOP_WAIT_MS / 1e3):
+        wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
+        if ((not stopping and log <= max(limit // 2, min(self._retry_at, 4 * limit)))
+                or not self._checkpointing.acquire(timeout=wait_ms / 1e3 if stopping else 0)):
             return
         try:
             self._restartable = 0  # until the next copy
-            wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
             self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
             try:
                 busy, frames, _ = self.conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
