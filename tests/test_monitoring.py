@@ -846,3 +846,34 @@ def test_a_filter_is_charged_for_the_series_it_keeps(tmp_path):
             _list(mon, "wide/gauge", end_s=10)  # 10,000 series x 2 KB: past 8 MiB
         [one] = _list(mon, "wide/gauge", end_s=10, filters=['metric.labels.series = "s5"'])
         assert _pts(one) == [(5, 5.0)]
+
+
+def test_golden_signals_keep_each_charts_own_filter(tmp_path):
+    """The evaluator's panels hold the evaluator's points only: the actors' exploring returns,
+    on the same instrument with rl.loop = actor, once lifted the greedy mean above its best."""
+    def reward(name, points):
+        m = metrics_pb2.Metric(name=name, unit="1")
+        for loop, t, value in points:
+            m.gauge.data_points.add(attributes=_series_attrs("r1", "CartPole-v1", loop),
+                                    time_unix_nano=t, as_double=value)
+        return m
+
+    points = [("evaluator", T0 + 10 * S, 14.0), ("evaluator", T0 + 20 * S, 12.0),
+              ("actor", T0 + 15 * S, 42.0), ("actor", T0 + 25 * S, 44.0)]
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [reward("rl.environment.reward.mean", points),
+                                    reward("rl.environment.episode.length.mean", points)]),
+                    timeout=10)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        frames = mon.golden_signals(where={"rl.run.id": "r1"}, alignment_s=60,
+                                    end=_time(T0 + 60 * S))
+        for title in ("greedy mean episode reward (evaluator)",
+                      "greedy mean episode length (evaluator)"):
+            df = frames[title][0]
+            assert df["value"].tolist() == [13.0], title  # the evaluator's mean, no actor's
+        # The caller's own where still applies beside the chart's.
+        frames = mon.golden_signals(where={"rl.run.id": "r2"}, alignment_s=60,
+                                    end=_time(T0 + 60 * S))
+        assert frames["greedy mean episode reward (evaluator)"][0].empty

@@ -490,9 +490,10 @@ class Monitoring:
                        minutes: float = 30.0, alignment_s: int = 60,
                        end: dt.datetime | None = None,
                        percentiles: tuple[str, ...] = ("p50", "p95", "p99")) -> dict:
-        """Every chart of dashboard.CHARTS as a DataFrame (by chart title), filtered by
-        `where` and grouped by `group_by` (and by rl.loop for the latency charts), with the
-        latency `percentiles` asked for (fewer lines where many groups share a panel)."""
+        """Every chart of dashboard.CHARTS as a DataFrame (by chart title), filtered by the
+        chart's own label equalities and `where` (as dashboard.chart_filter does) and grouped
+        by `group_by` (and by rl.loop for the latency charts), with the latency `percentiles`
+        asked for (fewer lines where many groups share a panel)."""
         known = {_statistic(r) for chart in dash.CHARTS if chart.signal == "latency"
                  for r in chart.reducers}
         if not percentiles or not set(percentiles) <= known:
@@ -502,11 +503,12 @@ class Monitoring:
             # Latency charts keep their per-phase lines (rl.loop); group_by may be rl.loop too.
             phases = (otel.RL_LOOP,) if otel.RL_LOOP in chart.group_by else ()
             groups = tuple(dict.fromkeys((*phases, group_by)))
+            chart_where = {**dict(chart.where), **(where or {})}  # the evaluator's, say
             parts = []
             for reducer in chart.reducers:
                 if chart.signal == "latency" and _statistic(reducer) not in percentiles:
                     continue
-                df = self.time_series(chart.metric_type, where=where, minutes=minutes,
+                df = self.time_series(chart.metric_type, where=chart_where, minutes=minutes,
                                       aligner=chart.aligner, reducer=reducer, group_by=groups,
                                       alignment_s=alignment_s, end=end)
                 if not df.empty:
