@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.otel import explore, monitoring
+from distrl.otel import dashboard, explore, monitoring
 from distrl.otel.collector import CollectorStore, Limits, LocalCollector
 
 T0 = 1_700_000_000 * 10**9
@@ -877,3 +877,50 @@ def test_golden_signals_keep_each_charts_own_filter(tmp_path):
         frames = mon.golden_signals(where={"rl.run.id": "r2"}, alignment_s=60,
                                     end=_time(T0 + 60 * S))
         assert frames["greedy mean episode reward (evaluator)"][0].empty
+
+
+def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_up(tmp_path):
+    """dashboard.SAMPLE_RATE_DROP_PROMQL as explore.sample_rate_drops runs it locally: run A's
+    learner hangs from 25 s to 40 s (its actors stop stepping); run B only starts slowly (no
+    env step until its learner's first update at 10 s, as every run here does); run C never
+    trains. A threshold on the rate alone fires on all three."""
+    def counter(name, points):
+        m = metrics_pb2.Metric(name=name, unit="1")
+        m.sum.is_monotonic, m.sum.aggregation_temporality = True, 2
+        for run, t, value in points:
+            m.sum.data_points.add(attributes=_series_attrs(run, "CartPole-v1"),
+                                  start_time_unix_nano=T0, time_unix_nano=T0 + t * S,
+                                  as_double=value)
+        return m
+
+    def steps(t, hung=()):  # 1,000 env steps/s from 10 s on, none while hung
+        return 1000.0 * sum(1 for u in range(11, t + 1) if u not in hung)
+
+    fault = range(26, 41)
+    samples = [("A", t, steps(t, fault)) for t in range(56)]
+    samples += [("B", t, steps(t)) for t in range(56)] + [("C", t, 0.0) for t in range(56)]
+    train = [("A", t, steps(t, fault) / 20) for t in range(11, 56) if t not in fault]
+    train += [("B", t, steps(t) / 20) for t in range(11, 56)]
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [counter("rl.sample.samples", samples),
+                                    counter("rl.train.steps", train)]), timeout=10)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        kwargs = dict(minutes=2, time_scale=1 / 60, end=_time(T0 + 60 * S))
+        rates, windows, alignment_s, duration_s = explore.sample_rate_drops(mon, **kwargs)
+        assert (alignment_s, duration_s) == (5, 5.0)
+        assert set(rates["rl.run.id"]) == {"A", "B", "C"}
+        assert windows["rl.run.id"].tolist() == ["A"]  # the hang, and nothing at start-up
+        assert windows["start"].tolist() == [_time(T0 + 25 * S)]
+        assert windows["end"].tolist() == [_time(T0 + 40 * S)]
+        assert windows["worst"].tolist() == [0.0]
+        # What the old threshold on the rate alone made of the same data: all three fired.
+        starting = rates[(rates["value"] < dashboard.SAMPLE_RATE_FLOOR)]
+        assert set(starting["rl.run.id"]) == {"A", "B", "C"}
+        # Nothing recorded: no rates, no firing.
+        empty = explore.sample_rate_drops(mon, minutes=2, time_scale=1 / 60,
+                                          end=_time(T0 + 60 * S), where={"rl.run.id": "Z"})
+        assert empty[0].empty and empty[1].empty
+        with pytest.raises(ValueError, match="time_scale=0"):
+            explore.sample_rate_drops(mon, time_scale=0)

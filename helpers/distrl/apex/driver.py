@@ -588,8 +588,8 @@ class _Run:
         evaluation when one is due."""
         c, t = self.config, self.topology
         if self.apex.sigterm.is_set():
-            return self.stop("sigterm", "SIGTERM: stopping after a final checkpoint"
-                             + self.not_running(now))
+            return self.stop("sigterm", f"{self.apex.sigterm.why}: stopping after a final "
+                             "checkpoint" + self.not_running(now))
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
                              + self.not_running(now))

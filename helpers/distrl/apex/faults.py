@@ -105,8 +105,12 @@ class StopFlag:
 
     def __init__(self) -> None:
         self._set = False
+        self.why = "SIGTERM"  # who asked, for the run's stop line
 
-    def set(self) -> None:
+    def set(self, why: str = "SIGTERM") -> None:
+        """Stop the run as SIGTERM would; `why` names who asked (another thread: its reason)."""
+        if not self._set:
+            self.why = why
         self._set = True
 
     def is_set(self) -> bool:

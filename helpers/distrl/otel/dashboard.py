@@ -242,6 +242,19 @@ REWARD_DROP_PROMQL = (
     f'{_GREEDY_REWARD}[5m])))[1h:1m]))')
 
 
+# A run's env steps/s below a floor, once its learner has trained: a threshold on the rate
+# alone also fires while a run starts (its actors wait for the learner's first update, and a
+# new counter's first period is empty), which is no fault. A filter-based threshold condition
+# cannot ask about another metric's past, so this one is PromQL too.
+SAMPLE_RATE_FLOOR = 100.0
+SAMPLE_RATE_WINDOW_S = 300  # the rate's window, [5m]
+_SAMPLE_RATE = 'sum by ("rl.run.id") (rate({"rl.sample.samples"}[5m]))'
+_HAS_TRAINED = ('max_over_time((sum by ("rl.run.id") (rate({"rl.train.steps"}[5m])))[1h:1m])'
+                ' > 0')
+SAMPLE_RATE_DROP_PROMQL = (f'({_SAMPLE_RATE} < {SAMPLE_RATE_FLOOR:g}) and on ("rl.run.id") '
+                           f"({_HAS_TRAINED})")
+
+
 def alert_policies() -> dict[str, dict]:
     """Alert policies by file name, in the JSON form `gcloud monitoring policies create
     --policy-from-file` takes (GA: cloud.google.com/sdk/gcloud/reference/monitoring/policies/
@@ -265,11 +278,16 @@ def alert_policies() -> dict[str, dict]:
             "COMPARISON_GT", 1000.0, 300,
             "The 95th percentile of rl.loop.duration stayed above 1 s for 5 minutes: a slow "
             "phase (see the trace waterfall of the slowest iterations)."),
-        "sample-rate-drop": _threshold(
-            "sample rate drop", _chart("rl.sample.samples"), "REDUCE_SUM", "COMPARISON_LT",
-            100.0, 300,
-            "A run collected fewer than 100 env steps/s for 5 minutes: actors lost (Spot "
-            "preemption) or blocked on replay."),
+        "sample-rate-drop": {
+            "displayName": "distrl: sample rate drop", "combiner": "OR", "enabled": True,
+            "documentation": {"content": f"A run whose learner had trained collected fewer than "
+                              f"{SAMPLE_RATE_FLOOR:g} env steps/s for 5 minutes: actors lost "
+                              "(Spot preemption) or blocked on replay (a learner that hangs).",
+                              "mimeType": "text/markdown"},
+            "conditions": [{"displayName": "sample rate drop",
+                            "conditionPrometheusQueryLanguage": {
+                                "query": SAMPLE_RATE_DROP_PROMQL, "duration": "300s",
+                                "evaluationInterval": "60s"}}]},
     }
 
 

@@ -318,6 +318,38 @@ def evaluate_alert(monitoring: Monitoring, policy: dict, *, minutes: float = 60.
     return frame, windows, alignment_s, duration_s
 
 
+def sample_rate_drops(monitoring: Monitoring, *, minutes: float = 60.0,
+                      time_scale: float = 1.0, end: dt.datetime | None = None,
+                      where: dict | None = None):
+    """The sample-rate-drop policy (dashboard.SAMPLE_RATE_DROP_PROMQL) on the data `monitoring`
+    holds, the way evaluate_alert runs a threshold condition: each run's env steps/s over
+    periods of the PromQL rate window (5 min, scaled by time_scale) below
+    dashboard.SAMPLE_RATE_FLOOR for the policy's duration, counted only after the first period
+    in which the run's learner trained (a run still starting is not a drop). Returns (the
+    runs' sample rates, firing windows, alignment and duration in seconds)."""
+    import pandas as pd
+
+    if not 0 < time_scale <= 1:
+        raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
+    condition = dash.alert_policies()["sample-rate-drop"]["conditions"][0]
+    duration_s = _seconds(condition["conditionPrometheusQueryLanguage"]["duration"]) * time_scale
+    alignment_s = max(1, round(dash.SAMPLE_RATE_WINDOW_S * time_scale))
+    query = dict(where=where, minutes=minutes, end=end, aligner="ALIGN_RATE",
+                 reducer="REDUCE_SUM", group_by=(otel.RL_RUN_ID,), alignment_s=alignment_s)
+    samples = monitoring.time_series("rl.sample.samples", **query)
+    trained = monitoring.time_series("rl.train.steps", **query)
+    kept = samples.iloc[:0]
+    if not samples.empty and not trained.empty:
+        first_trained = trained[trained["value"] > 0].groupby(otel.RL_RUN_ID)["time"].min()
+        after = samples["time"] > samples[otel.RL_RUN_ID].map(first_trained)
+        kept = samples[after.fillna(False).astype(bool)]
+    by = (otel.RL_RUN_ID,)
+    windows = (firing_windows(kept, "COMPARISON_LT", dash.SAMPLE_RATE_FLOOR, duration_s,
+                              alignment_s, by) if not kept.empty
+               else pd.DataFrame(columns=[*by, "start", "end", "worst"]))
+    return samples, windows, alignment_s, duration_s
+
+
 def _seconds(duration: str) -> float:
     """'300s' -> 300.0 (the JSON form of a google.protobuf.Duration)."""
     match = re.fullmatch(r"(\d+(?:\.\d+)?)s", duration)
