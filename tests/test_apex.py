@@ -13,6 +13,7 @@ from distrl.apex.driver import ApeX, TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
 from distrl.rl.checkpoints import read_checkpoint
 from distrl.rl.config import ApexConfig
+from distrl.rl.envs import evaluate_greedy, network_for
 from distrl.rl.network import NetworkSpec
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
@@ -156,23 +157,74 @@ def test_pong_frames_go_through_actors_replay_and_a_learner_update(local_ray, tm
     assert result.replay_check["ok"], result.replay_check
 
 
-def test_a_held_learner_trains_no_more_and_the_run_goes_on_to_its_stop(local_ray, tmp_path):
-    """hold_learner_at_updates: the learner stops at that count (within one fetch of batches),
-    says so, and the run goes on evaluating those weights until it stops; its checkpoint holds
-    exactly them. Notebook 04's Spot notice waits for this, so it lands mid-learning on any
-    machine."""
-    config = ApexConfig(hold_learner_at_updates=40, target_return=None, max_seconds=25,
+def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_stop(
+        local_ray, tmp_path):
+    """hold_learner_within: an evaluation within the window holds the learner; its held
+    weights, evaluated again and within it too, stay held until the run stops, and the
+    checkpoint holds exactly them. Notebook 04's drain waits for this, so it lands
+    mid-learning on any machine."""
+    window = (30.0, 400.0)
+    config = ApexConfig(hold_learner_within=window, target_return=None, max_seconds=45,
                         envs_per_actor=8, hidden_sizes=(32, 32), min_replay_size=500,
                         eval_interval_s=0.5, output_dir=str(tmp_path), progress=False)
     result = ApeX(config).train()
     assert result.stop_reason == "max_seconds", (result.stop_reason, result.stop_detail)
-    assert 40 <= result.learner_updates < 40 + config.batches_per_fetch
     held = [e for e in result.events if e["kind"] == "learner_held"]
-    assert len(held) == 1 and f"held at {result.learner_updates:,} updates" in held[0]["detail"]
+    assert len(held) == 1, [e for e in result.events if "hold" in e["kind"]]
+    version = result.learner_updates
+    assert f"held at {version:,} updates" in held[0]["detail"]
+    score = float(held[0]["detail"].split("weights score ")[1].split(",")[0])
+    assert window[0] <= score < window[1]  # the held weights' own evaluation
     after = [e for e in result.evals if e["time_s"] > held[0]["time_s"]]
-    assert after and {e["weights_version"] for e in after} == {result.learner_updates}
-    meta, _ = read_checkpoint(result.checkpoint)
-    assert meta["updates"] == result.learner_updates
+    assert after and {e["weights_version"] for e in after} == {version}
+    meta, arrays = read_checkpoint(result.checkpoint)
+    assert meta["updates"] == version
+    # Scored on the first evaluation's episodes: what a run resumed from it plays first.
+    online = [arrays[f"online_{k}"] for k in range(sum(k.startswith("online_") for k in arrays))]
+    returns, _ = evaluate_greedy(config.env_id, online, config.eval_episodes,
+                                 config.seed + 10_000, network_for(config))
+    assert returns.mean() == pytest.approx(score, abs=0.05)
+
+
+def test_a_hold_whose_weights_score_outside_the_window_is_released():
+    """The driver's decisions on the evaluations it gets (a stand-in learner records the calls):
+    an evaluation within the window asks for a hold; the held weights' own evaluation keeps it
+    or releases it; nothing else asks again while a hold is asked or kept."""
+    from types import SimpleNamespace
+
+    from distrl.apex.driver import _Run
+
+    calls, said = [], []
+
+    class Remote:
+        def __init__(self, name):
+            self.name = name
+
+        def remote(self):
+            calls.append(self.name)
+
+    run = _Run.__new__(_Run)
+    run.config = ApexConfig(hold_learner_within=(100.0, 400.0))
+    run.topology = SimpleNamespace(learner=SimpleNamespace(hold=Remote("hold"),
+                                                           release=Remote("release")))
+    run.hold_state, run.held_version = None, None
+    run.say = lambda kind, detail, print_it=True: said.append(kind)
+    run._hold_asked({"mean_return": 60.0})
+    assert calls == [] and run.hold_state is None  # below the window: nothing
+    run._hold_asked({"mean_return": 150.0})
+    assert calls == ["hold"] and run.hold_state == "asked"
+    run._hold_asked({"mean_return": 160.0})  # asked already
+    assert calls == ["hold"]
+    run.hold_state, run.held_version = "checking", 25  # the learner said it holds at 25
+    run._hold_checked({"mean_return": 480.0})  # the held weights: too good
+    assert calls == ["hold", "release"] and run.hold_state is None
+    run._hold_asked({"mean_return": 399.0})
+    run.hold_state, run.held_version = "checking", 41
+    run._hold_checked({"mean_return": 210.0})
+    assert calls == ["hold", "release", "hold"] and run.hold_state == "held"
+    assert said == ["hold_asked", "hold_released", "hold_asked", "learner_held"]
+    run._hold_asked({"mean_return": 250.0})  # held: nothing more
+    assert calls == ["hold", "release", "hold"]
 
 
 def test_a_replay_that_cannot_fit_in_memory_is_refused_saying_how_many_would(local_ray, tmp_path):

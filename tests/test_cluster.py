@@ -147,6 +147,14 @@ def test_a_node_lost_during_start_up_without_replacement_ends_on_budget(tmp_path
                       log_dir=tmp_path / "logs") as cluster:
         # A worker node's session gets a third of the head's CPU weight (cluster.WORKER_NICE).
         assert [autogroup_nice(n.process.pid) for n in cluster.nodes] == [0, WORKER_NICE]
+        # The worker node runs on a core of its own, as a pod's CPU limit confines it: its
+        # `ray start` and every process under it (its raylet) inherit it; the head runs anywhere.
+        head, worker = cluster.nodes
+        assert head.cores == frozenset() and len(worker.cores) == 1
+        tree = [worker.process.pid, *(p.pid for p in psutil.Process(worker.process.pid)
+                                      .children(recursive=True))]
+        assert len(tree) > 1 and {frozenset(os.sched_getaffinity(pid)) for pid in tree} == {
+            worker.cores}
         client = cluster.job_client()
         budget = 20.0
         job_id = jobs.submit_training(client, [*SMALL_RUN, "--num-actors", "2", "--actor-cpus",
@@ -282,6 +290,7 @@ def test_a_notebook_failing_mid_way_leaves_no_cluster_behind(tmp_path):
     ({"start_timeout_s": 0}, "start_timeout_s=0"),
     ({"log_dir": __file__}, "log_dir=.*test_cluster.py': exists and is not a directory"),
     ({"autoscale": {"max": 2}}, "autoscale=.*NodeGroup"),
+    ({"pin_workers": 1}, "pin_workers=1: expected True or False"),
 ])
 def test_bad_cluster_settings_are_refused(kwargs, message):
     with pytest.raises(ValueError, match=message):
@@ -645,3 +654,23 @@ def test_killed_node_names_are_checked(tmp_path):
     cluster = LocalCluster(num_workers=0, log_dir=tmp_path)
     with pytest.raises(ValueError, match=r"name='head': expected one of the worker nodes"):
         cluster.kill_node("head")
+
+
+def test_worker_nodes_take_the_cores_fewest_live_nodes_run_on():
+    """The cores a new worker node is pinned to: ceil(its CPUs), least shared with live worker
+    nodes first (a replacement takes the lost node's core), lowest first on a tie."""
+    from types import SimpleNamespace
+
+    cores = sorted(os.sched_getaffinity(0))
+    cluster = LocalCluster(num_workers=0)
+
+    def node(pinned, alive=True):
+        return SimpleNamespace(cores=frozenset(pinned), alive=lambda: alive)
+
+    cluster.nodes = [node([])]  # the head
+    assert cluster._free_cores(1) == {cores[0]} and cluster._free_cores(1.5) == set(cores[:2])
+    cluster.nodes.append(node([cores[0]]))
+    assert cluster._free_cores(1) == {cores[1 % len(cores)]}
+    cluster.nodes.append(node([cores[1 % len(cores)]], alive=False))  # a lost node's core: free
+    assert cluster._free_cores(1) == {cores[1 % len(cores)]}
+    assert cluster._free_cores(0) == frozenset()

@@ -33,8 +33,9 @@ from distrl.rl.config import ApexConfig, field_help
     ("hidden_sizes", (64, 0), "one or more integers"),
     ("max_seconds", -5, "None or a number > 0"),
     ("max_env_steps", 0, "None or an integer >= 1"),
-    ("hold_learner_at_updates", 0, "None or an integer >= 1"),
-    ("hold_learner_at_updates", 2.5, "None or an integer >= 1"),
+    ("hold_learner_within", (300, 100), "None or two numbers .low, high. with low < high"),
+    ("hold_learner_within", (100,), "None or two numbers"),
+    ("hold_learner_within", (100, float("inf")), "None or two numbers"),
     ("samples_per_insert", -1, ">= 0"),
     ("dueling", "yes", "True or False"),
     ("xla_cache", 1, "True or False"),
@@ -87,6 +88,11 @@ def test_cli_parses_types():
     config = ApexConfig(**args)
     assert (config.env_id, config.num_actors, config.hidden_sizes) == ("Acrobot-v1", 4, (64, 32))
     assert config.target_return is None and config.dueling is False and config.actor_cpus == 0.5
+    assert config.hold_learner_within is None
+    for given, held in [(["100", "400.5"], (100.0, 400.5)), (["none"], None)]:
+        args = vars(build_parser().parse_args(["--hold-learner-within", *given]))
+        assert ApexConfig(**args).hold_learner_within == held
+    assert ApexConfig(hold_learner_within=[1, 2]).hold_learner_within == (1, 2)  # from JSON
 
 
 def test_cli_refuses_bad_values_with_a_clear_message(capsys):

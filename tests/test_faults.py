@@ -627,3 +627,18 @@ def test_ray_dashboard_dying_at_start_up_is_a_note_not_an_error(tmp_path):
     result = TrainingResult.load(tmp_path / "results.json")
     assert result.stop_reason == "max_env_steps" and result.env_steps >= 3000
     assert [e["kind"] for e in result.events][:1] == ["ray"]
+
+
+def test_a_lost_actor_is_said_in_a_readers_words_not_rays_transport():
+    from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+    from distrl.apex.faults import lost_reason
+
+    unreachable = ActorUnavailableError("RpcError: RPC error: Socket closed rpc_code: 14",
+                                        b"\x01" * 16)
+    assert lost_reason(unreachable) == ("ActorUnavailableError: Ray cannot reach its process; "
+                                        "its node may be gone")
+    # Other errors keep their own first line, shortened at a word.
+    died = ActorDiedError()
+    assert lost_reason(died) == lost_reason(died).strip() and len(lost_reason(died)) <= 160
+    assert lost_reason(ValueError("x " * 200)).endswith(" ...")

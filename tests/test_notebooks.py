@@ -351,10 +351,11 @@ def test_05_refuses_an_alignment_cloud_monitoring_would_refuse(kernel, tmp_path:
 
 
 def test_04_distributed_training(kernel, tmp_path: Path):
-    """The autoscaled local cluster from 0 actor nodes (at most 2: the third actor waits), a
-    job that loses a node once training runs and gets a replacement, `ray job stop` with a
-    final checkpoint, a resumed job; every follow has a timeout. The one end-to-end run of
-    this scenario."""
+    """The autoscaled local cluster from 0 actor nodes (at most 2), a job that loses a node once
+    its actors run steadily and whose lost actor runs again as a new process on a replacement,
+    a drain (`ray job stop`) once the learner holds mid-learning, a resumed job and a twin from
+    zero; every follow has a timeout. The one end-to-end run of this scenario. The notebook
+    checks each effect itself (a failed check is a cell error); this asserts the same."""
     out_dir = tmp_path / "run"
     executed = run_notebook(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
@@ -366,36 +367,54 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     second = json.loads((out_dir / "fetched" / "results.json").read_text())
     assert second["reached_target"] and second["resumed_from"].endswith(".npz")
     assert "[autoscaler] node actors-1 starting" in text  # nodes came for the pending actors
-    assert "killed actors-" in text and "waiting for a CPU" in text, text[-3000:]
-    # The node loss came before learning (the first job fills a larger replay first), and its story is
-    # told from the run's own events: the kill, the driver's report, the replacement node.
+    # The kill came once every actor ran steadily (the driver's line), and its story is told from
+    # the run's own events: the kill, the driver's report, the replacement, the actor back.
+    steady = text.index("actors running for 3 s:")
+    assert steady < text.index("killed actors-"), text[-3000:]
     assert re.search(r"\d+\.\d s  actors-\d killed, with actor\(s\) \[\d\] on it", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  actor \d lost", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  node actors-\d joined", text), text[-3000:]
-    # The Spot notice landed mid-learning, every run: the learner held at HOLD_AT_UPDATES, the
-    # notice (SIGTERM, not a stop of the job's own) came, the learner checkpointed on it, and
-    # the run had not reached the target.
-    hold = 500  # the notebook's HOLD_AT_UPDATES
+    # The dip and the lost actor running again as a new process (restarted by Ray).
+    dip = re.search(r"the kill at [\d.]+ s: ([\d,]+) env steps/s with 2 actors before it, ([\d,]+) "
+                    r"with 1 until the lost one ran again \(actor (\d) at [\d.]+ s \(1 restart\)\)",
+                    text)
+    assert dip, text[-3000:]
+    before, during, lost = int(dip[1].replace(",", "")), int(dip[2].replace(",", "")), int(dip[3])
+    assert during < before and first["actor_restarts"][lost] == 1
+    assert first["actor_states"] == ["running", "running"]
+    # The drain landed mid-learning: the learner held once its weights scored within the
+    # notebook's HOLD_WITHIN on the first evaluation's episodes, the drain (SIGTERM, not a stop
+    # of the job's own) came, and the learner checkpointed on it.
+    low, high = 200.0, 400.0  # the notebook's HOLD_WITHIN
     assert first["stop_reason"] == "sigterm", (first["stop_reason"], first["stop_detail"])
-    assert len(first["actor_states"]) == 3 and first["wall_time_s"] < 120  # SMOKE's budget
-    assert hold <= first["learner_updates"] < hold + first["config"]["batches_per_fetch"]
-    assert [e["kind"] for e in first["events"]].count("learner_held") == 1
-    assert "the Spot notice at " in text and "SIGTERM to the driver" in text
-    # The resumed job began from the notice's checkpoint (whose file it may since have pruned:
+    assert first["wall_time_s"] < 180  # SMOKE's budget
+    held = [e for e in first["events"] if e["kind"] == "learner_held"]
+    assert len(held) == 1 and f"held at {first['learner_updates']:,} updates" in held[0]["detail"]
+    assert "the drain: SIGTERM to the driver" in text
+    assert first["events"][-1]["kind"] == "stop" and "SIGTERM" in first["events"][-1]["detail"]
+    # The resumed job began from the drain's checkpoint (whose file it may since have pruned:
     # it keeps its 3 newest).
     assert (Path(second["resumed_from"]).name == Path(first["checkpoint"]).name
             == f"checkpoint-{first['learner_updates']:09d}.npz"), (second["resumed_from"], first)
-    assert first["best_eval_return"] < second["target_return"]
     # The resumed job began from the checkpoint's weights: its first evaluation played the
-    # episodes the notebook evaluated the checkpoint on, with those weights, and scored the same.
-    restored = float(re.search(r"checkpoint after [\d,]+ updates: greedy return ([\d.]+)",
-                               text).group(1))
+    # episodes the notebook evaluated the checkpoint on, with those weights, and scored the same,
+    # within the hold's window: mid-learning, above an untrained network, below the target.
+    found = re.search(r"checkpoint after [\d,]+ updates: greedy return ([\d.]+) \(untrained: "
+                      r"([\d.]+); target: 475\)", text)
+    restored, untrained = float(found[1]), float(found[2])
+    assert untrained < low <= restored < high < second["target_return"]
     start = second["evals"][0]
     assert start["weights_version"] == first["learner_updates"], start
     assert start["mean_return"] == pytest.approx(restored, abs=0.05)
     assert second["learner_updates"] > first["learner_updates"]
+    # The twin from zero had to learn its way up to the checkpoint's score.
+    zero = json.loads((out_dir / "job-from-zero" / "results.json").read_text())
+    assert zero.get("resumed_from") is None and zero["evals"][0]["weights_version"] > 0
+    assert re.search(r"the resumed job's first evaluation, before any update; (from zero after "
+                     r"[\d,]+ updates|never from zero in the budget)", text), text[-3000:]
+    assert re.search(r"to the target 475: [\d,]+ updates after the checkpoint", text)
     assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
-    assert text.count("CartPole-v1: reached 475.0") == 1
+    assert text.count("CartPole-v1: reached 475.0") == 1 + zero["reached_target"]  # and the twin
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event
     # Ape-X's own domain on the same cluster: Pong frames through an actor, the frame replay
     # and one update of the Nature torso.

@@ -1,4 +1,4 @@
-"""Fault handling of an Ape-X run: SIGTERM (the Spot notice), deadlines, and the driver's view
+"""Fault handling of an Ape-X run: SIGTERM (a Spot notice, a drain), deadlines, and the driver's view
 of actors that come, go, and wait for a node.
 
 Nothing here waits without a deadline. A lost node shows up as an actor that stops reporting,
@@ -60,6 +60,16 @@ def cause(error: BaseException) -> str:
     if type(error).__module__.startswith("ray.") and raised:
         return " ".join(line.strip() for line in text[raised[-1]:])
     return textwrap.shorten(text[0] if text else type(error).__name__, 160, placeholder=" ...")
+
+
+def lost_reason(error: BaseException) -> str:
+    """Why an actor is gone, in a reader's words where Ray's message is its transport's ("RPC
+    error: Socket closed rpc_code: 14 ..."): the exception's class says it."""
+    from ray.exceptions import ActorUnavailableError
+
+    if isinstance(error, ActorUnavailableError):
+        return "ActorUnavailableError: Ray cannot reach its process; its node may be gone"
+    return cause(error)
 
 
 # --------------------------------------------------------------------------- SIGTERM
@@ -242,7 +252,7 @@ class ActorFleet:
             self.lost_pid[i] = self.pids[i]
             if self.waiting_since[i] is not None:
                 return []  # already known: a run() sent while it was restarting
-            events = [("actor_lost", f"actor {i} lost ({cause(e)}); Ray restarts it as soon "
+            events = [("actor_lost", f"actor {i} lost ({lost_reason(e)}); Ray restarts it as soon "
                        "as a node has a free CPU")]
             return events + self._stopped(i, now)
         except Exception as e:  # noqa: BLE001 - run() raised: this actor cannot go on

@@ -36,6 +36,13 @@ def _bool(text: str) -> bool:
     raise argparse.ArgumentTypeError(f"{text!r} is not a boolean: use true or false")
 
 
+class _TupleOrNone(argparse.Action):
+    """A tuple option: its values as a tuple, or None for a lone 'none'."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, None if values == [None] else tuple(values))
+
+
 def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
     """The options; defaults=False leaves unset options out of the result (for --resume)."""
     parser = argparse.ArgumentParser(
@@ -56,8 +63,10 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
             kwargs["type"] = _none_or(_bool) if optional else _bool
             kwargs["metavar"] = "{true,false,none}" if optional else "{true,false}"
         elif typing.get_origin(base) is tuple:
-            kwargs["type"] = int
+            element = typing.get_args(base)[0]
+            kwargs["type"] = _none_or(element) if optional else element
             kwargs["nargs"] = "+"
+            kwargs["action"] = _TupleOrNone
         else:
             kwargs["type"] = _none_or(base) if optional else base
         flags = [f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, [])]

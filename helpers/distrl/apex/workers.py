@@ -191,7 +191,8 @@ class LearnerWorker:
         self._next_batches: list = []  # asked of replay, not yet collected
         self._priority_refs: deque = deque()  # priority updates in flight
         self.checkpoint: str | None = None
-        self.holding = False  # hold_learner_at_updates reached
+        self.holding = False  # the driver asked for a hold (hold_learner_within) and it holds
+        self._hold_asked = threading.Event()
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner", spec)
         self._publish_attrs = self.tel.rl.attrs({
@@ -220,9 +221,9 @@ class LearnerWorker:
                                                  c.batches_per_fetch)
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
-            if c.hold_learner_at_updates and self.learner.updates >= c.hold_learner_at_updates:
+            if self._hold_asked.is_set():
                 self._hold()
-                break
+                continue
             metrics = self.step()
             if metrics is not None:
                 self.metrics.write(metrics)
@@ -269,11 +270,20 @@ class LearnerWorker:
                 "grad_norm": float(diag["grad_norm"][-1]), "beta": learner.beta(),
                 "wait_s": t1 - t0, "update_s": update_s, "train_s": time.monotonic() - t1}
 
+    def hold(self) -> None:
+        """Train no more from the next step on, until release() or the run's stop: the held
+        weights are the published ones (hold_learner_within)."""
+        self._hold_asked.set()
+
+    def release(self) -> None:
+        self._hold_asked.clear()
+
     def _hold(self) -> None:
-        """hold_learner_at_updates: these weights are the last; wait for the run's stop."""
         self._publish()
         self.holding = True
-        self._stop.wait()
+        while self._hold_asked.is_set() and not self._stop.wait(0.05):
+            pass
+        self.holding = False
 
     def _publish(self) -> None:
         """Make the current weights the version actors and the evaluator pull."""
@@ -292,7 +302,7 @@ class LearnerWorker:
         return self.checkpoint
 
     def checkpoint_now(self, reason: str) -> str:
-        """A checkpoint at once (SIGTERM anywhere in the run: the Spot notice)."""
+        """A checkpoint at once (SIGTERM anywhere in the run: a Spot notice, a drain)."""
         path = self.save_checkpoint()
         self.events.append({"time": time.time(), "kind": "checkpoint", "detail": reason,
                             "checkpoint": path})
@@ -311,7 +321,9 @@ class LearnerWorker:
     @traced
     def stats(self) -> dict:
         self.tel.keep_for_next_unit()
-        return dict(self.metrics.snapshot(), checkpoint=self.checkpoint, holding=self.holding,
+        with self._lock:
+            held_at = self._published[0] if self.holding else None  # the held weights' version
+        return dict(self.metrics.snapshot(), checkpoint=self.checkpoint, held_at=held_at,
                     cpu_s=time.process_time(), pid=os.getpid(), events=list(self.events))
 
     def log_scalars(self, scalars: dict, step: int) -> None:
@@ -498,10 +510,12 @@ class EvaluatorWorker:
         """The learner to ask for a checkpoint when this process gets SIGTERM."""
         self.learner = learner
 
-    def evaluate(self, versioned_weights) -> dict:
+    def evaluate(self, versioned_weights, first_episodes: bool = False) -> dict:
+        """Play eval_episodes with these weights; each evaluation plays new episodes, or with
+        first_episodes those of the first (a resumed run's baseline plays them too)."""
         version, weights = versioned_weights
-        seed = self.config.seed + 10_000 * (self.count + 1)
-        self.count += 1
+        seed = self.config.seed + 10_000 * (1 if first_episodes else self.count + 1)
+        self.count += 0 if first_episodes else 1
         epsilon = eval_epsilon(self.config.env_id)
         returns, lengths = evaluate_greedy(self.config.env_id, weights,
                                            self.config.eval_episodes, seed, self.spec,

@@ -207,7 +207,44 @@ class LocalAutoscaler:
 
 # Kinds of event the preemption story tells, from the driver's and the autoscaler's records.
 STORY_KINDS = {"actor_lost", "actor_silent", "actor_back", "actor_running", "node_lost",
-               "node_starting", "node_ready", "stop"}
+               "node_starting", "node_ready", "steady", "stop"}
+
+
+def preemption_effects(result: dict, killed_at: float, node_id: str,
+                       window_s: float = 5.0) -> dict:
+    """What a node killed under a run did to it, from the run's own record (results.json), on
+    the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
+    ran again as a new process (`back`: actor -> time; `restarts`: new processes seen), the env
+    steps/s in the `window_s` before the kill, from the kill until the last lost actor ran again
+    (or the run's end), and in the `window_s` after that, with the actors running in each."""
+    import re
+
+    kill_t = killed_at - result["started_at"]
+    events = [(e["time_s"], e["kind"], e["detail"]) for e in result["events"]]
+    lost = sorted({int(m.group(1)) for t, _, d in events if t <= kill_t
+                   if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
+                                      d))})
+    back: dict[int, float] = {}
+    for t, kind, detail in events:
+        if kind == "actor_back" and t > kill_t and (m := re.match(r"actor (\d+)", detail)):
+            back.setdefault(int(m.group(1)), t)
+    throughput = result["throughput"]
+    end = throughput[-1]["time_s"] if throughput else kill_t
+    back_t = max(back[i] for i in lost) if lost and all(i in back for i in lost) else None
+
+    def stretch(start: float, stop: float) -> dict:
+        rows = [r for r in throughput if start <= r["time_s"] <= stop]
+        if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
+            return {"env_steps_per_s": None, "actors_running": None}
+        rate = (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
+        return {"env_steps_per_s": rate, "actors_running": (min(r["actors_running"] for r in rows),
+                                                            max(r["actors_running"] for r in rows))}
+
+    return {"kill_t": kill_t, "lost": lost, "back": back,
+            "restarts": {i: result["actor_restarts"][i] for i in lost},
+            "before": stretch(kill_t - window_s, kill_t),
+            "during": stretch(kill_t, back_t if back_t is not None else end),
+            "after": stretch(back_t, back_t + window_s) if back_t is not None else None}
 
 
 def preemption_story(result: dict, killed_at: float, node_id: str, node_name: str,

@@ -134,7 +134,7 @@ class JobLog:
     """Every line of the followed jobs' logs, kept; the lines that tell the story (the driver's
     `[distrl]` lines, the autoscaler's, the final one) printed. Pass `add` as follow()'s out."""
 
-    STORY = ("[distrl]", "[autoscaler]", "still running after")
+    STORY = ("[distrl]", "[autoscaler]", "still running after", "error: ")
 
     def __init__(self, out: Callable[[str], None] = print, story: Sequence[str] = STORY):
         self.lines: list[str] = []

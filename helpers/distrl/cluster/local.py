@@ -22,7 +22,9 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import json
+import math
 import os
 import shutil
 import signal
@@ -110,6 +112,7 @@ class Node:
     # removed with the node, also when `ray start` gave up and ended them itself.
     temp_dirs: set = field(default_factory=set)
     joined: bool = False          # set by LocalCluster.settle; remove_node's grace depends on it
+    cores: frozenset = frozenset()  # the machine's cores its processes run on (empty: any)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -138,6 +141,10 @@ class LocalCluster:
     """called with one line per autoscaler event (e.g. print)"""
     loopback_only: bool = True
     """every node listens on 127.0.0.1 only (False: on every interface, Ray's default)"""
+    pin_workers: bool = True
+    """each worker node's processes run on cores of their own, as many as its CPUs (rounded
+    up), as a pod's CPU limit confines it: a lost node takes its cores' work with it, not only
+    its Ray resources (Linux; elsewhere, and past the machine's cores, they share)"""
     nodes: list[Node] = field(default_factory=list)
 
     def __post_init__(self):
@@ -156,8 +163,9 @@ class LocalCluster:
                 raise ValueError(f"{name}={value!r}: expected a port from 0 (any free) to 65535")
         if not self.start_timeout_s > 0:
             raise ValueError(f"start_timeout_s={self.start_timeout_s!r}: expected > 0")
-        if not isinstance(self.loopback_only, bool):
-            raise ValueError(f"loopback_only={self.loopback_only!r}: expected True or False")
+        for name in ("loopback_only", "pin_workers"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name}={getattr(self, name)!r}: expected True or False")
         if self.log_dir is not None and Path(self.log_dir).exists() \
                 and not Path(self.log_dir).is_dir():
             raise ValueError(f"log_dir={str(self.log_dir)!r}: exists and is not a directory")
@@ -231,13 +239,22 @@ class LocalCluster:
             env["RAY_START"] = "python -m distrl.ray_runtime start"
         return self._start_node(name, ["sh", str(wait_for_head_script()), "--block",
                                        *_node_ports(len(self.nodes)), *self._node_address(),
-                                       "--disable-usage-stats"], cpus, env, group)
+                                       "--disable-usage-stats"], cpus, env, group,
+                                self._free_cores(cpus) if self.pin_workers else frozenset())
+
+    def _free_cores(self, cpus: float) -> frozenset:
+        """ceil(cpus) of this process's cores, the ones fewest live worker nodes run on."""
+        if not hasattr(os, "sched_setaffinity") or cpus <= 0:
+            return frozenset()
+        used = [c for n in self.nodes[1:] if n.alive() for c in n.cores]
+        ranked = sorted(os.sched_getaffinity(0), key=lambda c: (used.count(c), c))
+        return frozenset(ranked[:math.ceil(cpus)])
 
     def _node_address(self) -> list[str]:
         return ["--node-ip-address=127.0.0.1"] if self.loopback_only else []
 
     def _start_node(self, name: str, argv: list[str], cpus: float, env: dict,
-                    group: str | None = None) -> Node:
+                    group: str | None = None, cores: frozenset = frozenset()) -> Node:
         log = Path(self.log_dir) / f"{name}.log"
         with open(log, "w") as out:
             # Its own session: stop() ends the node and everything it spawned as one group.
@@ -245,9 +262,9 @@ class LocalCluster:
                 env = {**LOOPBACK_ENV, **env}
             process = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                        env=node_env(env), start_new_session=True,
-                                       preexec_fn=_start_with_priority)
+                                       preexec_fn=functools.partial(_start_node_process, cores))
         _set_autogroup_nice(process.pid, START_NICE)
-        node = Node(name, process, log, cpus, group)
+        node = Node(name, process, log, cpus, group, cores=cores)
         self.nodes.append(node)
         self._save_state()
         return node
@@ -525,9 +542,14 @@ STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), befor
 FAILED_START_GRACE_S = 1.0
 
 
-def _start_with_priority() -> None:
+def _start_node_process(cores: frozenset) -> None:
+    """In a node's `ray start`, before it runs: its start-up priority and, where it has cores
+    of its own, those cores (every process it starts inherits both)."""
     with contextlib.suppress(OSError):
         os.setpriority(os.PRIO_PROCESS, 0, START_NICE)
+    if cores:
+        with contextlib.suppress(OSError):
+            os.sched_setaffinity(0, cores)
 
 
 def _set_autogroup_nice(session_leader: int, nice: int) -> None:

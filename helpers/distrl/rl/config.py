@@ -132,10 +132,11 @@ class ApexConfig:
     """stop after this many environment steps (None: no limit)"""
     max_learner_updates: int | None = None
     """stop after this many learner updates (None: no limit)"""
-    hold_learner_at_updates: int | None = None
-    """the learner trains no more once it has made this many updates, and holds its weights
-    until the run stops (None: never): a run to be stopped mid-learning, as notebook 04's Spot
-    notice is, whatever the machine's speed"""
+    hold_learner_within: tuple[float, float] | None = None
+    """(low, high): once a greedy evaluation scores within [low, high), the learner holds its
+    weights and they are evaluated again; if they score within it too, they are held until the
+    run stops, else training goes on (None: never). A run to be stopped mid-learning, as
+    notebook 04's drain is, on evidence rather than at a count of updates"""
     max_seconds: float | None = 600.0
     """stop after this many seconds of training (None: no limit)"""
 
@@ -179,6 +180,8 @@ class ApexConfig:
     def __post_init__(self) -> None:
         # Coerce list → tuple so configs from JSON / argparse compare equal and stay hashable.
         object.__setattr__(self, "hidden_sizes", tuple(self.hidden_sizes))
+        if isinstance(self.hold_learner_within, list):
+            object.__setattr__(self, "hold_learner_within", tuple(self.hold_learner_within))
         _validate(self)
 
     @property
@@ -259,8 +262,10 @@ FIELD_RULES: dict[str, tuple] = {
                           "one or more integers >= 1, e.g. (128, 128)"),
     "torso": _rule(lambda v: v in ("auto", "small", "nature"), "auto, small or nature"),
     "target_return": _rule(lambda v: v is None or _is_num(v), "None or a finite number"),
-    **dict.fromkeys(["max_env_steps", "max_learner_updates", "hold_learner_at_updates"],
-                    _OPTIONAL_INT),
+    **dict.fromkeys(["max_env_steps", "max_learner_updates"], _OPTIONAL_INT),
+    "hold_learner_within": _rule(lambda v: v is None or (
+        isinstance(v, tuple) and len(v) == 2 and all(_is_num(x) for x in v) and v[0] < v[1]),
+        "None or two numbers (low, high) with low < high, e.g. (100, 400)"),
     "max_seconds": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
     "output_dir": _rule(lambda v: v is None or (isinstance(v, str) and v != ""),
                         "None or a non-empty path"),
