@@ -68,6 +68,16 @@ def test_counter_rate_sums_increments_over_series():
                                 where={"rl.run.id": None})
     # a: 200/s then 100/s; b: 100/s; c is another run. The first points are not spikes.
     assert rate["time_s"].tolist() == [1.0, 2.0] and rate["rate"].tolist() == [300.0, 100.0]
+    # A flush 10 ms after an export (a block of 160 steps) is no burst of 16,000/s; the clock
+    # can start at the run's start, shared by every panel.
+    flushed = [point("a", t, value=v) for t, v in [(0, 0.0), (1, 100.0), (1.5, 150.0),
+                                                    (2, 200.0), (3, 300.0), (3.01, 460.0)]]
+    rate = explore.counter_rate(FakeStore({p: flushed}), "rl.sample.samples", bin_s=1.0,
+                                t0_ns=int(-10 * 1e9))
+    assert rate["time_s"].tolist() == [11.0, 12.0, 13.0] and rate["rate"].max() == 100.0
+    gauge = explore.gauge_series(FakeStore({"prometheus.googleapis.com/rl.train.loss/gauge": [
+        point("a", 4, value=1.0)]}), "rl.train.loss", t0_ns=int(1e9))
+    assert gauge["time_s"].tolist() == [3.0]
 
 
 def test_waterfall_draws_one_bar_per_span():
@@ -195,6 +205,9 @@ def test_slowest_work_is_learner_and_actor_spans_and_outside_root_finds_late_chi
     assert slowest["name"].tolist() == ["rl.train", "rl.sample"]
     assert slowest["duration_ms"].tolist() == pytest.approx([390.0, 40.0])
     assert slowest["trace_id"].tolist() == ["a", "a"]
+    assert slowest["first"].tolist() == [True, True]  # each its process's first of its name
+    everything = explore.slowest_work(FakeStore(spans=spans), n=5)
+    assert everything.loc[everything["span_id"] == "t2", "first"].tolist() == [False]
     assert [s["span_id"] for s in explore.outside_root([s for s in spans if s["trace_id"] == "a"])] \
         == ["t"]
     assert explore.outside_root([s for s in spans if s["trace_id"] == "b"]) == []

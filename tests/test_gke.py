@@ -366,6 +366,12 @@ def test_dry_run_prints_every_command_exactly(tmp_path):
     assert sum(line.startswith("# ") and line[2].isdigit() for line in lines) == len(plan)
     assert sum("skipped when this succeeds" in line for line in lines) == \
         sum(s.exists is not None for s in plan)
+    # Compact (notebook 03's cells, whose stored listing has the rest): a title and a command.
+    compact = []
+    dry_run(plan, out=compact.append, explain=False, checks=False)
+    assert compact == [line for step_lines in ((f"# {i}. {s.title}", str(s))
+                                               for i, s in enumerate(plan, 1))
+                       for line in step_lines]
 
 
 # --- live run with stand-ins ---------------------------------------------------------------

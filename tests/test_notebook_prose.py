@@ -17,6 +17,7 @@ FIGURE = re.compile(r"(?<![\w.`/=$-])(?:about |around |~)?\d[\d,.]*(?:\s*[-–]\
 CONSTANTS = {
     ("01", "2 GB"): "what the notebook needs, a requirement",
     ("01", "27,000 steps"): "where a greedy evaluation ends (rl.envs.EVAL_MAX_STEPS)",
+    ("02", "10 s"): "the largest latency bucket's bound (otel.conventions.LATENCY_BUCKETS_MS)",
     ("03", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "15 s"): "the part of that notice GKE gives non-system Pods (GKE docs; SPOT_GRACE_S)",
     ("04", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",

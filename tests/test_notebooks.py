@@ -460,7 +460,7 @@ def test_05_explore_metrics(kernel, tmp_path: Path):
                                              "Total Tokens"]
     assert "no data: unexpected!" not in text and text.count("no data: ") == 4
     # The seed's own filters were sent and answered, and the corrected ones found data.
-    assert text.count("-> NOT_FOUND: Cannot find metric(s)") == 2
-    assert "-> INVALID_ARGUMENT:" in text and "fixed: " in text
+    assert text.count("-> the local collector: NOT_FOUND: Cannot find metric(s)") == 2
+    assert "-> the local collector: INVALID_ARGUMENT:" in text and "fixed: " in text
     # The slowest work is a learner's or an actor's span, not the driver's poll.
     assert re.search(r"\d+ of \d+ spans of this trace reach past its root span", text)

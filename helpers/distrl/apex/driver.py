@@ -734,7 +734,8 @@ class _Run:
             # A job's log shows learning as it happens (the progress bar, where there is
             # one, shows the latest return already).
             self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
-                     f"far, after {ev['time_s']:.1f} s and {ev['learner_updates']:,} updates",
+                     f"far, after {ev['time_s']:.1f} s, with the weights of "
+                     f"{ev['weights_version']:,} updates",
                      print_it=not self.config.progress)
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},

@@ -73,13 +73,17 @@ class Step:
 
 
 def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: bool = True,
-            start: int = 1) -> None:
+            start: int = 1, checks: bool = True) -> None:
     """Print every step's command exactly as run_plan would run it (copy-pasteable), numbered
-    as in the whole plan."""
+    as in the whole plan; with explain, why; with checks, what it runs first (the describe
+    that skips it, the owner check) and after (a command per line a step prints)."""
     for i, step in enumerate(plan[start - 1:], start):
         out(f"# {i}. {step.title}")
         if explain and step.why:
             out(f"#    {step.why}")
+        if not checks:
+            out(str(step))
+            continue
         if step.exists:
             out(f"#    skipped when this succeeds: {shlex.join(step.exists)}")
         if step.needs:

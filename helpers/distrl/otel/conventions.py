@@ -95,9 +95,9 @@ GAUGES = {
     "rl.tokens.rate": ("{token}/s", "Tokens per second (token-based workloads)"),
     "rl.tokens.rate_per_gpu": ("{token}/s", "Tokens per second per GPU (token-based workloads)"),
 }
-# Millisecond buckets from sub-millisecond env steps to multi-second loops.
-LATENCY_BUCKETS_MS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0,
-                      250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
+# Millisecond buckets from a vectorised env step's few microseconds a slot to multi-second loops.
+LATENCY_BUCKETS_MS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+                      10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1000.0, 2500.0, 5000.0, 10000.0)
 
 DEFAULT_SERVICE_NAME = "rl-training-service"
 DEFAULT_SERVICE_NAMESPACE = "distrl"

@@ -79,23 +79,35 @@ def latency_percentiles(store, name: str, by: str = "rl.loop", quantiles=(0.5, 0
     return pd.DataFrame(out).set_index(by) if out else pd.DataFrame()
 
 
-def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None):
-    """Per-second rate of a cumulative counter, summed over its series, in time bins.
+def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None,
+                 t0_ns: int | None = None):
+    """Per-second rate of a cumulative counter, summed over its series, in time bins; time_s
+    counts from t0_ns (a run's start, so that panels share one clock) or the first point.
 
     Each series' rate comes from consecutive points (increase / time between them), so the
-    first point of a series, which carries everything counted before it, is not a spike.
+    first point of a series, which carries everything counted before it, is not a spike. A
+    point less than half the series' usual spacing after the previous one (a flush at
+    shutdown, right after a periodic export) is merged into the next one, or left out at the
+    end: over a few milliseconds, one block of steps reads as a burst.
     """
     import pandas as pd
 
     points = store.points(f"{PREFIX}{name}/counter", where)
     if not points:
         return pd.DataFrame(columns=["time_s", "rate"])
-    t0 = min(p["time_ns"] for p in points)
+    t0 = min(p["time_ns"] for p in points) if t0_ns is None else t0_ns
     frames = []
     for series, group in enumerate(_by_series(points).values()):
         times = np.array([p["time_ns"] for p in group], dtype=np.float64)
         values = np.array([p["value"] for p in group])
         if len(group) < 2:
+            continue
+        kept, min_gap = [0], 0.5 * np.median(np.diff(times))
+        for i in range(1, len(times)):
+            if times[i] - times[kept[-1]] >= min_gap:
+                kept.append(i)
+        times, values = times[kept], values[kept]
+        if len(times) < 2:
             continue
         rate = np.diff(values) / np.maximum(np.diff(times) / 1e9, 1e-9)
         frames.append(pd.DataFrame({"time_s": (times[1:] - t0) / 1e9, "rate": rate,
@@ -109,14 +121,16 @@ def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None
         columns={"bin": "time_s"})
 
 
-def gauge_series(store, name: str, by: str = "rl.loop", where: dict | None = None):
-    """A gauge's points as a DataFrame: time (s from the first point), group, value."""
+def gauge_series(store, name: str, by: str = "rl.loop", where: dict | None = None,
+                 t0_ns: int | None = None):
+    """A gauge's points as a DataFrame: time (s from t0_ns, or from the first point), group,
+    value."""
     import pandas as pd
 
     points = store.points(f"{PREFIX}{name}/gauge", where)
     if not points:
         return pd.DataFrame(columns=["time_s", by, "value"])
-    start = min(p["time_ns"] for p in points)
+    start = min(p["time_ns"] for p in points) if t0_ns is None else t0_ns
     return pd.DataFrame([{"time_s": (p["time_ns"] - start) / 1e9,
                           by: p["attributes"].get(by, ""), "value": p["value"]}
                          for p in points])
@@ -197,19 +211,24 @@ WORK_SPANS = ("rl.train", "rl.sample")  # a learner's fetch of batches, an actor
 
 def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
     """The n slowest spans of real work (by default the learner's rl.train and the actors'
-    rl.sample), slowest first, with the trace each belongs to. The root rl.loop spans are the
-    driver's polls, which last as long as the poll interval whatever the work."""
+    rl.sample), slowest first, with the trace each belongs to, and `first`: whether it is its
+    process's first span of that name (a learner's first update traces and compiles its graph).
+    The root rl.loop spans are the driver's polls, which last as long as the poll interval
+    whatever the work."""
     import pandas as pd
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n={n!r} is invalid: expected a positive integer")
     rows = [{"name": s["name"], "process": s["resource"].get("service.component", "?"),
+             "instance": s["resource"].get("service.instance.id", "?"),
              "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
-             "span_id": s["span_id"], "start_ns": s["start_ns"]}
+             "span_id": s["span_id"], "start_ns": s["start_ns"], "end_ns": s["end_ns"]}
             for s in store.iter_spans() if s["name"] in names]
     if not rows:
         return pd.DataFrame()
-    return (pd.DataFrame(rows).sort_values("duration_ms", ascending=False).head(n)
+    frame = pd.DataFrame(rows)
+    frame["first"] = frame["start_ns"] == frame.groupby(["name", "instance"])["start_ns"].transform("min")
+    return (frame.drop(columns="instance").sort_values("duration_ms", ascending=False).head(n)
             .reset_index(drop=True))
 
 
@@ -644,6 +663,7 @@ def plot_golden_signals(frames: dict, axes=None):
         unit = chart.unit
         if chart.metric == "rl.train.mfu":  # a fraction on the wire, a percentage to read
             df, unit = (df.assign(value=100 * df["value"]) if not df.empty else df), "%"
+            title = f"{title}, in %"  # the dashboard's tile of that title draws the fraction
         panels.append((f"{chart.signal}: {title}", unit, df, list(groups)))
     return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes)
 
