@@ -360,6 +360,8 @@ def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_
     assert out["up"] == "task ran" and out["restored"], out
     assert out["left"] == [], out
     assert "autoscaler failed" not in run.stdout + run.stderr, run.stderr[-3000:]
+    # Token authentication is on (the token file exists), without Ray's WARNING that says so.
+    assert "Token authentication is enabled" not in run.stdout + run.stderr, run.stderr[-3000:]
     # Every Ray process listens on loopback only (Ray's default is every interface).
     assert out["addresses"] and set(out["addresses"]) <= {"127.0.0.1", "::ffff:127.0.0.1"}, out
 

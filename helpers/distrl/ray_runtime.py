@@ -134,6 +134,7 @@ def init_local_ray(attempts: int = 2, stop: Callable[[], bool] | None = None,
 
     ensure_auth_token(DEFAULT_TOKEN_FILE)  # before Ray, which would write it readable by all
     logging.getLogger("ray._private.services").addFilter(DASHBOARD_FAILURES)
+    logging.getLogger(TOKEN_NOTICE_LOGGER).addFilter(TOKEN_AUTH_NOTICE)
     stop = stop or (lambda: False)
     temp_dir = Path(ray_init_kwargs.get("_temp_dir") or ray_temp_dir())
     for attempt in range(1, attempts + 1):
@@ -393,6 +394,21 @@ class _DashboardStartFailure(logging.Filter):
 
 
 DASHBOARD_FAILURES = _DashboardStartFailure()
+
+
+class _TokenAuthNotice(logging.Filter):
+    """Ray 2.60 logs one WARNING at each start that token authentication is on, with how to
+    turn it off (ray/_private/authentication/authentication_token_setup.py). init_local_ray
+    makes the token itself and keeps authentication on by design (docs/clusters.md); notebook
+    01, whose plain ray.init shows the line, explains it once. The package's own starts leave
+    it out, so that notebooks 02 and 05 do not print it again."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Token authentication is enabled")
+
+
+TOKEN_NOTICE_LOGGER = "ray._private.authentication.authentication_token_setup"
+TOKEN_AUTH_NOTICE = _TokenAuthNotice()
 
 
 def process_age_s() -> float:
