@@ -749,7 +749,6 @@ class _Run:
             self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
                       f"target {target:g} after {ev['time_s']:.1f} s")
 
-    # --- the end ---
     def _hold_asked(self, ev: dict) -> None:
         """hold_learner_within: an evaluation within [low, high) asks the learner to hold; once
         it holds, its weights are evaluated again (_note_learner, then _hold_checked)."""
@@ -776,6 +775,7 @@ class _Run:
             self.say("hold_released", f"the held weights scored {score:.1f}, outside {window}: "
                      "training goes on")
 
+    # --- the end ---
     def finish(self) -> TrainingResult:
         """Stop actors and learner; the learner's final checkpoint and the evaluator's close
         run while the actors end, replay's counts are read after them; every wait shares one
