@@ -226,6 +226,14 @@ def _threshold(name: str, chart: Chart, reducer: str, comparison: str, value: fl
                 "duration": f"{duration_s}s", "trigger": {"count": 1}}}]}
 
 
+def _promql(name: str, query: str, doc: str) -> dict:
+    """A policy of one PromQL condition, held for 5 minutes, evaluated every minute."""
+    return {"displayName": f"distrl: {name}", "combiner": "OR", "enabled": True,
+            "documentation": {"content": doc, "mimeType": "text/markdown"},
+            "conditions": [{"displayName": name, "conditionPrometheusQueryLanguage": {
+                "query": query, "duration": "300s", "evaluationInterval": "60s"}}]}
+
+
 def _chart(metric: str) -> Chart:
     return next(c for c in CHARTS if c.metric == metric)
 
@@ -260,15 +268,9 @@ def alert_policies() -> dict[str, dict]:
     --policy-from-file` takes (GA: cloud.google.com/sdk/gcloud/reference/monitoring/policies/
     create). Thresholds suit CartPole-sized runs; tune them."""
     return {
-        "reward-drop": {
-            "displayName": "distrl: mean reward drop", "combiner": "OR", "enabled": True,
-            "documentation": {"content": "A run's 5-minute mean episode reward fell more than "
-                              "30% (of its magnitude) below its best of the last hour.",
-                              "mimeType": "text/markdown"},
-            "conditions": [{"displayName": "mean reward drop",
-                            "conditionPrometheusQueryLanguage": {
-                                "query": REWARD_DROP_PROMQL, "duration": "300s",
-                                "evaluationInterval": "60s"}}]},
+        "reward-drop": _promql(
+            "mean reward drop", REWARD_DROP_PROMQL, "A run's 5-minute mean episode reward fell "
+            "more than 30% (of its magnitude) below its best of the last hour."),
         "loss-spike": _threshold(
             "loss spike", _chart("rl.train.loss"), "REDUCE_MAX", "COMPARISON_GT", 100.0, 120,
             "The TD loss of a run stayed above 100 for 2 minutes: Q-values diverging (learning "
@@ -278,16 +280,10 @@ def alert_policies() -> dict[str, dict]:
             "COMPARISON_GT", 1000.0, 300,
             "The 95th percentile of rl.loop.duration stayed above 1 s for 5 minutes: a slow "
             "phase (see the trace waterfall of the slowest iterations)."),
-        "sample-rate-drop": {
-            "displayName": "distrl: sample rate drop", "combiner": "OR", "enabled": True,
-            "documentation": {"content": f"A run whose learner had trained collected fewer than "
-                              f"{SAMPLE_RATE_FLOOR:g} env steps/s for 5 minutes: actors lost "
-                              "(Spot preemption) or blocked on replay (a learner that hangs).",
-                              "mimeType": "text/markdown"},
-            "conditions": [{"displayName": "sample rate drop",
-                            "conditionPrometheusQueryLanguage": {
-                                "query": SAMPLE_RATE_DROP_PROMQL, "duration": "300s",
-                                "evaluationInterval": "60s"}}]},
+        "sample-rate-drop": _promql(
+            "sample rate drop", SAMPLE_RATE_DROP_PROMQL, f"A run whose learner had trained "
+            f"collected fewer than {SAMPLE_RATE_FLOOR:g} env steps/s for 5 minutes: actors lost "
+            "(Spot preemption) or blocked on replay (a learner that hangs)."),
     }
 
 
