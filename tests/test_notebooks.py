@@ -374,13 +374,15 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert re.search(r"\d+\.\d s  actors-\d killed, with actor\(s\) \[\d\] on it", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  actor \d lost", text), text[-3000:]
     assert re.search(r"\(\+ ?\d+\.\d s\)  node actors-\d joined", text), text[-3000:]
-    # The dip and the lost actor running again as a new process (restarted by Ray).
-    dip = re.search(r"the kill at [\d.]+ s: ([\d,]+) env steps/s with 2 actors before it, ([\d,]+) "
-                    r"with 1 until the lost one ran again \(actor (\d) at [\d.]+ s \(1 restart\)\)",
-                    text)
-    assert dip, text[-3000:]
-    before, during, lost = int(dip[1].replace(",", "")), int(dip[2].replace(",", "")), int(dip[3])
-    assert during < before and first["actor_restarts"][lost] == 1
+    # The dip and the lost actor running again as a new process (restarted by Ray), as the
+    # notebook measured them from the run's record (autoscale.preemption_effects).
+    loss = json.loads((out_dir / "node-loss.json").read_text())
+    [lost] = loss["lost"]
+    assert loss["during"]["env_steps_per_s"] < loss["before"]["env_steps_per_s"], loss
+    assert str(lost) in loss["back"] and loss["back"][str(lost)] > loss["kill_t"], loss
+    assert first["actor_restarts"][lost] >= 1, first["actor_restarts"]
+    assert re.search(rf"the kill at [\d.]+ s: [\d,]+ env steps/s with \d actors before it, .*"
+                     rf"until the lost one ran again \(actor {lost} at ", text), text[-3000:]
     assert first["actor_states"] == ["running", "running"]
     # The drain landed mid-learning: the learner held once its weights scored within the
     # notebook's HOLD_WITHIN on the first evaluation's episodes, the drain (SIGTERM, not a stop

@@ -611,8 +611,9 @@ class _Run:
         evaluation when one is due."""
         c, t = self.config, self.topology
         if self.apex.sigterm.is_set():
-            return self.stop("sigterm", f"{self.apex.sigterm.why}: stopping after a final "
-                             "checkpoint" + self.not_running(now))
+            why = getattr(self.apex.sigterm, "why", "SIGTERM")  # a StopFlag's, or any flag's
+            return self.stop("sigterm", f"{why}: stopping after a final checkpoint"
+                             + self.not_running(now))
         if self.deadline.passed():
             return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
                              + self.not_running(now))
