@@ -121,7 +121,10 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
         NOTEBOOKS_DIR / "04-distributed-training.ipynb", tmp_path,
         {"CLUSTER": "gke", "DASHBOARD_URL": cluster.dashboard_url, "NAMESPACE": "distrl",
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
-         "MAX_SECONDS": 20.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 60.0, "FIRST_JOB_RETURN": 30.0,
+         # a small replay to fill, and a hold well above an untrained network (46 on the first
+         # evaluation's episodes) and below a near target: the path, not the learning, is tested
+         "MAX_SECONDS": 60.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 150.0,
+         "MIN_REPLAY_SIZE": 20_000, "HOLD_WITHIN": [60.0, 150.0],  # papermill: a list
          "KUBE_CONTEXT": "gke_p_z_distrl-cluster", "NODE_READY_S": 0.0,
          "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = stream_text(executed)
