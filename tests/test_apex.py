@@ -187,44 +187,48 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
 
 
 def test_a_hold_whose_weights_score_outside_the_window_is_released():
-    """The driver's decisions on the evaluations it gets (a stand-in learner records the calls):
-    an evaluation within the window asks for a hold; the held weights' own evaluation keeps it
-    or releases it; nothing else asks again while a hold is asked or kept."""
+    """LearnerHold's decisions on the evaluations it gets (stand-ins record the learner's and
+    the evaluator's calls): an evaluation within the window asks for a hold; once the learner
+    holds, its weights are evaluated on the first episodes; that check keeps the hold or
+    releases it (also when the evaluator gave none); nothing asks again meanwhile."""
     from types import SimpleNamespace
 
-    from distrl.apex.driver import _Run
+    from distrl.apex.hold import LearnerHold
 
     calls, said = [], []
 
-    class Remote:
-        def __init__(self, name):
-            self.name = name
+    def remote(name):
+        return SimpleNamespace(remote=lambda *a, **kw: calls.append((name, kw)) or name)
 
-        def remote(self):
-            calls.append(self.name)
-
-    run = _Run.__new__(_Run)
-    run.config = ApexConfig(hold_learner_within=(100.0, 400.0))
-    run.topology = SimpleNamespace(learner=SimpleNamespace(hold=Remote("hold"),
-                                                           release=Remote("release")))
-    run.hold_state, run.held_version = None, None
-    run.say = lambda kind, detail, print_it=True: said.append(kind)
-    run._hold_asked({"mean_return": 60.0})
-    assert calls == [] and run.hold_state is None  # below the window: nothing
-    run._hold_asked({"mean_return": 150.0})
-    assert calls == ["hold"] and run.hold_state == "asked"
-    run._hold_asked({"mean_return": 160.0})  # asked already
-    assert calls == ["hold"]
-    run.hold_state, run.held_version = "checking", 25  # the learner said it holds at 25
-    run._hold_checked({"mean_return": 480.0})  # the held weights: too good
-    assert calls == ["hold", "release"] and run.hold_state is None
-    run._hold_asked({"mean_return": 399.0})
-    run.hold_state, run.held_version = "checking", 41
-    run._hold_checked({"mean_return": 210.0})
-    assert calls == ["hold", "release", "hold"] and run.hold_state == "held"
-    assert said == ["hold_asked", "hold_released", "hold_asked", "learner_held"]
-    run._hold_asked({"mean_return": 250.0})  # held: nothing more
-    assert calls == ["hold", "release", "hold"]
+    learner = SimpleNamespace(hold=remote("hold"), release=remote("release"),
+                              get_weights=remote("get_weights"))
+    topology = SimpleNamespace(learner=learner, evaluator=SimpleNamespace(
+        evaluate=remote("evaluate")))
+    hold = LearnerHold((100.0, 400.0), lambda kind, detail: said.append(kind))
+    hold.evaluated({"mean_return": 60.0}, learner)
+    assert calls == [] and hold.state is None  # below the window: nothing
+    hold.evaluated({"mean_return": 150.0}, learner)
+    hold.evaluated({"mean_return": 160.0}, learner)  # asked already
+    hold.reported({"held_at": None}, topology)  # not holding yet
+    assert [c for c, _ in calls] == ["hold"] and hold.state == "asked"
+    hold.reported({"held_at": 25}, topology)
+    assert (hold.state, hold.version, hold.check_ref) == ("checking", 25, "evaluate")
+    assert calls[-1] == ("evaluate", {"first_episodes": True})
+    hold.checked({"mean_return": 480.0}, learner)  # the held weights: too good
+    assert calls[-1][0] == "release" and hold.state is None and hold.check_ref is None
+    hold.evaluated({"mean_return": 399.0}, learner)
+    hold.reported({"held_at": 41}, topology)
+    hold.checked(None, learner)  # the evaluator failed: released too
+    assert calls[-1][0] == "release" and hold.state is None
+    hold.evaluated({"mean_return": 200.0}, learner)
+    hold.reported({"held_at": 50}, topology)
+    hold.checked({"mean_return": 210.0}, learner)
+    assert hold.state == "held"
+    assert said == ["hold_asked", "hold_released", "hold_asked", "hold_released", "hold_asked",
+                    "learner_held"]
+    before = len(calls)
+    hold.evaluated({"mean_return": 250.0}, learner)  # held: nothing more
+    assert len(calls) == before
 
 
 def test_a_replay_that_cannot_fit_in_memory_is_refused_saying_how_many_would(local_ray, tmp_path):

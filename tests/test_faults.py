@@ -642,3 +642,30 @@ def test_a_lost_actor_is_said_in_a_readers_words_not_rays_transport():
     died = ActorDiedError()
     assert lost_reason(died) == lost_reason(died).strip() and len(lost_reason(died)) <= 160
     assert lost_reason(ValueError("x " * 200)).endswith(" ...")
+
+
+def test_the_fleet_says_once_per_stretch_when_every_actor_runs_steadily():
+    """ActorFleet's steady line (the evidence notebook 04's kill waits for): after STEADY_S of
+    every actor running, once, with the stretch's env steps/s; again only after a loss."""
+    from distrl.apex.faults import STEADY_S, ActorFleet
+
+    fleet = ActorFleet(["a0", "a1"], now=0.0)
+
+    def report(i, steps, now, pid=10):
+        fleet._reported(i, {"pid": pid + i, "env_steps": steps}, now)
+
+    report(0, 0, 1.0)
+    assert fleet.tick(1.0) == []  # one of two runs
+    report(1, 0, 2.0)
+    assert fleet.tick(2.0) == []  # the stretch begins
+    report(0, 500, 2.0 + STEADY_S)
+    report(1, 500, 2.0 + STEADY_S)
+    assert fleet.tick(2.0 + STEADY_S) == [
+        ("steady", f"all 2 actors running for {STEADY_S:.0f} s: {1000 / STEADY_S:,.0f} env steps/s")]
+    assert fleet.tick(3.0 + STEADY_S) == []  # said once
+    fleet._stopped(1, 4.0 + STEADY_S)  # a loss, then actor 1's new life
+    assert fleet.tick(4.0 + STEADY_S) == []
+    report(1, 0, 5.0 + STEADY_S, pid=20)
+    assert fleet.tick(5.0 + STEADY_S) == []
+    report(0, 800, 5.0 + 2 * STEADY_S)
+    assert [kind for kind, _ in fleet.tick(5.0 + 2 * STEADY_S)] == ["steady"]

@@ -49,6 +49,7 @@ from distrl.apex.faults import (
     ray_keeps_our_sigterm_handler,
     restore_sigterm,
 )
+from distrl.apex.hold import LearnerHold
 from distrl.apex.process_telemetry import IterationTraces, ProcessTelemetry
 from distrl.apex.workers import (
     ActorWorker,
@@ -73,7 +74,6 @@ from distrl.rl.network import NetworkSpec, init_weights
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
-STEADY_S = 3.0             # every actor running this long: the run says its steady env steps/s
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
 
 
@@ -444,13 +444,8 @@ class _Run:
         self.fleet: ActorFleet | None = None  # from drive() on
         self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
         self.said_first_update = False
-        # hold_learner_within: None, "asked" (a hold), "checking" (its weights, evaluated
-        # again) or "held"; held_version: the held weights' update count
-        self.hold_state: str | None = None
-        self.held_version: int | None = None
-        self.hold_check_ref = None
-        self.full_since: tuple[float, int] | None = None  # (time, env steps): all actors run
-        self.said_steady = False
+        window = self.config.hold_learner_within
+        self.hold = LearnerHold(window, self.say) if window else None
         self.resumed_weights = None  # a resumed run's checkpoint: its first evaluation
         # That first evaluation is the run's baseline: it shows where training resumes and
         # stops nothing (a resumed run trains on, even from a checkpoint at its target).
@@ -530,8 +525,8 @@ class _Run:
 
     def outstanding(self) -> list:
         refs = [*self.fleet.outstanding(), *self.replay_refs]
-        return refs + [r for r in (self.learner_run, self.learner_ref, self.eval_ref,
-                                   self.hold_check_ref) if r is not None]
+        hold = self.hold.check_ref if self.hold else None
+        return refs + [r for r in (self.learner_run, self.learner_ref, self.eval_ref, hold) if r is not None]
 
     def tick(self, now: float) -> None:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
@@ -543,7 +538,6 @@ class _Run:
         updates = learner.get("updates", 0)
         self._note_learner(now, learner, env_steps)
         self._record_throughput(now, env_steps, updates)
-        self._note_steady(now, env_steps)
         # The stops come after the record, so that the run's last state is in the throughput.
         self._check_stops(now, env_steps, updates)
 
@@ -559,15 +553,9 @@ class _Run:
                              if s not in asked}
 
     def _note_learner(self, now: float, learner: dict, env_steps: int) -> None:
-        """The learner's first update, said once; a hold it reports, noted (which weights it
-        holds); the run's progress, told to it (for its checkpoints)."""
-        if self.hold_state == "asked" and learner.get("held_at") is not None:
-            # The held weights, on the episodes of the first evaluation (which a run resumed
-            # from them plays first too): the check is the resumed run's starting point.
-            self.hold_state, self.held_version = "checking", learner["held_at"]
-            t = self.topology
-            self.hold_check_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1),
-                                                              first_episodes=True)
+        """The learner's first update, said once; its stats to the hold; the progress to it."""
+        if self.hold is not None:
+            self.hold.reported(learner, self.topology)
         # This process's first update (a resumed learner's count starts above 0 before it).
         if not self.said_first_update and learner.get("first_update_time") is not None:
             self.said_first_update = True
@@ -576,19 +564,6 @@ class _Run:
         if self.learner_stats is not None:
             self.topology.learner.note_progress.remote(
                 {"env_steps": env_steps, "train_s": self.seconds_before + now - self.t_start})
-
-    def _note_steady(self, now: float, env_steps: int) -> None:
-        """Once every actor has run for STEADY_S (again, after a loss), say so with the env
-        steps/s of that stretch: the evidence that a demonstration of a lost node waits for."""
-        if self.fleet.running() < self.fleet.expected or self.fleet.expected == 0:
-            self.full_since, self.said_steady = None, False
-        elif self.full_since is None:
-            self.full_since = (now, env_steps)
-        elif not self.said_steady and now - self.full_since[0] >= STEADY_S:
-            since, steps = self.full_since
-            self.said_steady = True
-            self.say("steady", f"all {self.fleet.expected} actors running for {now - since:.0f} "
-                     f"s: {(env_steps - steps) / (now - since):,.0f} env steps/s")
 
     def _record_throughput(self, now: float, env_steps: int, updates: int) -> None:
         replays = self.replay_stats.values()
@@ -703,11 +678,8 @@ class _Run:
             evaluation = get_within(ref, 0)
             if evaluation is not None:
                 self._evaluation(evaluation, now)
-        elif ref == self.hold_check_ref:
-            self.hold_check_ref = None
-            check = get_within(ref, 0)
-            if check is not None:
-                self._hold_checked(check)
+        elif self.hold is not None and ref == self.hold.check_ref:
+            self.hold.checked(get_within(ref, 0), self.topology.learner)
 
     def _learner_stats(self, stats: dict | None, now: float) -> None:
         """The learner's stats; its first start the evaluator (which first evaluates the
@@ -735,46 +707,19 @@ class _Run:
             # A job's log shows learning as it happens (the progress bar, where there is
             # one, shows the latest return already).
             self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
-                     f"far, after {ev['time_s']:.1f} s, with the weights of "
-                     f"{ev['weights_version']:,} updates",
+                     f"far, after {ev['time_s']:.1f} s, weights of {ev['weights_version']:,} updates",
                      print_it=not self.config.progress)
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
             ev["learner_updates"])
         target, baseline = self.config.target_return, self.baseline_pending
         self.baseline_pending = False
-        if self.config.hold_learner_within and not baseline:
-            self._hold_asked(ev)
+        if self.hold is not None and not baseline:
+            self.hold.evaluated(ev, self.topology.learner)
         if target is not None and ev["mean_return"] >= target and not baseline:
             self.time_to_target = ev["time_s"]
             self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
                       f"target {target:g} after {ev['time_s']:.1f} s")
-
-    def _hold_asked(self, ev: dict) -> None:
-        """hold_learner_within: an evaluation within [low, high) asks the learner to hold; once
-        it holds, its weights are evaluated again (_note_learner, then _hold_checked)."""
-        low, high = self.config.hold_learner_within
-        if self.hold_state is None and low <= ev["mean_return"] < high:
-            self.topology.learner.hold.remote()
-            self.hold_state = "asked"
-            self.say("hold_asked", f"mean return {ev['mean_return']:.1f} within [{low:g}, "
-                     f"{high:g}): the learner holds, and its held weights are evaluated")
-
-    def _hold_checked(self, check: dict) -> None:
-        """The held weights' own evaluation: within [low, high) keeps the hold, outside it
-        releases the learner."""
-        low, high = self.config.hold_learner_within
-        score, window = check["mean_return"], f"[{low:g}, {high:g})"
-        if low <= score < high:
-            self.hold_state = "held"
-            self.say("learner_held", f"learner held at {self.held_version:,} updates: its "
-                     f"weights score {score:.1f}, within {window}; it trains no more until the "
-                     "run stops")
-        else:
-            self.topology.learner.release.remote()
-            self.hold_state = None
-            self.say("hold_released", f"the held weights scored {score:.1f}, outside {window}: "
-                     "training goes on")
 
     # --- the end ---
     def finish(self) -> TrainingResult:

@@ -18,6 +18,8 @@ import time
 
 # An actor that has not answered a stats request for this long is no longer counted as running.
 STALE_S = 5.0
+# Every actor running this long (again, after a loss): the fleet says its steady env steps/s.
+STEADY_S = 3.0
 
 
 class Deadline:
@@ -204,6 +206,8 @@ class ActorFleet:
         self.seen: list[float | None] = [None] * n
         self.waiting_since: list[float | None] = [now] * n   # None while it runs
         self.retired: dict[int, str] = {}                    # actor -> why, for good
+        self.full_since: tuple[float, int] | None = None     # (time, env steps): all run
+        self.said_steady = False
         self.run_refs: dict = {}         # run() ref -> actor
         self.stats_refs: dict = {}       # stats() ref -> actor
         self.rerun_pending: set[int] = set()  # lost actors whose run() goes out again
@@ -259,14 +263,28 @@ class ActorFleet:
             return self._retire(i, f"failed ({cause(e)})", now)
 
     def tick(self, now: float) -> list[tuple[str, str]]:
-        """Notice actors that went quiet."""
+        """Notice actors that went quiet, and every actor running steadily."""
         events = []
         for i in range(len(self.actors)):
             if (self.waiting_since[i] is None and i not in self.retired
                     and now - self.seen[i] >= STALE_S):
                 events += [("actor_silent", f"actor {i} stopped reporting")]
                 events += self._stopped(i, self.seen[i])
-        return events
+        return events + self._steady(now)
+
+    def _steady(self, now: float) -> list[tuple[str, str]]:
+        """Once every actor has run for STEADY_S (again, after a loss), the env steps/s of that
+        stretch: the evidence that a demonstration of a lost node waits for."""
+        if self.running() < self.expected or self.expected == 0:
+            self.full_since, self.said_steady = None, False
+        elif self.full_since is None:
+            self.full_since = (now, self.env_steps())
+        elif not self.said_steady and now - self.full_since[0] >= STEADY_S:
+            since, steps = self.full_since
+            self.said_steady = True
+            return [("steady", f"all {self.expected} actors running for {now - since:.0f} s: "
+                               f"{(self.env_steps() - steps) / (now - since):,.0f} env steps/s")]
+        return []
 
     def _reported(self, i: int, stats: dict, now: float) -> list[tuple[str, str]]:
         if self.pids[i] is not None and stats["pid"] != self.pids[i]:  # a new life of actor i
