@@ -53,7 +53,13 @@ GCLOUD = {
     "container clusters create-auto": LOCATION | {
         "--release-channel", "--enable-ray-operator", "--managed-otel-scope", "--labels",
         "--service-account", "--scopes", "--async"},
-    "container clusters update": LOCATION | {"--managed-otel-scope", "--async"},
+    # The exclusion flags: gcloud 578's flags.AddMaintenanceExclusionFlags (update only; the
+    # until-end-of-support flag since 545.0.0, in the end's mutually exclusive group).
+    "container clusters update": LOCATION | {
+        "--managed-otel-scope", "--async", "--add-maintenance-exclusion-name",
+        "--add-maintenance-exclusion-start", "--add-maintenance-exclusion-end",
+        "--add-maintenance-exclusion-until-end-of-support", "--add-maintenance-exclusion-scope",
+        "--remove-maintenance-exclusion"},
     "container clusters get-credentials": LOCATION | {"--dns-endpoint", "--internal-ip"},
     "container clusters describe": LOCATION,
     "container clusters delete": LOCATION | {"--async"},
@@ -138,12 +144,15 @@ GCLOUD_BOOLEAN = {"--help", "--quiet", "--log-http", "--user-output-enabled", "-
                   "--show-all-metadata", "--show-build-details", "--show-deployment",
                   "--show-image-basis", "--show-package-vulnerability", "--show-provenance",
                   "--show-sbom-references", "--recursive", "--all-versions",
-                  "--continue-on-error", "--no-source", "--validate-only"}
+                  "--continue-on-error", "--no-source", "--validate-only",
+                  "--add-maintenance-exclusion-until-end-of-support"}
 
 # Values the reference pages enumerate, for the flags the series sets.
 GCLOUD_CHOICES = {
     "--release-channel": {"None", "extended", "rapid", "regular", "stable"},
     "--managed-otel-scope": {"COLLECTION_AND_INSTRUMENTATION_COMPONENTS", "NONE"},
+    "--add-maintenance-exclusion-scope": {"no_upgrades", "no_minor_upgrades",
+                                          "no_minor_or_node_upgrades"},
     "--repository-format": {"apt", "docker", "generic", "go", "kfp", "maven", "npm", "python",
                             "yum"},
     "--verbosity": {"debug", "info", "warning", "error", "critical", "none"},

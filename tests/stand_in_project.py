@@ -3,7 +3,9 @@ the commands made, with the label each carried, and what they deleted, as the re
 would. A describe finds what a create made and no delete removed, and prints the label its
 --format asks for; what was there before a test is named by FAKE_EXISTS (made by this plan
 earlier: its label is FAKE_PREFIX, default "rl") or FAKE_FOREIGN (same name, no label of ours).
-The state is a JSON file beside the stand-ins' log."""
+A cluster's maintenance exclusion is remembered too: a describe whose --format names it prints
+its start, or nothing, as gcloud does for a field that is not set. The state is a JSON file
+beside the stand-ins' log."""
 
 from __future__ import annotations
 
@@ -35,6 +37,12 @@ def resource(tool: str, argv: list[str]) -> tuple[str, str] | None:
         return "create", f"image {flags['--tag']}"
     if words[:4] == ["artifacts", "docker", "images", "describe"]:
         return "describe", f"image {words[4]}"
+    if words[:3] == ["container", "clusters", "update"] and \
+            "--add-maintenance-exclusion-name" in flags:
+        return "create", f"exclusion {flags['--add-maintenance-exclusion-name']}"
+    exclusion = re.search(r"maintenanceExclusions\.([\w-]+)\.", flags.get("--format", ""))
+    if words[:3] == ["container", "clusters", "describe"] and exclusion:
+        return "field", f"exclusion {exclusion.group(1)}"
     if words[:2] == ["storage", "rm"]:
         return "delete", f"storage buckets {words[2]}"
     for group in GROUPS:
@@ -70,12 +78,16 @@ def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
         state[key] = os.environ.get("FAKE_PREFIX", "rl")
     elif key not in state and listed("FAKE_FOREIGN"):
         state[key] = ""
+    if verb == "field":  # a field of a cluster: gcloud prints nothing when it is not set
+        return 0, "2026-12-01T00:00:00Z" if key in state else ""
     if verb == "create" or verb == "label" and key in state:
         state[key] = label_of(tool, argv)
     elif verb in ("delete", "label", "describe") and key not in state:
         return 1, "ERROR: NOT_FOUND"
     elif verb == "delete":
         del state[key]
+        if key.startswith("container clusters "):  # its maintenance exclusions go with it
+            state = {k: v for k, v in state.items() if not k.startswith("exclusion ")}
     path.write_text(json.dumps(state))
     if verb == "describe":
         if not OWNER_FORMAT.search(line):

@@ -20,7 +20,7 @@ from distrl.gke.cost import PRICES, estimate_cost, monthly_costs
 from distrl.gke.create import create_plan, teardown_plan
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
-from distrl.gke.settings import RAY_VERSION, REPO_ROOT, GkeSettings
+from distrl.gke.settings import GPU_MACHINES, ONE_GPU_VCPUS, RAY_VERSION, REPO_ROOT, GkeSettings, machine
 from distrl.ray_runtime import ensure_auth_token
 
 PROJECT = "demo-project-1"
@@ -170,6 +170,14 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                "--machine-type=e2-standard-4", "--num-nodes=1", "--disk-size=50",
                f"--workload-pool={PROJECT}.svc.id.goog", f"--service-account={NODE_SA}",
                "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P]),
+        # No node upgrade drains the head mid-run (gcloud 545+; cluster-wide, Standard only).
+        *made(["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
+               "--format=value(maintenancePolicy.window.maintenanceExclusions."
+               "rl-no-node-upgrades.startTime)"],
+              ["gcloud", "container", "clusters", "update", "rl-cluster", ZONE,
+               "--add-maintenance-exclusion-name=rl-no-node-upgrades",
+               "--add-maintenance-exclusion-scope=no_minor_or_node_upgrades",
+               "--add-maintenance-exclusion-until-end-of-support", P]),
         # What the cluster must offer is checked before the node pools, which cost money.
         ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P],
         ["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
@@ -332,6 +340,20 @@ def test_no_gpu_head_pool_is_cpu_only_and_has_no_gpu_checks(tmp_path):
     assert not [s for s in plan if "GPU" in s.title]
 
 
+def test_each_gpu_s_head_machine_has_the_vcpus_one_such_gpu_allows():
+    """A head machine beyond its GPU's vCPU limit would fail at node-pool creation, after the
+    cluster is paid for: each GPU's machine is inside the table, and the settings say so."""
+    for gpu, machine_type in GPU_MACHINES.items():
+        head = settings(gpu_type=gpu).head_node
+        assert head.startswith(f"{machine_type}: {machine(machine_type).vcpus} vCPUs"), head
+        if gpu == "none":
+            assert head.endswith("no GPU"), head
+            continue
+        low, high = ONE_GPU_VCPUS[gpu]
+        assert low <= machine(machine_type).vcpus <= high, (gpu, machine_type)
+        assert head.endswith(f"1 {gpu} (a VM with one may have {low}-{high} vCPUs)"), head
+
+
 def test_autopilot_mode_creates_an_autopilot_cluster_without_node_pools(tmp_path):
     plan = create_plan(settings(mode="autopilot"), tmp_path)
     argvs = [list(s.argv) for s in plan]
@@ -364,7 +386,7 @@ def test_dry_run_prints_every_command_exactly(tmp_path):
     commands = [shlex.split(line) for line in lines if not line.startswith("#")]
     assert commands == [list(s.argv) for s in plan]
     assert sum(line.startswith("# ") and line[2].isdigit() for line in lines) == len(plan)
-    assert sum("skipped when this succeeds" in line for line in lines) == \
+    assert sum("skipped when this prints something" in line for line in lines) == \
         sum(s.exists is not None for s in plan)
     # Compact (notebook 03's cells, whose stored listing has the rest): a title and a command.
     compact = []
@@ -810,27 +832,31 @@ def test_the_rayjob_waits_for_the_raycluster_to_be_gone(stand_ins, tmp_path, mon
         [*KC, "delete", "rayjob", "rl-train", "--namespace=rl", "--ignore-not-found"]]
 
 
-def test_notebook_03_shows_every_command_of_the_plan_as_the_code_makes_it(tmp_path,
-                                                                             monkeypatch):
-    """What GitHub renders of the stored notebook 03 (no outputs) lists every command of the
-    plan, and the pods' OTEL_* variables, exactly as the dry run prints them with the notebook's
-    defaults: tools/notebook_listings.py regenerates both, and a stale copy is caught."""
+def test_the_docs_list_every_command_of_the_plan_as_the_code_makes_it(tmp_path, monkeypatch):
+    """docs/gke.md lists every command of the plan, and the stored notebook 03 (no outputs) the
+    pods' OTEL_* variables, exactly as the dry run prints them with the notebook's defaults:
+    tools/listings.py regenerates both, and a stale copy of either is caught. The notebook
+    itself holds no copy of the plan: its executed cells print each command once."""
     import importlib.util
 
     monkeypatch.undo()  # the plan as shipped (quick_rollout_retries shortens what it prints)
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("notebook_listings",
-                                                  root / "tools" / "notebook_listings.py")
+    spec = importlib.util.spec_from_file_location("listings", root / "tools" / "listings.py")
     listings = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(listings)
-    assert listings.synced()[1] == [], "run `python tools/notebook_listings.py`"
-    text = listings.NOTEBOOK.read_text()
-    assert "gcloud container clusters create distrl-cluster --zone=us-central1-a" in text
-    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in text
-    stale = tmp_path / "03.ipynb"
-    stale.write_text(text.replace("--release-channel=rapid", "--release-channel=stable"))
-    assert listings.synced(stale)[1] == ["generated:plan"]
+    assert listings.synced_notebook()[1] == [], "run `python tools/listings.py`"
+    assert listings.synced_doc()[1] == [], "run `python tools/listings.py`"
+    doc, notebook = listings.DOC.read_text(), listings.NOTEBOOK.read_text()
+    assert "gcloud container clusters create distrl-cluster --zone=us-central1-a" in doc
+    assert "gcloud container clusters create" not in notebook
+    assert "OTEL_EXPORTER_OTLP_ENDPOINT" in notebook
+    stale_doc = tmp_path / "gke.md"
+    stale_doc.write_text(doc.replace("--release-channel=rapid", "--release-channel=stable"))
+    assert listings.synced_doc(stale_doc)[1] == ["generated:plan"]
+    stale_nb = tmp_path / "03.ipynb"
+    stale_nb.write_text(notebook.replace("OTEL_SERVICE_NAME", "OTEL_SERVICE"))
+    assert listings.synced_notebook(stale_nb)[1] == ["generated:otel-env"]
 
 
 def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at_the_end(

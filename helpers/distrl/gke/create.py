@@ -250,6 +250,28 @@ def _create_cluster_step(s: GkeSettings, project: str) -> Step:
         owner=_labelled(s, describe, "resourceLabels"))
 
 
+def _no_node_upgrades_step(s: GkeSettings, project: str, describe: tuple[str, ...]) -> Step:
+    """A maintenance exclusion, so that no node upgrade drains the head mid-run. gcloud 545+
+    (its release notes): --add-maintenance-exclusion-until-end-of-support; create takes no
+    exclusion, and one update call does one maintenance change. The scope no_minor_or_node_
+    upgrades "excludes all minor upgrades for the cluster, and also exclude all node pool
+    upgrades. Only control plane patches are allowed" (GKE API, Shared.Types/Scope)."""
+    name = f"{s.prefix}-no-node-upgrades"
+    return Step(
+        "Keep node upgrades out of the runs",
+        ("gcloud", "container", "clusters", "update", s.cluster, s.location_flag,
+         f"--add-maintenance-exclusion-name={name}",
+         "--add-maintenance-exclusion-scope=no_minor_or_node_upgrades",
+         "--add-maintenance-exclusion-until-end-of-support", project),
+        "A node upgrade drains its node, the head too, and the rapid channel upgrades often. "
+        "This exclusion holds node and minor upgrades until the cluster's version ends its "
+        "support; control-plane patches still apply. Compute Engine's host maintenance of the "
+        "GPU head is not covered (a GPU VM cannot live-migrate: it stops after an hour's "
+        f"notice). Kept with the cluster: --remove-maintenance-exclusion={name} lifts it.",
+        exists=(*describe, "--format=value(maintenancePolicy.window.maintenanceExclusions."
+                           f"{name}.startTime)"))
+
+
 def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
     loc = s.location_flag
     describe = ("gcloud", "container", "clusters", "describe", s.cluster, loc, project)
@@ -291,7 +313,8 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
                 "(it admits any source to 8265; Ray's token guards it)."),
              check=lambda out: preflight.operator_problems(out, s.operator_namespace)[0]),
     ]
-    if s.mode == "standard":
+    if s.mode == "standard":  # Autopilot manages its nodes' upgrades
+        steps.insert(1, _no_node_upgrades_step(s, project, describe))
         steps += _node_pool_steps(s, project)
     return steps
 

@@ -42,8 +42,8 @@ class Step:
     """One command of a plan.
 
     teardown: the command that undoes what it creates (None: nothing to undo).
-    exists: a read-only command that succeeds when what this step creates is there already;
-    the step is then skipped (describe before create).
+    exists: a read-only command that succeeds and prints something when what this step
+    creates is there already; the step is then skipped (describe before create).
     check: for read-only steps, a function from the command's output to a list of problems,
     each naming its fix; any problem stops the plan.
     retry_s: for a check of something that appears by itself (an add-on still rolling out
@@ -85,7 +85,7 @@ def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: b
             out(str(step))
             continue
         if step.exists:
-            out(f"#    skipped when this succeeds: {shlex.join(step.exists)}")
+            out(f"#    skipped when this prints something: {shlex.join(step.exists)}")
         if step.needs:
             out(f"#    first: {shlex.join(step.needs)} (not found: done)")
         if step.owner:
@@ -117,17 +117,17 @@ class StepFailed(RuntimeError):
 def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: int = 1,
              timeout_s: float = STEP_TIMEOUT_S) -> None:
     """Run the steps from `start` (1-based) in order, streaming their output; skip a step
-    whose `exists` command succeeds; stop at the first failure (StepFailed)."""
+    whose `exists` command succeeds with output; stop at the first failure (StepFailed)."""
     if not (isinstance(start, int) and 1 <= start <= max(len(plan), 1)):
         raise ValueError(f"start={start!r}: expected a step number from 1 to {len(plan)}")
     for i, step in enumerate(plan[start - 1:], start):
         out(f"# {i}/{len(plan)}. {step.title}")
-        if step.exists and _quiet(step.exists, timeout_s) == 0:
+        if step.exists and _found(step.exists, timeout_s):
             if step.owner and (problem := _not_ours(step.owner, timeout_s)):
                 raise StepFailed(step, i, 0, "", [
                     f"{problem}: it was there before this plan. Delete it, or choose another "
                     "prefix (GkeSettings.prefix), so that neither create nor teardown touches it"])
-            out(f"already there ({shlex.join(step.exists)} succeeded): skipped")
+            out(f"already there ({shlex.join(step.exists)} found it): skipped")
             continue
         out(f"$ {step}")
         deadline = time.monotonic() + step.retry_s
@@ -248,8 +248,11 @@ def capture_all(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str
     return proc.returncode, proc.stdout, proc.stderr
 
 
-def _quiet(argv: Sequence[str], timeout_s: float) -> int:
-    return capture(argv, timeout_s)[0]
+def _found(argv: Sequence[str], timeout_s: float) -> bool:
+    """Whether a describe finds it: it succeeds and prints something (a describe whose format
+    names a field inside a resource prints nothing when only the field is missing)."""
+    code, stdout = capture(argv, timeout_s)[:2]
+    return code == 0 and bool(stdout.strip())
 
 
 def _stream(argv: Sequence[str], out: Callable[[str], None],

@@ -103,6 +103,11 @@ def check_project_id(project_id) -> str:
 # GPU node machine: L4 comes built into g2-*; T4 and P4 attach to n1-*.
 GPU_MACHINES = {"nvidia-l4": "g2-standard-8", "nvidia-tesla-t4": "n1-standard-8",
                 "nvidia-tesla-p4": "n1-standard-8", "none": "n2-standard-8"}
+# The vCPUs a VM with one such GPU may have (cloud.google.com/compute/docs/gpus, updated
+# 2026-04-14: "N1 instances with fewer GPUs limit the maximum number of vCPUs"; one T4 allows 1 to
+# 48, one P4 1 to 24). An L4 comes only in fixed G2 shapes: g2-standard-4 to -16 and -32 have one
+# L4 (4 to 32 vCPUs), g2-standard-24 has two (cloud.google.com/compute/docs/accelerator-optimized-machines).
+ONE_GPU_VCPUS = {"nvidia-l4": (4, 32), "nvidia-tesla-t4": (1, 48), "nvidia-tesla-p4": (1, 24)}
 
 
 @dataclass(frozen=True)
@@ -339,6 +344,16 @@ class GkeSettings:
     @property
     def head_machine_type(self) -> str:
         return GPU_MACHINES[self.gpu_type]
+
+    @property
+    def head_node(self) -> str:
+        """The head's machine and GPU, against the vCPUs a VM with that one GPU may have."""
+        shape = machine(self.head_machine_type)
+        node = f"{self.head_machine_type}: {shape.vcpus} vCPUs, {shape.memory_gib:g} GiB"
+        if self.gpu_type == "none":
+            return f"{node}, no GPU"
+        low, high = ONE_GPU_VCPUS[self.gpu_type]
+        return f"{node}, 1 {self.gpu_type} (a VM with one may have {low}-{high} vCPUs)"
 
     @property
     def labels(self) -> dict[str, str]:

@@ -1,11 +1,13 @@
-"""Write the generated listings into notebook 03's markdown, so that what GitHub shows of the
-stored notebook (it has no outputs) is the lesson: every command of the plan, and the pods'
-`OTEL_*` variables, as the dry run prints them with the notebook's default parameters.
+"""Write the generated listings: every command of the GKE plan into docs/gke.md, and the pods'
+`OTEL_*` variables into notebook 03's markdown (GitHub shows the stored notebook without
+outputs), as the dry run prints them with the notebook's default parameters. The plan's
+commands live in the docs, not the notebook: an executed notebook 03 prints each command once.
 
-    python tools/notebook_listings.py          # rewrite the listing cells
-    python tools/notebook_listings.py --check  # exit 1 if they differ from the code (a test runs it)
+    python tools/listings.py          # rewrite the listings
+    python tools/listings.py --check  # exit 1 if they differ from the code (a test runs it)
 
-A listing cell is a markdown cell tagged `generated:<name>`; only its fenced block is rewritten.
+A listing is the first fenced block after a `<!-- generated:<name> ... -->` line in a markdown
+file, or in a notebook markdown cell tagged `generated:<name>`; only that block is rewritten.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from distrl.gke.settings import GkeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK = ROOT / "notebooks" / "03-create-gke-cluster.ipynb"
+DOC = ROOT / "docs" / "gke.md"
 # Paths as a reader at the repository root would type them (the notebook runs in notebooks/).
 MANIFESTS = "notebooks/runs/03-create-gke-cluster/manifests"
 TOKEN = "~/.ray/auth_token"
@@ -73,46 +76,70 @@ def otel_env_listing() -> str:
     return yaml.safe_dump(shown, sort_keys=False).rstrip()
 
 
-LISTINGS = {"generated:plan": ("bash", plan_listing), "generated:otel-env": ("yaml", otel_env_listing)}
+NOTEBOOK_LISTINGS = {"generated:otel-env": ("yaml", otel_env_listing)}
+DOC_LISTINGS = {"generated:plan": ("bash", plan_listing)}
 FENCE = re.compile(r"```(\w+)\n.*?\n```", re.S)
 
 
-def synced(notebook: Path = NOTEBOOK) -> tuple[dict, list[str]]:
+def _fill(text: str, tag: str, language: str, make, where: str) -> str:
+    """text with the first fenced block from its start replaced by make()'s listing."""
+    fence = FENCE.search(text)
+    if fence is None:
+        raise ValueError(f"{where}: the {tag} listing has no fenced block to fill")
+    return f"{text[:fence.start()]}```{language}\n{make()}\n```{text[fence.end():]}"
+
+
+def synced_notebook(notebook: Path = NOTEBOOK) -> tuple[dict, list[str]]:
     """The notebook with every listing cell rewritten, and the tags of those that changed."""
     nb = json.loads(notebook.read_text())
     changed = []
     for cell in nb["cells"]:
-        tags = [t for t in cell["metadata"].get("tags", []) if t in LISTINGS]
+        tags = [t for t in cell["metadata"].get("tags", []) if t in NOTEBOOK_LISTINGS]
         if cell["cell_type"] != "markdown" or not tags:
             continue
-        language, make = LISTINGS[tags[0]]
         source = "".join(cell["source"])
-        if FENCE.search(source) is None:
-            raise ValueError(f"{notebook.name}: the {tags[0]} cell has no fenced block to fill")
-        fence = FENCE.search(source)
-        new = f"{source[:fence.start()]}```{language}\n{make()}\n```{source[fence.end():]}"
+        new = _fill(source, tags[0], *NOTEBOOK_LISTINGS[tags[0]], notebook.name)
         if new != source:
             changed.append(tags[0])
             cell["source"] = new.splitlines(keepends=True)
-    found = {t for c in nb["cells"] for t in c["metadata"].get("tags", [])} & set(LISTINGS)
-    if found != set(LISTINGS):
-        raise ValueError(f"{notebook.name} lacks the cells tagged {sorted(set(LISTINGS) - found)}")
+    found = {t for c in nb["cells"] for t in c["metadata"].get("tags", [])} & set(NOTEBOOK_LISTINGS)
+    if found != set(NOTEBOOK_LISTINGS):
+        raise ValueError(f"{notebook.name} lacks the cells tagged "
+                         f"{sorted(set(NOTEBOOK_LISTINGS) - found)}")
     return nb, changed
+
+
+def synced_doc(doc: Path = DOC) -> tuple[str, list[str]]:
+    """The markdown file with every listing after its marker rewritten, and the changed tags."""
+    text = doc.read_text()
+    changed = []
+    for tag, (language, make) in DOC_LISTINGS.items():
+        marker = text.find(f"<!-- {tag} ")
+        if marker < 0:
+            raise ValueError(f"{doc.name} lacks the marker <!-- {tag} ... -->")
+        new = text[:marker] + _fill(text[marker:], tag, language, make, doc.name)
+        if new != text:
+            changed.append(tag)
+            text = new
+    return text, changed
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="only report; exit 1 if stale")
     args = parser.parse_args()
-    nb, changed = synced()
+    nb, nb_changed = synced_notebook()
+    doc, doc_changed = synced_doc()
     if args.check:
-        if changed:
-            print(f"stale in {NOTEBOOK.name}: {', '.join(changed)} "
-                  "(run `python tools/notebook_listings.py`)", file=sys.stderr)
-            return 1
-        return 0
+        for path, changed in ((NOTEBOOK, nb_changed), (DOC, doc_changed)):
+            if changed:
+                print(f"stale in {path.name}: {', '.join(changed)} "
+                      "(run `python tools/listings.py`)", file=sys.stderr)
+        return 1 if nb_changed or doc_changed else 0
     NOTEBOOK.write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-    print(f"{NOTEBOOK.name}: rewrote {', '.join(changed) or 'nothing (in sync)'}")
+    DOC.write_text(doc)
+    print(f"{NOTEBOOK.name}: rewrote {', '.join(nb_changed) or 'nothing (in sync)'}; "
+          f"{DOC.name}: rewrote {', '.join(doc_changed) or 'nothing (in sync)'}")
     return 0
 
 
