@@ -186,14 +186,15 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
     assert returns.mean() == pytest.approx(score, abs=0.05)
 
 
-def test_a_hold_whose_weights_score_outside_the_window_is_released():
-    """LearnerHold's decisions on the evaluations it gets (stand-ins record the learner's and
-    the evaluator's calls): an evaluation within the window asks for a hold; once the learner
-    holds, its weights are evaluated on the first episodes; that check keeps the hold or
-    releases it (also when the evaluator gave none); nothing asks again meanwhile."""
+def test_the_learner_pauses_for_checks_until_its_weights_score_within_the_window():
+    """LearnerHold's decisions (stand-ins record the learner's and the evaluator's calls): the
+    first evaluation makes the learner pause; each pause's weights are evaluated on the first
+    episodes; below the window it trains CHECK_EVERY updates more and pauses again, within it
+    it holds for good, above it (or with no answer) it trains on freely and nothing is asked
+    again. A stale report of an earlier pause starts no second check."""
     from types import SimpleNamespace
 
-    from distrl.apex.hold import LearnerHold
+    from distrl.apex.hold import CHECK_EVERY, LearnerHold
 
     calls, said = [], []
 
@@ -205,30 +206,40 @@ def test_a_hold_whose_weights_score_outside_the_window_is_released():
     topology = SimpleNamespace(learner=learner, evaluator=SimpleNamespace(
         evaluate=remote("evaluate")))
     hold = LearnerHold((100.0, 400.0), lambda kind, detail: said.append(kind))
-    hold.evaluated({"mean_return": 60.0}, learner)
-    assert calls == [] and hold.state is None  # below the window: nothing
-    hold.evaluated({"mean_return": 150.0}, learner)
-    hold.evaluated({"mean_return": 160.0}, learner)  # asked already
-    hold.reported({"held_at": None}, topology)  # not holding yet
-    assert [c for c, _ in calls] == ["hold"] and hold.state == "asked"
+    hold.reported({"held_at": None}, topology)
+    assert calls == [] and hold.state is None  # no evaluation yet: nothing
+    hold.evaluated({"mean_return": 20.0}, learner)
+    hold.evaluated({"mean_return": 450.0}, learner)  # periodic evaluations: asked already
+    assert [c for c, _ in calls] == ["hold"] and hold.state == "pausing"
+    hold.reported({"held_at": None}, topology)  # not paused yet
     hold.reported({"held_at": 25}, topology)
     assert (hold.state, hold.version, hold.check_ref) == ("checking", 25, "evaluate")
     assert calls[-1] == ("evaluate", {"first_episodes": True})
-    hold.checked({"mean_return": 480.0}, learner)  # the held weights: too good
-    assert calls[-1][0] == "release" and hold.state is None and hold.check_ref is None
-    hold.evaluated({"mean_return": 399.0}, learner)
-    hold.reported({"held_at": 41}, topology)
-    hold.checked(None, learner)  # the evaluator failed: released too
-    assert calls[-1][0] == "release" and hold.state is None
-    hold.evaluated({"mean_return": 200.0}, learner)
-    hold.reported({"held_at": 50}, topology)
+    hold.checked({"mean_return": 60.0}, learner)  # below: CHECK_EVERY updates more
+    assert calls[-1] == ("release", {"after": CHECK_EVERY}) and hold.state == "pausing"
+    hold.reported({"held_at": 25}, topology)  # a stale report of that pause
+    assert hold.state == "pausing" and calls[-1][0] == "release"
+    hold.reported({"held_at": 125}, topology)
     hold.checked({"mean_return": 210.0}, learner)
-    assert hold.state == "held"
-    assert said == ["hold_asked", "hold_released", "hold_asked", "hold_released", "hold_asked",
-                    "learner_held"]
+    assert hold.state == "held" and hold.version == 125 and hold.checks == 2
+    assert said == ["hold_asked", "learner_held"]
     before = len(calls)
     hold.evaluated({"mean_return": 250.0}, learner)  # held: nothing more
+    hold.reported({"held_at": 125}, topology)
     assert len(calls) == before
+
+    # Past the window before a check landed in it: not mid-learning, the learner trains on.
+    for answer in ({"mean_return": 480.0}, None):
+        calls.clear(), said.clear()
+        hold = LearnerHold((100.0, 400.0), lambda kind, detail: said.append(kind))
+        hold.evaluated({"mean_return": 20.0}, learner)
+        hold.reported({"held_at": 30}, topology)
+        hold.checked(answer, learner)
+        hold.evaluated({"mean_return": 300.0}, learner)
+        hold.reported({"held_at": 130}, topology)
+        assert [c for c in calls if c[0] != "get_weights"] == [
+            ("hold", {}), ("evaluate", {"first_episodes": True}), ("release", {})], calls
+        assert said == ["hold_asked", "hold_missed"] and hold.state == "passed"
 
 
 def test_a_replay_that_cannot_fit_in_memory_is_refused_saying_how_many_would(local_ray, tmp_path):

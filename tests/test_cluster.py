@@ -676,3 +676,32 @@ def test_worker_nodes_take_the_cores_fewest_live_nodes_run_on():
     cluster.nodes.append(node([cores[1 % len(cores)]], alive=False))  # a lost node's core: free
     assert cluster._free_cores(1) == {cores[1 % len(cores)]}
     assert cluster._free_cores(0) == frozenset()
+
+
+def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
+    """A node's loss seen in the run's record: the lost actor's own env steps stop while it is
+    gone and go on after its new life's first report, whatever the total does (here the learner
+    starts meanwhile and the total rises: the confound the total alone would have shown)."""
+    from distrl.cluster.autoscale import preemption_effects
+
+    rows = []
+    for k in range(41):  # one row every 0.5 s, from 0 to 20 s; the kill at 5 s, back at 12 s
+        t = 0.5 * k
+        lost = 1000 * min(t, 5.0) + 1000 * max(0.0, t - 12.0)
+        other = 1000 * t if t < 8 else 8000 + 3000 * (t - 8)  # the other actor speeds up
+        rows.append({"time_s": t, "env_steps": lost + other, "actors_running": 2 if t < 5 or
+                     t >= 12 else 1, "actor_env_steps": [lost, other]})
+    rows[24]["actor_env_steps"][0] += 400  # the new life's steps before its first report
+    rows[24]["env_steps"] += 400
+    result = {"started_at": 100.0, "throughput": rows, "actor_restarts": [1, 0], "events": [
+        {"time_s": 1.0, "kind": "actor_running", "detail": "actor 0 running on node abcdef12"},
+        {"time_s": 12.0, "kind": "actor_back", "detail": "actor 0 is back on node 99999999"}]}
+    effects = preemption_effects(result, killed_at=105.0, node_id="abcdef123456")
+    assert effects["lost"] == [0] and effects["back"] == {0: 12.0}
+    assert effects["before"]["lost_env_steps_per_s"] == pytest.approx(1000)
+    assert effects["during"]["lost_env_steps_per_s"] == 0  # its first report's row left out
+    # after: from its first report on (5,000 steps to 17 s, less the 400 that report counted)
+    assert effects["after"]["lost_env_steps_per_s"] == pytest.approx(920)
+    assert effects["during"]["env_steps_per_s"] > effects["before"]["env_steps_per_s"]
+    del rows[10]["actor_env_steps"], rows[0]["actor_env_steps"]  # a record from before
+    assert preemption_effects(result, 105.0, "abcdef12")["before"]["lost_env_steps_per_s"] is None

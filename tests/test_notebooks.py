@@ -378,16 +378,18 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     # notebook measured them from the run's record (autoscale.preemption_effects).
     loss = json.loads((out_dir / "node-loss.json").read_text())
     [lost] = loss["lost"]
-    assert loss["during"]["env_steps_per_s"] < loss["before"]["env_steps_per_s"], loss
+    own = [loss[k]["lost_env_steps_per_s"] for k in ("before", "during", "after")]
+    assert own[0] > 0 and own[1] < 0.05 * own[0] and own[2] >= 0.5 * own[0], loss  # its own
     assert str(lost) in loss["back"] and loss["back"][str(lost)] > loss["kill_t"], loss
     assert first["actor_restarts"][lost] >= 1, first["actor_restarts"]
-    assert re.search(rf"the kill at [\d.]+ s: [\d,]+ env steps/s with \d actors before it, .*"
-                     rf"until the lost one ran again \(actor {lost} at ", text), text[-3000:]
+    assert re.search(rf"the kill at [\d.]+ s; actor {lost} at [\d.]+ s \(\d restart\)\. env "
+                     r"steps/s before / while it was gone / in the 5 s after:\n  the lost actor: "
+                     r"[\d,]+ / \d+ / [\d,]+\n  all actors: ", text), text[-3000:]
     assert first["actor_states"] == ["running", "running"]
     # The drain landed mid-learning: the learner held once its weights scored within the
     # notebook's HOLD_WITHIN on the first evaluation's episodes, the drain (SIGTERM, not a stop
     # of the job's own) came, and the learner checkpointed on it.
-    low, high = 200.0, 400.0  # the notebook's HOLD_WITHIN
+    low, high = 150.0, 400.0  # the notebook's HOLD_WITHIN
     assert first["stop_reason"] == "sigterm", (first["stop_reason"], first["stop_detail"])
     assert first["wall_time_s"] < 180  # SMOKE's budget
     held = [e for e in first["events"] if e["kind"] == "learner_held"]
@@ -402,9 +404,13 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     # episodes the notebook evaluated the checkpoint on, with those weights, and scored the same,
     # within the hold's window: mid-learning, above an untrained network, below the target.
     found = re.search(r"checkpoint after [\d,]+ updates: greedy return ([\d.]+) \(untrained: "
-                      r"([\d.]+); target: 475\)", text)
-    restored, untrained = float(found[1]), float(found[2])
+                      r"([\d.]+); the first job's best before it: ([\d.]+); target: 475\)", text)
+    restored, untrained, best_before = float(found[1]), float(found[2]), float(found[3])
     assert untrained < low <= restored < high < second["target_return"]
+    # on the way up: the first job's earlier weights scored no higher than the window
+    assert best_before < high
+    assert best_before == max(e["mean_return"] for e in first["evals"]
+                              if e["weights_version"] < first["learner_updates"])
     start = second["evals"][0]
     assert start["weights_version"] == first["learner_updates"], start
     assert start["mean_return"] == pytest.approx(restored, abs=0.05)

@@ -577,7 +577,7 @@ class _Run:
             # learner kept waiting for data
             "actors_waited_s": sum(s["insert_wait_s"] for s in replays),
             "learner_waited_s": sum(s["sample_wait_s"] for s in replays),
-            "actors_running": self.fleet.running(),
+            "actors_running": self.fleet.running(), "actor_env_steps": self.fleet.env_steps_each(),
             "actors_waiting": len(self.fleet.waiting(now))})
         self._show_progress(env_steps)
 

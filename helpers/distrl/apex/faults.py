@@ -365,7 +365,11 @@ class ActorFleet:
         return states
 
     def env_steps(self) -> int:
-        return sum(b + s["env_steps"] for b, s in zip(self.base, self.last))
+        return sum(self.env_steps_each())
+
+    def env_steps_each(self) -> list[int]:
+        """Each actor's env steps over all its lives (a lost actor's count stands still)."""
+        return [b + s["env_steps"] for b, s in zip(self.base, self.last)]
 
     # --- the end ---
     def stop(self) -> None:

@@ -1,62 +1,78 @@
-"""hold_learner_within: hold the learner once a greedy evaluation scores within a window, keep
-the hold only if the held weights score within it too, on the episodes a run resumed from them
-plays first. A run stopped then (notebook 04's drain) leaves a checkpoint from mid-learning,
-on any machine, on evidence rather than at a count of updates.
+"""hold_learner_within: stop the learner, for good, at the first weights that score within a
+window on the episodes a run resumed from them plays first. A run stopped then (notebook 04's
+drain) leaves a checkpoint from mid-learning, on any machine, on evidence rather than at a count
+of updates.
 
-    hold = LearnerHold((200, 400), say)
-    hold.evaluated(evaluation, learner)     # each evaluation: within the window -> hold()
-    hold.reported(learner_stats, topology)  # the learner holds -> check_ref, its evaluation
-    hold.checked(check, learner)            # within -> held for good; outside -> release()
+CartPole's greedy return can leap by hundreds within a few hundred updates, past any window
+between two periodic evaluations. So from the first evaluation on, the learner pauses every
+CHECK_EVERY updates while its weights are evaluated: below the window it trains on, within it
+it holds, and above it (the run passed the window, no longer mid-learning) it trains on freely.
+
+    hold = LearnerHold((150, 400), say)
+    hold.evaluated(evaluation, learner)     # the first evaluation: the learner pauses
+    hold.reported(learner_stats, topology)  # it pauses -> check_ref, its weights' evaluation
+    hold.checked(check, learner)            # below -> pause again in CHECK_EVERY updates;
+                                            # within -> held for good; above -> passed
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
+CHECK_EVERY = 100  # learner updates between two checks (CartPole climbs ~200 in ~300 updates)
+
 
 class LearnerHold:
-    """The driver's side of a hold: asked, checking (the held weights, evaluated again on the
-    first evaluation's episodes) or held; released back to None when the check falls outside."""
+    """The driver's side of a hold: None (no evaluation yet), pausing (asked; the learner will
+    pause), checking (its paused weights, evaluated on the first evaluation's episodes), held,
+    or passed (weights scored above the window first: no hold in this run)."""
 
     def __init__(self, window: tuple[float, float], say: Callable[[str, str], None]):
         self.low, self.high = window
         self.say = say
         self.state: str | None = None
-        self.version: int | None = None  # the held weights' update count
-        self.check_ref = None            # the held weights' evaluation, in flight
+        self.version: int | None = None  # the paused weights' update count, last checked
+        self.check_ref = None            # the paused weights' evaluation, in flight
+        self.checks = 0
 
     @property
     def window(self) -> str:
         return f"[{self.low:g}, {self.high:g})"
 
     def evaluated(self, ev: dict, learner) -> None:
-        """An evaluation within the window asks the learner to hold (once at a time)."""
-        if self.state is None and self.low <= ev["mean_return"] < self.high:
+        """The first evaluation starts the search: the learner pauses for its first check."""
+        if self.state is None:
             learner.hold.remote()
-            self.state = "asked"
-            self.say("hold_asked", f"mean return {ev['mean_return']:.1f} within {self.window}: "
-                     "the learner holds, and its held weights are evaluated")
+            self.state = "pausing"
+            self.say("hold_asked", f"the learner pauses every {CHECK_EVERY} updates until its "
+                     f"weights score within {self.window} on the first evaluation's episodes")
 
     def reported(self, stats: dict, topology) -> None:
-        """The learner's stats: once it holds, its weights go to the evaluator, on the first
-        evaluation's episodes (which a run resumed from them plays first too)."""
-        if self.state == "asked" and stats.get("held_at") is not None:
-            self.state, self.version = "checking", stats["held_at"]
+        """The learner's stats: once it pauses at new weights, they go to the evaluator, on the
+        first evaluation's episodes (which a run resumed from them plays first too)."""
+        held_at = stats.get("held_at")
+        if self.state == "pausing" and held_at is not None and (
+                self.version is None or held_at > self.version):
+            self.state, self.version = "checking", held_at
             self.check_ref = topology.evaluator.evaluate.remote(
                 topology.learner.get_weights.remote(-1), first_episodes=True)
 
     def checked(self, check: dict | None, learner) -> None:
-        """The held weights' own evaluation: within the window keeps the hold; outside it, or
-        none (the evaluator failed), releases the learner."""
+        """The paused weights' own evaluation: below the window, train CHECK_EVERY updates
+        more; within it, held for good; above it, or none (the evaluator failed), go on free."""
         self.check_ref = None
+        self.checks += 1
         score = float("nan") if check is None else check["mean_return"]
         if self.low <= score < self.high:
             self.state = "held"
             self.say("learner_held", f"learner held at {self.version:,} updates: its weights "
-                     f"score {score:.1f}, within {self.window}; it trains no more until the "
-                     "run stops")
+                     f"score {score:.1f}, within {self.window} (check {self.checks}); it trains "
+                     "no more until the run stops")
+        elif score < self.low:
+            learner.release.remote(after=CHECK_EVERY)
+            self.state = "pausing"
         else:
             learner.release.remote()
-            self.state = None
-            self.say("hold_released", f"the held weights scored {score:.1f}, outside "
-                     f"{self.window}: training goes on")
+            self.state = "passed"
+            self.say("hold_missed", f"the weights of {self.version:,} updates scored "
+                     f"{score:.1f}, not within {self.window}: the learner trains on, no hold")

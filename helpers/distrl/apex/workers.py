@@ -193,6 +193,7 @@ class LearnerWorker:
         self.checkpoint: str | None = None
         self.holding = False  # the driver asked for a hold (hold_learner_within) and it holds
         self._hold_asked = threading.Event()
+        self._hold_after: int | None = None  # hold again at this many updates (release(after))
         on_sigterm(lambda: self.checkpoint_now("SIGTERM to the learner"))
         self.tel = ProcessTelemetry(config, "learner", spec)
         self._publish_attrs = self.tel.rl.attrs({
@@ -221,6 +222,9 @@ class LearnerWorker:
                                                  c.batches_per_fetch)
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
+            if self._hold_after is not None and self.learner.updates >= self._hold_after:
+                self._hold_after = None
+                self._hold_asked.set()
             if self._hold_asked.is_set():
                 self._hold()
                 continue
@@ -275,7 +279,9 @@ class LearnerWorker:
         weights are the published ones (hold_learner_within)."""
         self._hold_asked.set()
 
-    def release(self) -> None:
+    def release(self, after: int = 0) -> None:
+        """Train on; with `after`, hold again once that many more updates are done."""
+        self._hold_after = self.learner.updates + after if after else None
         self._hold_asked.clear()
 
     def _hold(self) -> None:

@@ -216,7 +216,9 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
     the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
     ran again as a new process (`back`: actor -> time; `restarts`: new processes seen), the env
     steps/s in the `window_s` before the kill, from the kill until the last lost actor ran again
-    (or the run's end), and in the `window_s` after that, with the actors running in each."""
+    (or the run's end), and in the `window_s` after that, with the actors running in each; and
+    the lost actors' own env steps/s in each (`lost_env_steps_per_s`), which the remaining
+    actors and the learner's start, sharing the cores, do not blur."""
     import re
 
     kill_t = killed_at - result["started_at"]
@@ -232,18 +234,26 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
     end = throughput[-1]["time_s"] if throughput else kill_t
     back_t = max(back[i] for i in lost) if lost and all(i in back for i in lost) else None
 
-    def stretch(start: float, stop: float) -> dict:
-        rows = [r for r in throughput if start <= r["time_s"] <= stop]
+    def stretch(start: float, stop: float, before_stop: bool = False) -> dict:
+        rows = [r for r in throughput if start <= r["time_s"] <= stop
+                if not (before_stop and r["time_s"] == stop)]
         if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
-            return {"env_steps_per_s": None, "actors_running": None}
-        rate = (rows[-1]["env_steps"] - rows[0]["env_steps"]) / (rows[-1]["time_s"] - rows[0]["time_s"])
-        return {"env_steps_per_s": rate, "actors_running": (min(r["actors_running"] for r in rows),
-                                                            max(r["actors_running"] for r in rows))}
+            return {"env_steps_per_s": None, "actors_running": None, "lost_env_steps_per_s": None}
+        span = rows[-1]["time_s"] - rows[0]["time_s"]
+        lost_rate = None  # a record from before actor_env_steps existed has none
+        if lost and all("actor_env_steps" in r for r in (rows[0], rows[-1])):
+            lost_rate = sum(rows[-1]["actor_env_steps"][i] - rows[0]["actor_env_steps"][i]
+                            for i in lost) / span
+        return {"env_steps_per_s": (rows[-1]["env_steps"] - rows[0]["env_steps"]) / span,
+                "actors_running": (min(r["actors_running"] for r in rows),
+                                   max(r["actors_running"] for r in rows)),
+                "lost_env_steps_per_s": lost_rate}
 
     return {"kill_t": kill_t, "lost": lost, "back": back,
             "restarts": {i: result["actor_restarts"][i] for i in lost},
             "before": stretch(kill_t - window_s, kill_t),
-            "during": stretch(kill_t, back_t if back_t is not None else end),
+            # until the lost actor is back: its first report, which counts its new life's steps
+            "during": stretch(kill_t, back_t if back_t is not None else end, before_stop=True),
             "after": stretch(back_t, back_t + window_s) if back_t is not None else None}
 
 

@@ -133,10 +133,11 @@ class ApexConfig:
     max_learner_updates: int | None = None
     """stop after this many learner updates (None: no limit)"""
     hold_learner_within: tuple[float, float] | None = None
-    """(low, high): once a greedy evaluation scores within [low, high), the learner holds its
-    weights and they are evaluated again; if they score within it too, they are held until the
-    run stops, else training goes on (None: never). A run to be stopped mid-learning, as
-    notebook 04's drain is, on evidence rather than at a count of updates"""
+    """(low, high): from the first evaluation on, the learner pauses every 100 updates while its
+    weights are evaluated on the first evaluation's episodes, and holds them until the run
+    stops once they score within [low, high); weights scoring above it first end the search
+    (None: never; apex/hold.py). A run to be stopped mid-learning, as notebook 04's drain is,
+    on evidence rather than at a count of updates"""
     max_seconds: float | None = 600.0
     """stop after this many seconds of training (None: no limit)"""
 
