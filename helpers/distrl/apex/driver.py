@@ -492,8 +492,9 @@ class _Run:
         self.next_waiting_report = now + WAITING_REPORT_S
         self.tel = ProcessTelemetry(c, "driver", self.apex.spec)
         self.traces = IterationTraces(self.tel, c)
-        self.say("start", f"{c.num_actors} actors, learner and {c.replay_shards} replay shard(s) "
-                 f"created; training starts once the learner and one actor run")
+        self.say("start", f"{c.num_actors} actor{'s' * (c.num_actors != 1)}, learner and "
+                 f"{c.replay_shards} replay shard(s) created; training starts once the learner "
+                 "and one actor run")
         self.bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
                         desc=f"Ape-X {c.env_id}", dynamic_ncols=True, mininterval=1.0)
         next_tick = now

@@ -87,7 +87,7 @@ def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: b
         if step.exists:
             out(f"#    skipped when this prints something: {shlex.join(step.exists)}")
         if step.needs:
-            out(f"#    first: {shlex.join(step.needs)} (not found: done)")
+            out(f"#    first: {shlex.join(step.needs)} (if what it names is gone, this undo is done)")
         if step.owner:
             out(f"#    only if this prints {step.owner.value}: {shlex.join(step.owner.argv)}")
         out(str(step))
