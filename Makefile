@@ -30,25 +30,23 @@ $(STAMP): requirements.lock pyproject.toml
 tutorial: install
 	$(BIN)/python -m distrl.tutorial --kernel $(KERNEL)
 
-# Two lanes side by side. One runs the slow tests one after another (they start Ray, kernels,
-# faults under load). The other runs the unit tests (no Ray), then the slow tests that mostly
-# wait (-m waits: a node's start, a deadline), whose idle time the first lane's tests leave,
-# then every benchmark's smoke mode (-m benchmarks); under a TMPDIR of their own, so their Ray
-# sessions, records and temp folders are apart from the first lane's. Its report follows the
-# first lane's. (pytest-xdist's --dist loadgroup would do this, but with pytest 9.2 it silently
-# stops grouping: pytest-dev/pytest-xdist#1386.)
+# Two lanes side by side, each a share of every test, split by measured duration so that both
+# end together (tests/lanes.py, from tests/durations.json); tests of one shared session fixture
+# stay in one lane. The second lane runs under a TMPDIR of its own, so its Ray sessions, records
+# and temp folders are apart from the first's; its report follows the first lane's. Refresh the
+# durations after tests change much: make test PYTEST_ARGS=--record-durations=tests/durations.json
+# (pytest-xdist would balance too, but its workers share one TMPDIR and its --dist loadgroup
+# silently stops grouping with pytest 9.2: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
 	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/w-XXXXXX"); \
-	{ $(UNIT_TESTS) -p no:cacheprovider; unit_rc=$$?; \
-	  TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=5 \
-	    -m "waits or benchmarks"; \
-	  waits_rc=$$?; test $$unit_rc -eq 0 && test $$waits_rc -eq 0; } >$$lane_log 2>&1 & lane=$$!; \
-	$(BIN)/python -m pytest -ra --durations=30 -m "slow and not waits and not benchmarks"; slow_rc=$$?; \
-	wait $$lane; lane_rc=$$?; \
-	echo "== beside them: the unit tests (-m 'not slow'), then the waiting ones and the benchmarks' smoke modes (-m 'waits or benchmarks') =="; \
+	{ TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 \
+	    --lane 2/2 $(PYTEST_ARGS); } >$$lane_log 2>&1 & lane=$$!; \
+	$(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 --lane 1/2 $(PYTEST_ARGS); \
+	first_rc=$$?; wait $$lane; lane_rc=$$?; \
+	echo "== beside it: the second lane (--lane 2/2) =="; \
 	cat $$lane_log; rm -rf $$lane_log $$lane_tmp; \
-	test $$slow_rc -eq 0 && test $$lane_rc -eq 0
+	test $$first_rc -eq 0 && test $$lane_rc -eq 0
 
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.
 test-fast: install

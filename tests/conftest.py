@@ -10,6 +10,14 @@ from pathlib import Path
 
 import pytest
 
+# make test's lanes (tests/lanes.py): its hooks, registered as this conftest's own
+from lanes import (  # noqa: F401
+    pytest_addoption,
+    pytest_collection_modifyitems,
+    pytest_runtest_logreport,
+    pytest_sessionfinish,
+)
+
 # The suite never reads or writes the user's own state: HOME and the XDG folders are a folder of
 # this run's, for the tests and every process they start (Ray's ~/.ray/auth_token, `distrl
 # cluster`'s state file, Keras', Jupyter's and matplotlib's files). A reader who keeps a
