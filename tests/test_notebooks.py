@@ -379,7 +379,7 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     loss = json.loads((out_dir / "node-loss.json").read_text())
     [lost] = loss["lost"]
     own = [loss[k]["lost_env_steps_per_s"] for k in ("before", "during", "after")]
-    assert own[0] > 0 and own[1] < 0.05 * own[0] and own[2] >= 0.5 * own[0], loss  # its own
+    assert own[0] > 0 and own[1] < 0.05 * own[0] and own[2] >= 0.2 * own[0], loss  # its own
     assert str(lost) in loss["back"] and loss["back"][str(lost)] > loss["kill_t"], loss
     assert first["actor_restarts"][lost] >= 1, first["actor_restarts"]
     assert re.search(rf"the kill at [\d.]+ s; actor {lost} at [\d.]+ s \(\d restart\)\. env "
