@@ -188,7 +188,7 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
 
 def test_the_learner_pauses_for_checks_until_its_weights_score_within_the_window():
     """LearnerHold's decisions (stand-ins record the learner's and the evaluator's calls): the
-    first evaluation makes the learner pause; each pause's weights are evaluated on the first
+    learner's first report makes it pause; each pause's weights are evaluated on the first
     episodes; below the window it trains CHECK_EVERY updates more and pauses again, within it
     it holds for good, above it (or with no answer) it trains on freely and nothing is asked
     again. A stale report of an earlier pause starts no second check."""
@@ -206,36 +206,32 @@ def test_the_learner_pauses_for_checks_until_its_weights_score_within_the_window
     topology = SimpleNamespace(learner=learner, evaluator=SimpleNamespace(
         evaluate=remote("evaluate")))
     hold = LearnerHold((100.0, 400.0), lambda kind, detail: said.append(kind))
-    hold.reported({"held_at": None}, topology)
-    assert calls == [] and hold.state is None  # no evaluation yet: nothing
-    hold.evaluated({"mean_return": 20.0}, learner)
-    hold.evaluated({"mean_return": 450.0}, learner)  # periodic evaluations: asked already
+    hold.reported({"held_at": None}, topology)  # its first report: pause
     assert [c for c, _ in calls] == ["hold"] and hold.state == "pausing"
     hold.reported({"held_at": None}, topology)  # not paused yet
-    hold.reported({"held_at": 25}, topology)
-    assert (hold.state, hold.version, hold.check_ref) == ("checking", 25, "evaluate")
+    assert [c for c, _ in calls] == ["hold"]
+    hold.reported({"held_at": 0}, topology)
+    assert (hold.state, hold.version, hold.check_ref) == ("checking", 0, "evaluate")
     assert calls[-1] == ("evaluate", {"first_episodes": True})
     hold.checked({"mean_return": 60.0}, learner)  # below: CHECK_EVERY updates more
     assert calls[-1] == ("release", {"after": CHECK_EVERY}) and hold.state == "pausing"
-    hold.reported({"held_at": 25}, topology)  # a stale report of that pause
+    hold.reported({"held_at": 0}, topology)  # a stale report of that pause
     assert hold.state == "pausing" and calls[-1][0] == "release"
-    hold.reported({"held_at": 125}, topology)
+    hold.reported({"held_at": 100}, topology)
     hold.checked({"mean_return": 210.0}, learner)
-    assert hold.state == "held" and hold.version == 125 and hold.checks == 2
+    assert hold.state == "held" and hold.version == 100 and hold.checks == 2
     assert said == ["hold_asked", "learner_held"]
     before = len(calls)
-    hold.evaluated({"mean_return": 250.0}, learner)  # held: nothing more
-    hold.reported({"held_at": 125}, topology)
+    hold.reported({"held_at": 100}, topology)  # held: nothing more
     assert len(calls) == before
 
     # Past the window before a check landed in it: not mid-learning, the learner trains on.
     for answer in ({"mean_return": 480.0}, None):
         calls.clear(), said.clear()
         hold = LearnerHold((100.0, 400.0), lambda kind, detail: said.append(kind))
-        hold.evaluated({"mean_return": 20.0}, learner)
+        hold.reported({"held_at": None}, topology)
         hold.reported({"held_at": 30}, topology)
         hold.checked(answer, learner)
-        hold.evaluated({"mean_return": 300.0}, learner)
         hold.reported({"held_at": 130}, topology)
         assert [c for c in calls if c[0] != "get_weights"] == [
             ("hold", {}), ("evaluate", {"first_episodes": True}), ("release", {})], calls

@@ -122,9 +122,10 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
         {"CLUSTER": "gke", "DASHBOARD_URL": cluster.dashboard_url, "NAMESPACE": "distrl",
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
          # a small replay to fill, and a hold well above an untrained network (46 on the first
-         # evaluation's episodes) and below a near target: the path, not the learning, is tested
-         "MAX_SECONDS": 60.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 150.0,
-         "MIN_REPLAY_SIZE": 20_000, "HOLD_WITHIN": [60.0, 150.0],  # papermill: a list
+         # evaluation's episodes) and below a near target: the path, not the learning, is
+         # tested; a wide window, since CartPole can leap 200 between two checks 100 updates apart
+         "MAX_SECONDS": 60.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 300.0,
+         "MIN_REPLAY_SIZE": 20_000, "HOLD_WITHIN": [60.0, 300.0],  # papermill: a list
          "KUBE_CONTEXT": "gke_p_z_distrl-cluster", "NODE_READY_S": 0.0,
          "RESUME_MAX_SECONDS": 150.0}, kernel=kernel, cell_timeout_s=600)
     text = stream_text(executed)

@@ -715,8 +715,6 @@ class _Run:
             ev["learner_updates"])
         target, baseline = self.config.target_return, self.baseline_pending
         self.baseline_pending = False
-        if self.hold is not None and not baseline:
-            self.hold.evaluated(ev, self.topology.learner)
         if target is not None and ev["mean_return"] >= target and not baseline:
             self.time_to_target = ev["time_s"]
             self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "

@@ -4,13 +4,12 @@ drain) leaves a checkpoint from mid-learning, on any machine, on evidence rather
 of updates.
 
 CartPole's greedy return can leap by hundreds within a few hundred updates, past any window
-between two periodic evaluations. So from the first evaluation on, the learner pauses every
+between two periodic evaluations. So from its first report on, the learner pauses every
 CHECK_EVERY updates while its weights are evaluated: below the window it trains on, within it
 it holds, and above it (the run passed the window, no longer mid-learning) it trains on freely.
 
     hold = LearnerHold((150, 400), say)
-    hold.evaluated(evaluation, learner)     # the first evaluation: the learner pauses
-    hold.reported(learner_stats, topology)  # it pauses -> check_ref, its weights' evaluation
+    hold.reported(learner_stats, topology)  # the first: it pauses; once paused -> check_ref
     hold.checked(check, learner)            # below -> pause again in CHECK_EVERY updates;
                                             # within -> held for good; above -> passed
 """
@@ -23,7 +22,7 @@ CHECK_EVERY = 100  # learner updates between two checks (CartPole climbs ~200 in
 
 
 class LearnerHold:
-    """The driver's side of a hold: None (no evaluation yet), pausing (asked; the learner will
+    """The driver's side of a hold: None (no report yet), pausing (asked; the learner will
     pause), checking (its paused weights, evaluated on the first evaluation's episodes), held,
     or passed (weights scored above the window first: no hold in this run)."""
 
@@ -39,17 +38,16 @@ class LearnerHold:
     def window(self) -> str:
         return f"[{self.low:g}, {self.high:g})"
 
-    def evaluated(self, ev: dict, learner) -> None:
-        """The first evaluation starts the search: the learner pauses for its first check."""
+    def reported(self, stats: dict, topology) -> None:
+        """The learner's stats: its first report starts the search (it pauses before any
+        update); once it pauses at new weights, they go to the evaluator, on the first
+        evaluation's episodes (which a run resumed from them plays first too)."""
         if self.state is None:
-            learner.hold.remote()
+            topology.learner.hold.remote()
             self.state = "pausing"
             self.say("hold_asked", f"the learner pauses every {CHECK_EVERY} updates until its "
                      f"weights score within {self.window} on the first evaluation's episodes")
-
-    def reported(self, stats: dict, topology) -> None:
-        """The learner's stats: once it pauses at new weights, they go to the evaluator, on the
-        first evaluation's episodes (which a run resumed from them plays first too)."""
+            return
         held_at = stats.get("held_at")
         if self.state == "pausing" and held_at is not None and (
                 self.version is None or held_at > self.version):
