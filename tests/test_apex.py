@@ -159,8 +159,8 @@ def test_pong_frames_go_through_actors_replay_and_a_learner_update(local_ray, tm
 
 def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_stop(
         local_ray, tmp_path):
-    """hold_learner_within: an evaluation within the window holds the learner; its held
-    weights, evaluated again and within it too, stay held until the run stops, and the
+    """hold_learner_within: the learner pauses for checks from its start and holds at the
+    first weights that score within the window; they stay held until the run stops, and the
     checkpoint holds exactly them. Notebook 04's drain waits for this, so it lands
     mid-learning on any machine."""
     window = (30.0, 400.0)

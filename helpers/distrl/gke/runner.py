@@ -251,7 +251,7 @@ def capture_all(argv: Sequence[str], timeout_s: float = 120.0) -> tuple[int, str
 def _found(argv: Sequence[str], timeout_s: float) -> bool:
     """Whether a describe finds it: it succeeds and prints something (a describe whose format
     names a field inside a resource prints nothing when only the field is missing)."""
-    code, stdout = capture(argv, timeout_s)[:2]
+    code, stdout = capture(argv, timeout_s)
     return code == 0 and bool(stdout.strip())
 
 
