@@ -260,6 +260,32 @@ def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, bu
     assert after[-1]["env_steps"] > after[0]["env_steps"]  # and experience keeps coming
 
 
+def test_learning_after_recovery_starts_once_the_lost_actor_runs_again(ray_local, tmp_path,
+                                                                       busy_cpus, capsys):
+    """learn_after_recovery (notebook 04's first job): no learner update before the lost actor
+    runs again and every actor runs steadily; then learning starts, long before the large
+    min_replay_size that would have started it otherwise."""
+    config = ApexConfig(**{**SMALL, "min_replay_size": 1_000_000, "replay_capacity": 1_000_000},
+                        learn_after_recovery=True, max_seconds=200.0, output_dir=str(tmp_path))
+    stop = threading.Event()
+    thread, box = train_in_thread(config, stop)
+    seen: list[str] = []
+    wait_for(lambda: said(capsys, "all 2 actors running for", seen), 120, "two steady actors")
+    assert learner_updates(ray_local) == 0  # steady, but no loss yet: no learning
+    processes("ray::ActorWorker")[0].kill()
+    wait_for(lambda: said(capsys, "first learner update", seen), 120, "learning after the loss")
+    stop.set()
+    thread.join(120)
+    assert "error" not in box, box.get("error")
+    result = box["result"]
+    kinds = [e["kind"] for e in result.events]
+    assert kinds.index("actor_lost") < kinds.index("actor_back") < kinds.index(
+        "learning_starts") < kinds.index("first_update"), kinds
+    [starts] = [e for e in result.events if e["kind"] == "learning_starts"]
+    inserted = int(starts["detail"].split("with ")[1].split(" transitions")[0].replace(",", ""))
+    assert 0 < inserted < config.min_replay_size and result.learner_updates > 0, starts
+
+
 def test_sigterm_to_an_actor_and_the_learner_checkpoints_each_time(ray_local, tmp_path,
                                                                   busy_cpus, capsys):
     """The Spot notice on worker nodes: SIGTERM to an actor and then to the learner. Each writes

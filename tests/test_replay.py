@@ -440,3 +440,16 @@ def test_available_memory_is_what_the_container_limit_leaves(tmp_path, version, 
     (folder / names[0]).write_text("max\n" if version == "v2" else f"{2**63 - 4096}\n")
     assert available_memory(str(tmp_path)) == 64 * gib
     assert available_memory(str(tmp_path / "no cgroup here")) == 64 * gib
+
+
+def test_a_limiter_started_now_lets_sampling_begin_before_min_size():
+    """RateLimiter.start_now (learn_after_recovery): the inserts so far become min_size, so a
+    sample fits at once; it never raises min_size, nor sets it below one."""
+    empty = RateLimiter(samples_per_insert=1.0, min_size=1_000, error_buffer=1_000.0)
+    assert empty.start_now() == 1 and not empty.can_sample(1)  # one insert is still needed
+    limiter = RateLimiter(samples_per_insert=1.0, min_size=1_000, error_buffer=1_000.0)
+    limiter.await_insert(300, timeout=0)
+    assert not limiter.can_sample(1)
+    assert limiter.start_now() == 300 and limiter.can_sample(1)
+    limiter.await_insert(5_000, timeout=0)
+    assert limiter.start_now() == 300  # already started: unchanged

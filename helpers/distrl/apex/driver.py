@@ -51,12 +51,7 @@ from distrl.apex.faults import (
 )
 from distrl.apex.hold import LearnerHold
 from distrl.apex.process_telemetry import IterationTraces, ProcessTelemetry
-from distrl.apex.workers import (
-    ActorWorker,
-    EvaluatorWorker,
-    LearnerWorker,
-    ReplayWorker,
-)
+from distrl.apex.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker
 from distrl.ray_runtime import (
     DASHBOARD_FAILURES,
     StartInterrupted,
@@ -71,6 +66,7 @@ from distrl.rl.checkpoints import check_checkpoint_network, find_resume
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.network import NetworkSpec, init_weights
+from distrl.rl.replay import merged_check
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
@@ -399,8 +395,6 @@ class ApeX:
                             "--resume auto to continue")
 
 
-
-
 def _check_output_dir(path: Path) -> None:
     """A run's output directory exists (made here) and takes files, before anything starts."""
     if path.exists() and not path.is_dir():
@@ -533,6 +527,8 @@ class _Run:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
         for kind, detail in self.fleet.tick(now):
             self.say(kind, detail)
+            if kind == "steady" and self.config.learn_after_recovery and any(self.fleet.restarts):
+                self._start_learning()
         self._ask_for_stats()
         env_steps = self.steps_before + self.fleet.env_steps()
         learner = self.learner_stats or {}
@@ -541,6 +537,12 @@ class _Run:
         self._record_throughput(now, env_steps, updates)
         # The stops come after the record, so that the run's last state is in the throughput.
         self._check_stops(now, env_steps, updates)
+
+    def _start_learning(self) -> None:
+        """learn_after_recovery: the fleet is whole and steady again after a loss."""
+        mins = get_within([r.start_sampling.remote() for r in self.topology.replays], 10, [])
+        self.say("learning_starts", f"the fleet recovered from the loss: learning starts, with "
+                 f"{sum(mins):,} transitions in replay, not {self.config.min_replay_size:,}")
 
     def _ask_for_stats(self) -> None:
         """Every process's stats, asked for once at a time (a new iteration's trace)."""
@@ -770,7 +772,7 @@ class _Run:
         return self._result(
             env_steps=self.steps_before + fleet.env_steps(), updates=updates,
             replay=replay, checkpoint=checkpoint, weights=final_weights,
-            replay_check=_replay_check(checks),
+            replay_check=merged_check(checks),
             cpu_seconds={"driver": time.process_time() - self.driver_cpu_start,
                          "learner": (learner_final or {}).get("cpu_s", 0.0),
                          "replay": replay["cpu_s"], "evaluator": evaluator_cpu_s,
@@ -869,14 +871,6 @@ class _Run:
             config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result
-
-
-def _replay_check(checks: list[dict]) -> dict:
-    """The replay shards' integrity checks (PrioritizedReplay.check) as one."""
-    return {"ok": bool(checks) and all(x["ok"] for x in checks),
-            "problems": [p for x in checks for p in x["problems"]],
-            "size": sum(x["size"] for x in checks),
-            "inserted": sum(x["inserted"] for x in checks), "shards": len(checks)}
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:

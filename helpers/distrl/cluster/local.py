@@ -213,7 +213,7 @@ class LocalCluster:
                 f"--num-cpus={self.head_cpus:g}", "--include-dashboard=true",
                 "--dashboard-host=127.0.0.1", f"--dashboard-port={self.dashboard_port}",
                 *_node_ports(0, head_ports=(self.port, self.dashboard_port)),
-                *self._node_address(), "--disable-usage-stats"], self.head_cpus, {}))
+                *self._node_address(), "--disable-usage-stats"], self.head_cpus, HEALTH_CHECK))
             # One node at a time: nodes on one machine share the session directory, and Ray's
             # choice of socket names there (raylet.1, raylet.2, ...) races when they start at once.
             for i in range(self.num_workers):
@@ -534,6 +534,12 @@ def _node_ports(index: int, head_ports: tuple[int, ...] = ()) -> list[str]:
 # nice 0's, and raising a nice value needs no privilege) the head gets 60%.
 START_NICE = -15
 WORKER_NICE = 5
+# How soon the head's GCS gives up on a node that stopped answering: Ray's default is 5 failed
+# checks 3 s apart (src/ray/common/ray_config_def.h: health_check_period_ms 3000,
+# health_check_failure_threshold 5), 15 s during which a lost actor's restart waits. Nodes here
+# are processes on one machine, and a killed raylet refuses the check at once: 3 checks 1 s apart
+# say so in 3 s. A busy but live raylet still gets each check's 10-s timeout (the default).
+HEALTH_CHECK = {"RAY_health_check_period_ms": "1000", "RAY_health_check_failure_threshold": "3"}
 STOP_GRACE_S = 5.0  # a set of nodes' time to end after SIGTERM in stop(), before SIGKILL
 # A node that never joined (a failed start in join or the autoscaler): its `ray start` is usually
 # blocked in Ray's wait for its raylet to register (up to 30 s, in C++), where its SIGTERM handler

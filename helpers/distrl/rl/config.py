@@ -138,6 +138,10 @@ class ApexConfig:
     stops once they score within [low, high); weights scoring above it first end the search
     (None: never; apex/hold.py). A run to be stopped mid-learning, as notebook 04's drain is,
     on evidence rather than at a count of updates"""
+    learn_after_recovery: bool = False
+    """learning starts once every actor runs steadily again after a lost one's restart, or at
+    min_replay_size if that comes first: a run whose story is a node loss (notebook 04) shows
+    the actors' own dip and recovery before the learner shares their cores"""
     max_seconds: float | None = 600.0
     """stop after this many seconds of training (None: no limit)"""
 
@@ -281,7 +285,8 @@ FIELD_RULES: dict[str, tuple] = {
     "run_id": _rule(lambda v: v is None or (isinstance(v, str) and v.strip() != ""),
                     "None or a non-empty string"),
     "peak_flops": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
-    **dict.fromkeys(["dueling", "per_slot_epsilon", "xla_cache", "progress", "telemetry"],
+    **dict.fromkeys(["dueling", "per_slot_epsilon", "xla_cache", "progress", "telemetry",
+                     "learn_after_recovery"],
                     _BOOL),
     "jit_compile": _rule(lambda v: v is None or isinstance(v, bool),
                          "True, False or None (XLA except for convolutions on a CPU)"),

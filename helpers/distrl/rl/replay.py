@@ -428,6 +428,14 @@ class RateLimiter:
     def _budget(self) -> float:
         return (self.inserts - self.min_size) * self.samples_per_insert - self.samples
 
+    def start_now(self) -> int:
+        """The inserts so far become min_size (if fewer), so sampling may start; the budget
+        counts from here. Returns the min_size that applies."""
+        with self._cond:
+            self.min_size = max(1, min(self.min_size, self.inserts))
+            self._cond.notify_all()
+            return self.min_size
+
     def can_insert(self) -> bool:
         if self.samples_per_insert == 0 or self.inserts < self.min_size:
             return True
@@ -597,6 +605,11 @@ class ReplayService:
         with self._lock:
             return self.replay.check()
 
+    def start_sampling(self) -> int:
+        """Sampling may start now, before min_size inserts (learn_after_recovery): returns the
+        minimum that applies from now on."""
+        return self.limiter.start_now()
+
     def stats(self) -> dict:
         with self._lock:
             return {
@@ -614,3 +627,11 @@ class ReplayService:
 
     def close(self) -> None:
         self.limiter.close()
+
+
+def merged_check(checks: list[dict]) -> dict:
+    """The replay shards' integrity checks (PrioritizedReplay.check) as one."""
+    return {"ok": bool(checks) and all(x["ok"] for x in checks),
+            "problems": [p for x in checks for p in x["problems"]],
+            "size": sum(x["size"] for x in checks),
+            "inserted": sum(x["inserted"] for x in checks), "shards": len(checks)}
