@@ -175,6 +175,11 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
     assert f"held at {version:,} updates" in held[0]["detail"]
     score = float(held[0]["detail"].split("weights score ")[1].split(",")[0])
     assert window[0] <= score < window[1]  # the held weights' own evaluation
+    # Each check is a greedy evaluation among the others: the best return counts it.
+    checks = [e for e in result.evals if e.get("hold_check")]
+    assert checks[-1]["weights_version"] == version
+    assert checks[-1]["mean_return"] == pytest.approx(score, abs=0.05)
+    assert result.best_eval_return >= score - 0.05
     after = [e for e in result.evals if e["time_s"] > held[0]["time_s"]]
     assert after and {e["weights_version"] for e in after} == {version}
     meta, arrays = read_checkpoint(result.checkpoint)

@@ -257,3 +257,45 @@ def test_evaluate_alert_refuses_promql_and_bad_time_scale():
         explore.evaluate_alert(None, policy)
     with pytest.raises(ValueError, match="time_scale=0"):
         explore.evaluate_alert(None, policy, time_scale=0)
+
+
+def _frame(seconds: list[float], value: float, run: str = "run-a"):
+    import pandas as pd
+
+    t0 = pd.Timestamp("2026-12-06T09:00:00Z")
+    return pd.DataFrame({"time": [t0 + pd.Timedelta(seconds=s) for s in seconds],
+                         "value": value, "statistic": "mean", "rl.run.id": run})
+
+
+def test_golden_signal_panels_share_each_runs_clock_break_at_gaps_and_shade_spans():
+    """The panels of one run start from its first point in any panel (a panel whose series
+    begins later is drawn later, not from 0), a stretch with no points is a gap rather than a
+    line across it, and a span (a fault) lands at its own time on every panel."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import pandas as pd
+
+    from distrl.otel import dashboard as dash
+
+    traffic, reward = dash.CHARTS[0], next(c for c in dash.CHARTS if c.signal == "errors")
+    latency = next(c for c in dash.CHARTS if c.signal == "latency")
+    loops = pd.concat([_frame([2, 7], 1.0).assign(**{"rl.loop": loop}) for loop in ("actor", "learner")])
+    frames = {"traffic": (_frame([0, 5, 10, 15, 20], 100.0), traffic, ("rl.run.id",)),
+              "reward": (_frame([10, 15, 35, 40], 20.0), reward, ("rl.run.id",)),
+              "latency": (loops, latency, ("rl.loop", "rl.run.id")),  # a run's loops: one clock
+              "loss": (_frame([5, 20, 25], 1.0), dash.CHARTS[-1], ("rl.run.id",))}  # few points
+    fault = (pd.Timestamp("2026-12-06T09:00:21Z"), pd.Timestamp("2026-12-06T09:00:33Z"))
+    axes = explore.plot_golden_signals(frames, spans=[("fault", *fault)])
+    [traffic_line], [reward_line] = axes[0].get_lines(), axes[1].get_lines()
+    assert list(traffic_line.get_xdata()) == [0, 5, 10, 15, 20]
+    x = reward_line.get_xdata()
+    assert list(x[:2]) == [10, 15] and np.isnan(x[2]) and list(x[3:]) == [35, 40]
+    [shade] = axes[1].patches
+    assert shade.get_x() == pytest.approx(21.0) and shade.get_width() == pytest.approx(12.0)
+    assert [list(line.get_xdata()) for line in axes[2].get_lines()] == [[2, 7], [2, 7]]
+    x = axes[3].get_lines()[0].get_xdata()  # three points: the figure's 5-s step finds the gap
+    assert x[0] == 5 and np.isnan(x[1]) and list(x[2:]) == [20, 25]
+    two_runs = dict(frames, reward=(_frame([0, 5], 1.0, run="run-b"), reward, ("rl.run.id",)))
+    with pytest.raises(ValueError, match="spans need the frames of one group, got 2 groups"):
+        explore.plot_golden_signals(two_runs, spans=[("fault", *fault)])

@@ -877,6 +877,10 @@ def test_golden_signals_keep_each_charts_own_filter(tmp_path):
         frames = mon.golden_signals(where={"rl.run.id": "r2"}, alignment_s=60,
                                     end=_time(T0 + 60 * S))
         assert frames["greedy mean episode reward (evaluator)"][0].empty
+        # A latency panel's title names the percentiles it draws, not all three.
+        titles = mon.golden_signals(alignment_s=60, end=_time(T0 + 60 * S),
+                                    percentiles=("p95",)).keys()
+        assert "rl.loop.duration p95" in titles and not any("p50" in t for t in titles)
 
 
 def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_up(tmp_path):

@@ -511,12 +511,16 @@ class _Run:
                     self.handle(ref)
         except KeyboardInterrupt:
             self.stop("interrupted", "interrupted (Ctrl-C)")
-        finally:
-            self.bar.close()
+        finally:  # (on an error the bar is closed as it is collected)
             self.traces.end()
         if self.stop_detail:
             self.say("stop", self.stop_detail)
-        return self.finish()
+        try:
+            result = self.finish()
+            self.bar.update(result.env_steps - self.bar.n)  # the actors' final counts, as results say
+        finally:
+            self.bar.close()
+        return result
 
     def outstanding(self) -> list:
         refs = [*self.fleet.outstanding(), *self.replay_refs]
@@ -562,8 +566,8 @@ class _Run:
         # This process's first update (a resumed learner's count starts above 0 before it).
         if not self.said_first_update and learner.get("first_update_time") is not None:
             self.said_first_update = True
-            self.say("first_update", f"first learner update {now - self.t_start:.1f} s after "
-                     "start: training")
+            at = self._since_start(learner["first_update_time"])  # its own stamp, not when heard
+            self.say("first_update", f"first learner update {at:.1f} s after start: training")
         if self.learner_stats is not None:
             self.topology.learner.note_progress.remote(
                 {"env_steps": env_steps, "train_s": self.seconds_before + now - self.t_start})
@@ -682,7 +686,10 @@ class _Run:
             if evaluation is not None:
                 self._evaluation(evaluation, now)
         elif self.hold is not None and ref == self.hold.check_ref:
-            self.hold.checked(get_within(ref, 0), self.topology.learner)
+            check = get_within(ref, 0)
+            if check is not None:  # a greedy evaluation as the others are, of the paused weights
+                self._evaluation(dict(check, hold_check=True), now)
+            self.hold.checked(check, self.topology.learner)
 
     def _learner_stats(self, stats: dict | None, now: float) -> None:
         """The learner's stats; its first start the evaluator (which first evaluates the
@@ -715,8 +722,9 @@ class _Run:
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
             ev["learner_updates"])
-        target, baseline = self.config.target_return, self.baseline_pending
-        self.baseline_pending = False
+        target = self.config.target_return
+        baseline = self.baseline_pending and "hold_check" not in ev  # a resumed run's first
+        self.baseline_pending = self.baseline_pending and not baseline
         if target is not None and ev["mean_return"] >= target and not baseline:
             self.time_to_target = ev["time_s"]
             self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "

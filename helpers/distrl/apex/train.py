@@ -127,9 +127,11 @@ def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
     result = apex.train(sigterm=early_sigterm)
     outcome = (f"reached {result.target_return} in {result.time_to_target_s:.1f}s"
                if result.reached_target else f"stopped ({result.stop_reason}): {result.stop_detail}")
+    best = ("no evaluation" if result.best_eval_return is None
+            else f"best greedy return {result.best_eval_return}")
     print(f"{config.env_id}: {outcome}; {result.env_steps:,} env steps, "
-          f"{result.learner_updates:,} learner updates, best greedy return "
-          f"{result.best_eval_return}; results in {result.output_dir}/results.json", flush=True)
+          f"{result.learner_updates:,} learner update{'s' * (result.learner_updates != 1)}, "
+          f"{best}; results in {result.output_dir}/results.json", flush=True)
     return 0
 
 

@@ -565,7 +565,11 @@ class Monitoring:
                 if not df.empty:
                     df["statistic"] = _statistic(reducer)
                     parts.append(df)
-            frames[chart.title] = (_concat(parts), chart, groups)
+            title = chart.title  # a latency title names the percentiles drawn
+            if chart.signal == "latency":
+                title = title.replace("p50/p95/p99", "/".join(
+                    p for p in ("p50", "p95", "p99") if p in percentiles))
+            frames[title] = (_concat(parts), chart, groups)
         return frames
 
 
@@ -656,8 +660,9 @@ def compact(fig=None, colors: int = 256) -> CompactFigure:
     return CompactFigure(out.getvalue())
 
 
-def plot_golden_signals(frames: dict, axes=None):
-    """One panel per chart of golden_signals(): a line per group (and per percentile)."""
+def plot_golden_signals(frames: dict, axes=None, spans: list | None = None):
+    """One panel per chart of golden_signals(): a line per group (and per percentile).
+    `spans`: (label, start, end) datetimes shaded on every panel, for frames of one group."""
     panels = []
     for title, (df, chart, groups) in frames.items():
         unit = chart.unit
@@ -665,14 +670,62 @@ def plot_golden_signals(frames: dict, axes=None):
             df, unit = (df.assign(value=100 * df["value"]) if not df.empty else df), "%"
             title = f"{title}, in %"  # the dashboard's tile of that title draws the fraction
         panels.append((f"{chart.signal}: {title}", unit, df, list(groups)))
-    return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes)
+    return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes, spans=spans)
 
 
-def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=None):
+def _group_origins(panels: list) -> tuple[list[str], dict[tuple, object]]:
+    """The group keys every panel has (a run, not its loops) and each group's first point in
+    any panel: the zero of its time axis in all of them, so a run's panels share one clock and
+    runs made at different times line up."""
+    drawn = [(df, [k for k in keys if k in df.columns]) for _, _, df, keys in panels
+             if not df.empty]
+    common = [k for k in (drawn[0][1] if drawn else []) if all(k in keys for _, keys in drawn)]
+    origins: dict[tuple, object] = {}
+    for df, _ in drawn:
+        firsts = df.groupby(common)["time"].min().items() if common else [((), df["time"].min())]
+        for group, t in firsts:
+            group = group if isinstance(group, tuple) else (group,)
+            origins[group] = min(origins.get(group, t), t)
+    return common, origins
+
+
+def _usual_step(panels: list) -> float | None:
+    """The figure's usual spacing of points in seconds (its alignment period), from all its
+    series: a single series of a few points cannot tell its own gaps."""
+    import numpy as np
+
+    steps = [part["time"].sort_values().diff().dt.total_seconds().dropna().to_numpy()
+             for _, _, df, keys in panels if not df.empty
+             for _, part in df.groupby(["statistic", *[k for k in keys if k in df.columns]])]
+    steps = np.concatenate(steps) if steps else np.array([])
+    steps = steps[steps > 0]
+    return float(np.median(steps)) if len(steps) else None
+
+
+def _broken_at_gaps(x, y, step: float | None):
+    """x and y with a gap (NaN) where more than one `step` of points is missing: a line drawn
+    across a stretch with no data would show values nobody reported."""
+    import numpy as np
+
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if step is None or len(x) < 2:
+        return x, y
+    cut = np.flatnonzero(np.diff(x) > 1.5 * step) + 1
+    return np.insert(x, cut, np.nan), np.insert(y, cut, np.nan)
+
+
+def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=None,
+                 spans: list | None = None):
     """Draw (title, y label, DataFrame, group keys) panels: a line per statistic and group,
-    each group from its own first point, so runs made at different times line up."""
+    each group from its own first point (in any panel), and `spans` shaded."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
+    common, origins = _group_origins(panels)
+    step = _usual_step(panels)
+    if spans and len(origins) != 1:
+        raise ValueError(f"spans need the frames of one group, got {len(origins)} groups: "
+                         "filter the frames to one run (where=...) to mark its events")
     if axes is None:
         rows = -(-len(panels) // columns)
         # Constrained: titles never overlap. 72 dpi: a dozen panels stay a small image in a
@@ -684,16 +737,22 @@ def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=Non
     for ax, (title, ylabel, df, keys) in zip(axes, panels):
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(ylabel, fontsize=8)
+        for label, start, end in spans or []:
+            [origin] = origins.values()
+            ax.axvspan((pd.Timestamp(start) - origin).total_seconds(),
+                       (pd.Timestamp(end) - origin).total_seconds(), color="grey", alpha=0.2,
+                       label=label)
         if df.empty:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
             continue
         keys = [k for k in keys if k in df.columns]
-        starts = df.groupby(keys)["time"].transform("min") if keys else df["time"].min()
+        starts = df[common].apply(tuple, axis=1).map(origins) if common else origins[()]
         df = df.assign(elapsed_s=(df["time"] - starts).dt.total_seconds())
         lines = list(df.groupby(["statistic", *keys], sort=True))
         for (stat, *group), part in lines:
-            label = " ".join([*map(str, group), stat])
-            ax.plot(part["elapsed_s"], part["value"], styles.get(stat, "-"), label=label,
+            part = part.sort_values("elapsed_s")
+            ax.plot(*_broken_at_gaps(part["elapsed_s"], part["value"], step), styles.get(stat, "-"),
+                    label=" ".join([*map(str, group), stat]),
                     marker="." if len(part) < 20 else None)  # a few points: show each
         ax.set_xlabel("s since the group's first point", fontsize=8)
         ax.tick_params(labelsize=7)
