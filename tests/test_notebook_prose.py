@@ -21,7 +21,7 @@ CONSTANTS = {
     ("03", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "15 s"): "the part of that notice GKE gives non-system Pods (GKE docs; SPOT_GRACE_S)",
     ("04", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
-    ("04", "100 updates"): "updates between two checks of a hold (apex.hold.CHECK_EVERY)",
+    ("04", "50 updates"): "updates between two checks of a hold (apex.hold.CHECK_EVERY)",
 }
 
 

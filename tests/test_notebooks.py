@@ -386,10 +386,15 @@ def test_04_distributed_training(kernel, tmp_path: Path):
                      r"steps/s before / while it was gone / in the 5 s after:\n  the lost actor: "
                      r"[\d,]+ / \d+ / [\d,]+\n  all actors: ", text), text[-3000:]
     assert first["actor_states"] == ["running", "running"]
+    # Learning waited for that recovery (--learn-after-recovery), not for the large replay.
+    kinds = [e["kind"] for e in first["events"]]
+    assert kinds.index("actor_back") < kinds.index("learning_starts") < kinds.index(
+        "first_update"), kinds
+    assert re.search(r"learning starts, with [\d,]+ transitions in replay, not 2,000,000", text)
     # The drain landed mid-learning: the learner held once its weights scored within the
     # notebook's HOLD_WITHIN on the first evaluation's episodes, the drain (SIGTERM, not a stop
     # of the job's own) came, and the learner checkpointed on it.
-    low, high = 150.0, 400.0  # the notebook's HOLD_WITHIN
+    low, high = 150.0, 450.0  # the notebook's HOLD_WITHIN
     assert first["stop_reason"] == "sigterm", (first["stop_reason"], first["stop_detail"])
     assert first["wall_time_s"] < 180  # SMOKE's budget
     held = [e for e in first["events"] if e["kind"] == "learner_held"]

@@ -123,7 +123,7 @@ def test_notebook_04_gke_path_reads_the_raycluster_and_exports_telemetry(
          "HEAD_OUTPUT_DIR": str(cluster.runs_dir / "04"), "OUTPUT_DIR": str(out_dir),
          # a small replay to fill, and a hold well above an untrained network (46 on the first
          # evaluation's episodes) and below a near target: the path, not the learning, is
-         # tested; a wide window, since CartPole can leap 200 between two checks 100 updates apart
+         # tested; a wide window, since CartPole can leap hundreds between two checks
          "MAX_SECONDS": 60.0, "FOLLOW_GRACE_S": 60.0, "TARGET_RETURN": 300.0,
          "MIN_REPLAY_SIZE": 20_000, "HOLD_WITHIN": [60.0, 300.0],  # papermill: a list
          "KUBE_CONTEXT": "gke_p_z_distrl-cluster", "NODE_READY_S": 0.0,

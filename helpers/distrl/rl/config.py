@@ -133,7 +133,7 @@ class ApexConfig:
     max_learner_updates: int | None = None
     """stop after this many learner updates (None: no limit)"""
     hold_learner_within: tuple[float, float] | None = None
-    """(low, high): from its start, the learner pauses every 100 updates while its
+    """(low, high): from its start, the learner pauses every 50 updates while its
     weights are evaluated on the first evaluation's episodes, and holds them until the run
     stops once they score within [low, high); weights scoring above it first end the search
     (None: never; apex/hold.py). A run to be stopped mid-learning, as notebook 04's drain is,
