@@ -61,7 +61,6 @@ from distrl.ray_runtime import (
     process_age_s,
     shutdown_ray,
 )
-from distrl.rl.actor import slot_epsilons
 from distrl.rl.checkpoints import check_checkpoint_network, find_resume
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
@@ -543,10 +542,15 @@ class _Run:
         self._check_stops(now, env_steps, updates)
 
     def _start_learning(self) -> None:
-        """learn_after_recovery: the fleet is whole and steady again after a loss."""
-        mins = get_within([r.start_sampling.remote() for r in self.topology.replays], 10, [])
+        """learn_after_recovery: the fleet is whole and steady again after a loss. Said once;
+        the replay's last polled size, not a wait inside the driver's loop."""
+        if any(e["kind"] == "learning_starts" for e in self.events):
+            return
+        for replay in self.topology.replays:
+            replay.start_sampling.remote()
+        size = sum(s.get("size", 0) for s in self.replay_stats.values())
         self.say("learning_starts", f"the fleet recovered from the loss: learning starts, with "
-                 f"{sum(mins):,} transitions in replay, not {self.config.min_replay_size:,}")
+                 f"{size:,} transitions in replay, not {self.config.min_replay_size:,}")
 
     def _ask_for_stats(self) -> None:
         """Every process's stats, asked for once at a time (a new iteration's trace)."""
@@ -893,8 +897,3 @@ def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]
     dt = max(last["time_s"] - first["time_s"], 1e-9)
     return ((last["env_steps"] - first["env_steps"]) / dt,
             (last["learner_updates"] - first["learner_updates"]) / dt)
-
-
-def actor_epsilon_table(config: ApexConfig) -> list[list[float]]:
-    """The epsilons every actor's env slots will use (no Ray needed)."""
-    return [slot_epsilons(config, i).tolist() for i in range(config.num_actors)]

@@ -43,6 +43,11 @@ def slot_epsilons(config: ApexConfig, actor_index: int) -> np.ndarray:
     return np.full(k, all_eps[actor_index])
 
 
+def actor_epsilon_table(config: ApexConfig) -> list[list[float]]:
+    """The epsilons every actor's env slots will use (no Ray needed)."""
+    return [slot_epsilons(config, i).tolist() for i in range(config.num_actors)]
+
+
 class NStepFolder:
     """Folds single steps of K env slots into n-step transitions, vectorised over steps and slots.
 
