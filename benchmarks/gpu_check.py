@@ -7,10 +7,13 @@ WORKLOADS["pong"] take second-hand until it has run.
 1. The learner's updates/s at batch 512 with the Nature torso on the GPU (XLA on):
    benchmarks/learner_throughput.py --device gpu, the figure pong_pool.py's GPU_UPDATES_SECOND_HAND
    stands in for.
-2. Pong itself for --minutes: WORKLOADS["pong"]'s options with the learner on the GPU, two replay
+2. The replay path's rate on this machine: benchmarks/learner_feed.py with the workload's
+   shards and requests in flight, batches delivered to a learner that trains nothing.
+3. Pong itself for --minutes: WORKLOADS["pong"]'s options with the learner on the GPU, two replay
    shards and every core but three as an actor (the learner, the shards and the evaluator keep
    those). Printed: env steps and frames a second, updates a second, the replay ratio, and each
-   evaluation's return (epsilon 0.05, as Atari is evaluated) with how many episodes hit the cap.
+   evaluation's return (epsilon 0.05, as Atari is evaluated) with how many episodes hit the cap,
+   and the training's updates/s beside the replay path's: which side was the limit.
 
 Its output goes to benchmarks/results/gpu_check.txt (`python tools/bench.py gpu_check` on that
 machine); no figure in this tree comes from it until then.
@@ -19,6 +22,7 @@ machine); no figure in this tree comes from it until then.
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -57,12 +61,20 @@ def main() -> None:
         raise SystemExit("TensorFlow sees no GPU here: this check is for a GPU machine "
                          "(--smoke runs its path on the CPU)")
 
-    if args.smoke:  # learner_throughput.py --smoke is a test of its own: not twice
-        print("learner_throughput.py: left out of --smoke (tests/test_benchmarks.py runs its own)")
+    options = WORKLOADS["pong"].options()
+    feed = None
+    if args.smoke:  # each has a --smoke test of its own: not twice
+        print("learner_throughput.py, learner_feed.py: left out of --smoke "
+              "(tests/test_benchmarks.py runs their own)")
     else:
         print(run([sys.executable, str(HERE / "learner_throughput.py"), "--env", "ALE/Pong-v5",
                    "--batch-size", "512", "--hidden-sizes", "512", "--per-call", "1",
                    "--updates", str(args.updates), "--device", "gpu"], 1800).strip())
+        fed = run([sys.executable, str(HERE / "learner_feed.py"), "--shards",
+                   options["--replay-shards"], "--in-flight", options["--fetches-in-flight"]],
+                  1800).strip()
+        print(fed)
+        feed = float(re.findall(r"([\d,.]+) batches/s delivered", fed)[-1].replace(",", ""))
 
     seconds = 40 if args.smoke else round(args.minutes * 60)
     train = [*WORKLOADS["pong"].command_args()[:-2], "--max-seconds", str(seconds),
@@ -85,6 +97,11 @@ def main() -> None:
           f"({4 * steps_s:,.0f} frames/s), {result['learner_updates_per_s']:.1f} updates/s, "
           f"replay ratio {result['samples_per_insert']:.2f}, {result['env_steps']:,} env steps, "
           f"{result['learner_updates']:,} updates; stop: {result['stop_reason']}")
+    if feed is not None:
+        updates = result["learner_updates_per_s"]
+        side = "the replay path" if updates >= 0.9 * feed else "the learner"
+        print(f"the learner trained {updates:.1f} updates/s; the replay path alone delivers "
+              f"{feed:.1f} batches/s here (learner_feed.py): the limit was {side}")
     for ev in result["evals"]:
         print(f"  at {ev['time_s']:6.0f} s, {ev['env_steps']:>10,} env steps: return "
               f"{ev['mean_return']:6.1f} over {len(ev['returns'])} episodes (epsilon "

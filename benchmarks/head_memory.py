@@ -9,8 +9,9 @@ object store in /dev/shm, as in the pod. The shards are sized as the head sizes 
 capacity half of the head container's memory holds, split over the shards) and filled. Then
 for --seconds the pool's stream arrives: the workload's actors' blocks at one actor's measured
 rate (actor_throughput-pong-v5.txt), each actor with one block in the store on its way and one
-being made, as ActorWorker sends them; and batches of 512 leave at the learner's rate (the
-paper's 19 a second, second-hand), two fetches in flight, as the learner prefetches. Sampled
+being made, as ActorWorker sends them; and batches of 512 leave as the learner takes them
+(ReplayShards with the workload's requests in flight to each shard), at most at the rate the
+plan serves (learner_feed.py's 150 a second; this machine's two cores give less). Sampled
 every 0.5 s: the memory unique to the shards and to Ray's own processes (USS) and the store's
 use of /dev/shm, printed against the head container's limit. Not measured here: the learner's
 TensorFlow (and, on a GPU, CUDA and XLA) host memory and the evaluator, which share the rest.
@@ -27,10 +28,11 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pong_pool import GPU_UPDATES_SECOND_HAND, pong_actor_rate, pong_config, uss_of  # noqa: E402
+from learner_feed import GPU_TARGETS  # noqa: E402
+from pong_pool import pong_actor_rate, pong_config, uss_of  # noqa: E402
 
 from distrl.apex.driver import replay_settings  # noqa: E402
-from distrl.apex.workers import ReplayWorker  # noqa: E402
+from distrl.apex.workers import ReplayShards, ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
@@ -106,15 +108,20 @@ def main() -> None:
                 peaks["shm"] = max(peaks["shm"], shutil.disk_usage("/dev/shm").used - shm)
                 time.sleep(0.5)
 
-        def learner():  # batches leave at the learner's rate, two fetches in flight
-            pending, i, every = [], 0, 1.0 / GPU_UPDATES_SECOND_HAND
+        taken = [0]
+
+        def learner():  # batches leave as the learner takes them, at most at the plan's rate
+            client = ReplayShards(shards, 0, config.fetches_in_flight)
+            every, due = 1.0 / GPU_TARGETS[0], time.perf_counter()
             while not stop.is_set():
-                pending.append(shards[i % len(shards)].sample.remote(batch, 0.4, 5.0))
-                i += 1
-                if len(pending) > 2:
-                    ray.get(pending.pop(0), timeout=120)
-                time.sleep(every)
-            ray.get(pending, timeout=120)
+                stack = client.next(batch, 0.4, 1)
+                client.ask(batch, 0.4, 1)
+                if stack is not None:
+                    client.update_priorities(stack.keys.ravel(), np.ones(stack.keys.size))
+                    taken[0] += 1
+                due += every
+                time.sleep(max(0.0, due - time.perf_counter()))
+            client.drain()
 
         threads = [threading.Thread(target=watch), threading.Thread(target=learner)]
         for t in threads:
@@ -136,8 +143,9 @@ def main() -> None:
         wall = time.perf_counter() - start
         used = peaks["shards"] + peaks["ray"] + peaks["shm"]
         print(f"{sent:,} blocks ({sent * per_block / wall:,.0f} transitions/s, "
-              f"{actors} actors' rate {rate:,.0f}) in {wall:.0f} s, batches of {batch} out at "
-              f"{GPU_UPDATES_SECOND_HAND:g}/s")
+              f"{actors} actors' rate {rate:,.0f}) in {wall:.0f} s; batches of {batch} out at "
+              f"{taken[0] / wall:.1f}/s (at most {GPU_TARGETS[0]}), "
+              f"{config.fetches_in_flight} request(s) in flight to each of {len(shards)} shards")
         print(f"peak memory of the replay shards (USS) {peaks['shards'] / GIB:.2f} GiB; Ray's raylet and "
               f"GCS {peaks['ray'] / GIB:.2f} GiB; object store in /dev/shm "
               f"{peaks['shm'] / GIB:.2f} GiB (its cap {OBJECT_STORE_SHARE:.0%} of the pod: "

@@ -15,12 +15,12 @@ run of benchmarks/gpu_check.py replaces it.
 
 A replay shard is one process: it ingests and samples in turns, so the share of its time the
 pool takes is insert_rate / ingest + learner_rate / sample. Printed: that share and the replay
-ratio (sampled / inserted) for pools of 14-100 actors, the shards each pool needs at 80% of a
-shard's time, and the capacity the head pod's replay holds (half of its memory).
+ratio (sampled / inserted) for pools of 6-100 actors, and the capacity the head pod's replay
+holds (half of its memory). How many shards serve the learner through Ray is
+benchmarks/learner_feed.py's to say.
 """
 
 import argparse
-import math
 import re
 import resource
 import time
@@ -62,8 +62,10 @@ def pong_actor_rate() -> float:
 
 
 def uss_of(match) -> int:
-    """Memory unique to this machine's processes whose argv `match` accepts: their USS, which
-    leaves out shared pages they map (Ray's object store in /dev/shm is counted once, apart)."""
+    """Memory unique to this machine's processes whose argv `match` accepts: their USS, less
+    the pages of Ray's object store (in /dev/shm) that only they map: the store is counted once,
+    apart, from /dev/shm's use (a replay shard writing batches into it maps pages no other
+    process touches, which USS counts as its own)."""
     import contextlib
 
     import psutil
@@ -71,8 +73,21 @@ def uss_of(match) -> int:
     total = 0
     for p in psutil.process_iter(["cmdline"]):
         if match(p.info["cmdline"] or [""]):
-            with contextlib.suppress(psutil.Error):  # ended while looked at
-                total += p.memory_full_info().uss
+            with contextlib.suppress(psutil.Error, OSError):  # ended while looked at
+                total += p.memory_full_info().uss - shm_private(p.pid)
+    return total
+
+
+def shm_private(pid: int) -> int:
+    """Bytes of /dev/shm mappings that only process pid maps (/proc/PID/smaps)."""
+    total, in_shm = 0, False
+    with open(f"/proc/{pid}/smaps") as smaps:
+        for line in smaps:
+            head = line.split(maxsplit=6)
+            if not line[0].isupper():  # a mapping's first line: address range ... path
+                in_shm = len(head) >= 6 and head[5].startswith("/dev/shm/")
+            elif in_shm and head[0] in ("Private_Clean:", "Private_Dirty:"):
+                total += int(head[1]) * 1024
     return total
 
 
@@ -151,17 +166,16 @@ def main() -> None:
           "GPU (second-hand)")
 
     print(f"\n{'actors':>6} {'inserted/s':>11} {'shard share, CPU learner':>25} "
-          f"{'shard share, GPU learner':>25} {'replay ratio (GPU)':>19} {'shards':>7}")
+          f"{'shard share, GPU learner':>25} {'replay ratio (GPU)':>19}")
     pools, shares, ratios = (6, 12, 18, 24, 42, 56, 70, 100), [], []
     for actors in pools:
         inserted = actors * actor_rate
         share = {name: inserted / ingest + rate / sample
                  for name, rate in (("cpu", cpu_learner), ("gpu", GPU_UPDATES_SECOND_HAND))}
-        shards = max(1, math.ceil(share["gpu"] / SHARD_BUSY))
         shares.append(share["gpu"])
         ratios.append(GPU_UPDATES_SECOND_HAND * 512 / inserted)
         print(f"{actors:>6} {inserted:>11,.0f} {share['cpu']:>24.0%} {share['gpu']:>24.0%} "
-              f"{ratios[-1]:>19.2f} {shards:>7}")
+              f"{ratios[-1]:>19.2f}")
     if args.figure:
         draw(args.figure, pools, shares, ratios)
 
@@ -177,8 +191,8 @@ def main() -> None:
           f"{paper_pool} actors of {actor_rate:,.0f} env steps/s")
     print(f"the workload (WORKLOADS['pong']): {actors} actors insert {inserted:,.0f} "
           "transitions/s, "
-          f"{share:.0%} of one shard's time with a GPU learner at the paper's rate: "
-          f"{max(1, math.ceil(share / SHARD_BUSY))} shard(s); the head pod's "
+          f"{share:.0%} of one shard's time in this process with a GPU learner at the paper's "
+          "rate (through Ray, learner_feed.py sizes the shards); the head pod's "
           f"{head / 2**30:.0f} GiB hold {fits:,} transitions in half of it "
           f"({fits * per_live / 2**30:.1f} GiB at {per_live / 1024:.2f} KiB a live transition), "
           f"{fits / inserted:.0f} s of the pool's experience")

@@ -374,7 +374,8 @@ def _points(db, metric_type):
 
 def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(local_ray):
     """Two replay shards with known priorities: batches come from each in proportion to its
-    priority mass, transitions in proportion to p_i over both, and updates reach their shard."""
+    priority mass, transitions in proportion to p_i over both, and updates reach their shard;
+    each keeps the learner's requests in flight."""
     from scipy import stats
 
     from distrl.apex.workers import ReplayShards, ReplayWorker
@@ -392,22 +393,26 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
 
     shards = [ray.remote(ReplayWorker).remote(config, NetworkSpec((4,), 2), 1e9) for _ in range(2)]
     ray.get([shards[0].add.remote(block(0, 1.0)), shards[1].add.remote(block(100, 3.0))])
-    client = ReplayShards(shards, seed=1)
-    client.collect(client.request(8, 0.4, 2))  # learn the shards' masses
-    from_1 = rows = 0
-    for _ in range(100):
-        stack = client.collect(client.request(8, 0.4, 4))
-        for batch in (stack.take(k) for k in range(len(stack.keys))):
-            shard = set((batch.keys % 2).tolist())
-            assert len(shard) == 1  # a batch comes whole from one shard
-            from_1 += shard == {1}
-            rows += 1
-            np.testing.assert_allclose(batch.weights, 1.0)  # equal p's within a shard
-    # Shard 1 holds 3/4 of the mass: 400 batches, binomial test at 1%.
-    assert stats.binomtest(from_1, rows, 0.75).pvalue > 0.01, (from_1, rows)
+    with pytest.raises(ValueError, match=r"in_flight=0 is invalid: expected an integer >= 1"):
+        ReplayShards(shards, in_flight=0)
+    client = ReplayShards(shards, seed=1, in_flight=2)
+    client.next(8, 0.4, 1)  # learn the shards' masses
+    from_1 = 0
+    for _ in range(300):
+        stack = client.next(8, 0.4, 1)
+        assert sorted(len(queue) for queue in client.pending) == [1, 2]  # one reply taken
+        client.ask(8, 0.4, 1)  # as the learner does before it trains on the stack
+        assert [len(queue) for queue in client.pending] == [2, 2]
+        shard = set((stack.keys.ravel() % 2).tolist())
+        assert len(shard) == 1  # a batch comes whole from one shard
+        from_1 += shard == {1}
+        np.testing.assert_allclose(stack.weights, 1.0)  # equal p's within a shard
+    # Shard 1 holds 3/4 of the mass: binomial test at 1%.
+    assert stats.binomtest(from_1, 300, 0.75).pvalue > 0.01, from_1
     # A new priority for a transition of shard 1 lands in shard 1 only.
     key_in_1 = 3 * 2 + 1  # local key 3 of shard 1
-    ray.get(client.update_priorities(np.array([key_in_1]), np.array([11.0])))
+    client.update_priorities(np.array([key_in_1]), np.array([11.0]))
+    client.drain()
     totals = [ray.get(s.stats.remote())["priority_total"] for s in shards]
     assert totals == pytest.approx([8.0, 7 * 3.0 + 11.0], rel=1e-5)
     for s in shards:
@@ -507,3 +512,47 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
     assert resumed.evals[0]["mean_return"] >= 0.0  # at the target, and the run went on
     assert resumed.reached_target and len(resumed.evals) >= 2
     assert resumed.learner_updates > first.learner_updates
+
+
+def test_a_replay_process_that_keeps_freed_batches_does_not_fault_their_pages_in_again(
+        local_ray):
+    """In a Ray actor's loop, glibc maps each 28 MB Pong batch afresh and hands it back once
+    Ray has sent it, so every batch faulted its pages in again (gathering one took twice as
+    long); with keep_freed_batches the next batch reuses the memory."""
+    class BatchMaker:
+        """Gathers Pong-sized batches from a ring of planes as a replay shard does (two
+        stacks of 512 x 4 planes), one after another, and counts the page faults of each."""
+
+        def __init__(self, keep: bool):
+            from distrl.apex.workers import keep_freed_batches
+
+            self.kept = keep and keep_freed_batches()
+            self.planes = np.ones((20_000, 84, 84), np.uint8)
+            self.rng = np.random.default_rng(0)
+            self.faults = []
+
+        def batch(self):
+            import resource
+
+            numbers = self.rng.integers(0, len(self.planes) - 8, (512, 1)) + np.arange(4)
+            before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+            stacks = self.planes.take(numbers, axis=0), self.planes.take(numbers + 3, axis=0)
+            self.faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+            return stacks
+
+        def counted(self):
+            return self.kept, self.faults
+
+    faults = {}
+    for keep in (False, True):
+        maker = ray.remote(BatchMaker).remote(keep)
+        for _ in range(12):
+            ray.get(maker.batch.remote(), timeout=60)
+        kept, faults[keep] = ray.get(maker.counted.remote(), timeout=60)
+        assert kept == keep
+        ray.kill(maker)
+    # The last four, once the heap has grown to what batches on their way need: by default each
+    # faults its pages in again; kept, none does.
+    pages = 2 * 512 * 4 * 84 * 84 // 4096
+    assert min(faults[False][-4:]) > pages // 16, faults
+    assert sum(faults[True][-4:]) < pages // 16, faults

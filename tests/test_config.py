@@ -26,6 +26,7 @@ from distrl.rl.config import ApexConfig, field_help
     ("batch_size", 10**9, "at most replay_capacity"),
     ("min_replay_size", 0, r"\[1, replay_capacity"),
     ("envs_per_actor", 0, "an integer >= 1"),
+    ("fetches_in_flight", 0, "an integer >= 1"),
     ("epsilon_base", 1.5, r"\[0, 1\]"),
     ("num_gpus", -1, ">= 0"),
     ("actor_cpus", 0, "None or a number > 0"),

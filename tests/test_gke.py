@@ -1059,7 +1059,15 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     record = (REPO_ROOT / "benchmarks" / "results" / "pong_pool.txt").read_text()
     asked = re.search(r"asks for (\d+) actors", record)
     assert asked and int(asked[1]) == config.num_actors, record
-    assert config.replay_shards == 2
+    # Its replay path is the one learner_feed.py's record serves 150 updates/s with, on the
+    # head pod's vCPUs (nothing else in the way: the line ends there).
+    feed = (REPO_ROOT / "benchmarks" / "results" / "learner_feed.txt").read_text()
+    shards = re.search(r"for 150 updates/s: (\d+) shard\(s\)$", feed, re.M)
+    assert shards and int(shards[1]) == config.replay_shards, feed
+    rates = {int(k): float(v.replace(",", "")) for k, v in re.findall(
+        rf"{config.replay_shards} shard\(s\), (\d) request\(s\) in flight to each "
+        r"\(ReplayShards\): ([\d,.]+) batches/s", feed)}
+    assert len(rates) == 2 and rates[config.fetches_in_flight] == max(rates.values()), rates
     assert config.max_seconds == WORKLOADS["pong"].run_hours * 3600
     assert network_for(config).conv_layers == NATURE_TORSO
     # The replay, sized in the head pod as the replay process sizes itself, holds what the

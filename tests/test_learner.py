@@ -204,15 +204,15 @@ def test_xla_is_left_out_for_convolutions_on_a_cpu_unless_asked_for():
     # start equal: no update has copied anything yet).
     weights = init_weights(image, 0)
     q_next = image.q_values(weights, obs[1:])
-    first = batch(lambda o: o)
+    first = batch(lambda o: o.transpose(0, 3, 1, 2))  # channels first, as replay sends them
     t = first.transitions
     _, td_ref = double_dqn_reference(q_next, q_next, image.q_values(weights, obs[:-1]),
                                      t.action, t.reward, t.discount)
     loss, td_abs, _ = learner.update(first)
     assert np.isfinite(loss)
     np.testing.assert_allclose(td_abs, td_ref, rtol=1e-4, atol=1e-5)
-    with pytest.raises(ValueError, match=r"shape \(4, 10, 10\); this learner takes \(10, 10, 4\)"):
-        learner.update(batch(lambda o: o.transpose(0, 3, 1, 2)))
+    with pytest.raises(ValueError, match=r"shape \(10, 10, 4\); this learner takes \(4, 10, 10\)"):
+        learner.update(batch(lambda o: o))
     with pytest.raises(ValueError, match="jit_compile='yes' is invalid"):
         ApexConfig(jit_compile="yes")
 
@@ -365,24 +365,27 @@ def test_xla_keeps_the_compiled_step_a_new_process_loads_and_a_damaged_one_is_co
 
 
 def test_native_stderr_drops_only_the_harmless_lines_and_keeps_the_rest_in_order():
-    """What XLA writes for a cache load that works goes; the same loader's line about a real
-    CPU feature, and anything else written meanwhile (C++ or Python), comes through. In a
-    process of its own: pytest's capture would take Python's stderr off fd 2."""
+    """What XLA writes for a cache load that works goes, and oneDNN's note on uint8; the same
+    loader's line about a real CPU feature, and anything else written meanwhile (C++ or
+    Python), comes through. In a process of its own: pytest's capture would take Python's
+    stderr off fd 2."""
     import subprocess
     import sys
 
     code = """if True:
         import os, sys
-        from distrl.rl.tf_runtime import native_stderr_without, XLA_CACHE_NOISE
+        from distrl.rl.tf_runtime import native_stderr_without, FIRST_CALL_NOISE
         absl = "E0000 00:00:1796323457.07 29547 "
         noise = [absl + "text_format.cc:378] Error parsing text-format "
                  "tensorflow.XlaSerializedCacheEntry: 2:1: Expected identifier, got: 5",
                  absl + "cpu_aot_loader.cc:220] Loading XLA:CPU AOT result. Target machine "
-                 "feature +prefer-no-gather is not  supported on the host machine. Machine ..."]
+                 "feature +prefer-no-gather is not  supported on the host machine. Machine ...",
+                 absl + "util.cc:131] oneDNN supports DT_UINT8 only on platforms with AVX-512. "
+                 "Falling back to the default Eigen-based implementation if present."]
         real = noise[1].replace("+prefer-no-gather", "+avx512f")
         print("before", file=sys.stderr)
-        with native_stderr_without(XLA_CACHE_NOISE):
-            os.write(2, (noise[0] + "\\n" + real + "\\n").encode())
+        with native_stderr_without(FIRST_CALL_NOISE):
+            os.write(2, (noise[0] + "\\n" + real + "\\n" + noise[2] + "\\n").encode())
             print("from Python", file=sys.stderr)
             os.write(2, (noise[1] + "\\nlast, no newline").encode())
         print(real, end="")

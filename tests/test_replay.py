@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from distrl.rl.frames import pack_frames
+from distrl.rl.frames import images, pack_frames
 from distrl.rl.replay import (
     APEX_CAPACITY,
     PrioritizedReplay,
@@ -337,9 +337,17 @@ def test_framed_replay_evicts_whole_blocks_with_their_frames_and_samples_exact_i
     assert len(replay) < 200  # the frame ring, not the capacity, decided what stays
     batch = replay.sample(64)
     for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
-        np.testing.assert_array_equal(obs, inserted[int(key)][0])
-        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
+        np.testing.assert_array_equal(np.moveaxis(obs, 0, -1), inserted[int(key)][0])
+        np.testing.assert_array_equal(np.moveaxis(next_obs, 0, -1), inserted[int(key)][1])
     assert batch.transitions.obs.dtype == np.uint8
+    # Channels first, gathered plane by plane: element for element what the channels-last
+    # gather (frames.images, which replay used before) rebuilds from the same plane numbers.
+    slots = batch.keys % replay.capacity
+    for sampled, numbers in ((batch.transitions.obs, replay.obs[slots]),
+                             (batch.transitions.next_obs, replay.next_obs[slots])):
+        assert sampled.shape == (64, 4, 6, 5)
+        old = np.ascontiguousarray(images(replay.frames.planes, numbers % replay.frames.capacity))
+        np.testing.assert_array_equal(np.moveaxis(sampled, 1, -1), old)
     assert replay.update_priorities(batch.keys, np.ones(64)) == 64
 
 
@@ -360,8 +368,8 @@ def test_framed_replay_numbers_planes_past_2_to_the_31_and_samples_exact_images(
     assert replay.frames.inserted > 2**31 + 50
     batch = replay.sample(64)
     for key, obs, next_obs in zip(batch.keys, batch.transitions.obs, batch.transitions.next_obs):
-        np.testing.assert_array_equal(obs, inserted[int(key)][0])
-        np.testing.assert_array_equal(next_obs, inserted[int(key)][1])
+        np.testing.assert_array_equal(np.moveaxis(obs, 0, -1), inserted[int(key)][0])
+        np.testing.assert_array_equal(np.moveaxis(next_obs, 0, -1), inserted[int(key)][1])
 
 
 def test_framed_replay_refuses_blocks_it_cannot_hold_and_keeps_its_data():

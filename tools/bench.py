@@ -37,6 +37,7 @@ BENCHMARKS: dict[str, list[str]] = {
                                                  "--updates", "4"],
     "replay_throughput.py": [],
     "pong_pool.py": ["--figure", "docs/pong_pool.png"],
+    "learner_feed.py": [],
     "head_memory.py": [],
     "hundred_actors.py": [],
     "replay_memory.py": ["--capacity", "20000", "--fills", "2"],

@@ -200,7 +200,7 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, weights,
 
 def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:
     """Each shard's config (its share of capacity and warm-up) and its rate limiter's slack,
-    which must still fit one actor block and one learner fetch."""
+    which must still fit one actor block and the learner's fetches in flight."""
     shards = c.replay_shards
     capacity = None if c.replay_capacity is None else c.replay_capacity // shards
     shard_config = c.replace(replay_capacity=capacity,
@@ -208,7 +208,7 @@ def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:
     error_buffer = max(shard_config.min_replay_size * c.samples_per_insert
                        * c.samples_per_insert_tolerance,
                        c.samples_per_insert * c.envs_per_actor * c.actor_block_steps
-                       + c.batch_size * c.batches_per_fetch)
+                       + c.batch_size * c.batches_per_fetch * c.fetches_in_flight)
     return shard_config, error_buffer
 
 

@@ -50,6 +50,7 @@ class ReplayWorker(ReplayService):
     """The replay process: ReplayService plus telemetry of what it serves."""
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
+        keep_freed_batches()
         # Sized on this node: it holds the memory (a refusal says how much would fit).
         capacity, frame_capacity = sized_capacity(
             config.replay_capacity, spec.obs_shape, obs_dtype=spec.input_dtype,
@@ -123,40 +124,63 @@ class ReplayShards:
     batch's largest (Ape-X), need no global counts: (N p_i / T) ** -beta / max_j (...) depends
     on the p's of the batch only. Keys carry their shard (key * shards + shard), so priorities
     go back where their transitions live.
+
+    Every shard keeps `in_flight` requests from the learner: when the learner takes a shard's
+    oldest reply, it asks that shard again before it trains, so all shards sample while the
+    learner trains, and S shards can deliver about S times one shard's rate
+    (benchmarks/learner_feed.py). Which shard's reply comes next is still drawn by mass, so
+    sampling stays as from one replay; a reply waits for its turn, a few batches stale.
     """
 
-    def __init__(self, shards: list, seed: int = 0):
+    def __init__(self, shards: list, seed: int = 0, in_flight: int = 1):
+        if not isinstance(in_flight, int) or in_flight < 1:
+            raise ValueError(f"in_flight={in_flight!r} is invalid: expected an integer >= 1")
         self.shards = list(shards)
+        self.in_flight = in_flight
         self.totals = np.ones(len(self.shards))
         self.rng = np.random.default_rng(seed)
+        self.pending: list[deque] = [deque() for _ in self.shards]
+        self._updates: deque = deque()  # priority updates sent, not yet known applied
 
-    def request(self, batch_size: int, beta: float, num_batches: int) -> list[tuple[int, object]]:
+    def ask(self, batch_size: int, beta: float, num_batches: int) -> None:
+        """Top every shard up to `in_flight` requests for stacks of num_batches batches."""
+        for shard, queue in zip(self.shards, self.pending):
+            while len(queue) < self.in_flight:
+                queue.append(call(shard.sample_with_total, batch_size, beta,
+                                  num_batches=num_batches))
+
+    def next(self, batch_size: int, beta: float, num_batches: int) -> SampledBatch | None:
+        """The next stack of num_batches batches, from a shard drawn by priority mass (None
+        when that shard's rate limiter held it back). Call ask() while it trains, so that
+        shard samples again meanwhile."""
+        self.ask(batch_size, beta, num_batches)  # the first call, or after a stack of None
         n = len(self.shards)
         mass = self.totals.sum()
-        p = self.totals / mass if mass > 0 else np.full(n, 1.0 / n)
-        counts = self.rng.multinomial(num_batches, p) if n > 1 else [num_batches]
-        return [(s, call(self.shards[s].sample_with_total, batch_size, beta, num_batches=int(k)))
-                for s, k in enumerate(counts) if k]
+        s = int(self.rng.choice(n, p=self.totals / mass)) if n > 1 and mass > 0 else (
+            int(self.rng.integers(n)))
+        got, self.totals[s] = _get(self.pending[s].popleft())
+        if got is None or n == 1:
+            return got
+        return SampledBatch(got.transitions, got.keys * n + s, got.weights, got.probabilities)
 
-    def collect(self, pending: list[tuple[int, object]]) -> SampledBatch | None:
-        """The stack of batches that arrived (a shard held back by its rate limiter sends
-        none), or None."""
-        n, stacks = len(self.shards), []
-        for s, ref in pending:
-            got, total = _get(ref)
-            self.totals[s] = total
-            if got is not None:
-                stacks.append(got if n == 1 else SampledBatch(
-                    got.transitions, got.keys * n + s, got.weights, got.probabilities))
-        return None if not stacks else stacks[0] if len(stacks) == 1 else SampledBatch.concat(stacks)
-
-    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> list:
+    def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> None:
+        """Send new priorities to the shards that hold the keys, without waiting for them,
+        but with at most two updates a shard in flight (a slow shard holds the learner back
+        rather than piling up updates)."""
         n = len(self.shards)
         if n == 1:
-            return [call(self.shards[0].update_priorities, keys, td_abs)]
-        shard, local = keys % n, keys // n
-        return [call(self.shards[s].update_priorities, local[mine], td_abs[mine])
-                for s in range(n) if (mine := shard == s).any()]
+            self._updates.append(call(self.shards[0].update_priorities, keys, td_abs))
+        else:
+            shard, local = keys % n, keys // n
+            self._updates.extend(call(self.shards[s].update_priorities, local[mine], td_abs[mine])
+                                 for s in range(n) if (mine := shard == s).any())
+        while len(self._updates) > 2 * n:
+            _get(self._updates.popleft())
+
+    def drain(self) -> None:
+        """Wait until every priority update sent has been applied."""
+        while self._updates:
+            _get(self._updates.popleft())
 
 
 class LearnerWorker:
@@ -164,6 +188,7 @@ class LearnerWorker:
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
+        keep_freed_batches()
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
                                          xla_cache=config.xla_cache and config.jit_compile is not False)
         if config.num_gpus > 0 and not self.gpus:
@@ -174,7 +199,7 @@ class LearnerWorker:
         import tensorflow as tf
 
         self.config = config
-        self.replay = ReplayShards(replays, config.seed)
+        self.replay = ReplayShards(replays, config.seed, config.fetches_in_flight)
         self.learner = Learner(config, spec, weights)
         if resume_path is not None:  # weights, target network, optimizer, update counter
             self.learner.restore_checkpoint(resume_path)
@@ -188,8 +213,6 @@ class LearnerWorker:
         self._lock = threading.Lock()
         self._published = (self.learner.updates, weights)
         self._stop = threading.Event()
-        self._next_batches: list = []  # asked of replay, not yet collected
-        self._priority_refs: deque = deque()  # priority updates in flight
         self.checkpoint: str | None = None
         self.holding = False  # the driver asked for a hold (hold_learner_within) and it holds
         self._hold_asked = threading.Event()
@@ -218,8 +241,6 @@ class LearnerWorker:
     def run(self) -> dict:
         """Train until stop() or max_learner_updates; returns the final stats."""
         c = self.config
-        self._next_batches = self.replay.request(c.batch_size, self.learner.beta(),
-                                                 c.batches_per_fetch)
         last_checkpoint = time.monotonic()
         while not self._stop.is_set():
             if self._hold_after is not None and self.learner.updates >= self._hold_after:
@@ -236,8 +257,7 @@ class LearnerWorker:
                 last_checkpoint = time.monotonic()
             if c.max_learner_updates and self.learner.updates >= c.max_learner_updates:
                 break
-        for ref in self._priority_refs:
-            _get(ref)
+        self.replay.drain()
         self._publish()
         return self.stats()
 
@@ -248,27 +268,21 @@ class LearnerWorker:
         is counted and the batches asked for again."""
         c, learner = self.config, self.learner
         t0 = time.monotonic()
-        stack = self.replay.collect(self._next_batches)
+        stack = self.replay.next(c.batch_size, learner.beta(), c.batches_per_fetch)
         t1 = time.monotonic()
         if stack is None:
-            self._next_batches = self.replay.request(c.batch_size, learner.beta(),
-                                                     c.batches_per_fetch)
             self.metrics.waited(t1 - t0)
             return None
         with self.tel.unit(), self.tel.span(otel.SPAN_TRAIN, {
                 otel.RL_TRAIN_STEPS: len(stack.transitions), otel.RL_TRAIN_BATCH_SIZE: c.batch_size}):
-            self._next_batches = self.replay.request(c.batch_size, learner.beta(),
-                                                     c.batches_per_fetch)
+            self.replay.ask(c.batch_size, learner.beta(), c.batches_per_fetch)
             before, u0 = learner.updates, time.perf_counter()
             with self._update_lock:
                 losses, td_abs, diag = learner.update_many(stack)
             update_s = time.perf_counter() - u0
             if learner.updates // c.weight_publish_period > before // c.weight_publish_period:
                 self._publish()
-            self._priority_refs.extend(self.replay.update_priorities(stack.keys.ravel(),
-                                                                     td_abs.ravel()))
-        while len(self._priority_refs) > 2 * len(self.replay.shards):  # bound those in flight
-            _get(self._priority_refs.popleft())
+            self.replay.update_priorities(stack.keys.ravel(), td_abs.ravel())
         return {"updates": learner.updates, "steps": learner.updates - before,
                 "loss": float(losses[-1]), "mean_q": float(diag["mean_q"][-1]),
                 "grad_norm": float(diag["grad_norm"][-1]), "beta": learner.beta(),
@@ -538,6 +552,32 @@ class EvaluatorWorker:
         """Flush telemetry; returns the CPU seconds this process used."""
         self.tel.shutdown()
         return time.process_time()
+
+
+# mallopt(3) parameters (glibc's malloc.h).
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+
+
+def keep_freed_batches() -> bool:
+    """Make this process keep the memory of freed batches for the next ones. glibc serves a
+    block above its mmap threshold with a fresh mapping and unmaps it when freed; freeing one
+    raises the threshold to its size, but a block of the same size still counts as above it.
+    So a loop that makes batches of one size (a replay shard's gather, a learner's copies)
+    faults every page of every 28 MB Pong batch in again: gathering one took 6.6-8.5 ms in a
+    Ray actor, 3.5 with this (tests/test_apex.py counts the faults; benchmarks/learner_feed.py
+    shows the rate). Blocks up to 32 MiB (glibc's largest mmap threshold) come from the heap,
+    and up to 128 MiB of free memory stays at its top. One arena for the threads made from now
+    on, so that is 128 MiB a process, not 128 in each arena of a shard's thread per actor
+    (benchmarks/head_memory.py measures the shards). False where the C library is not glibc
+    (the defaults stay)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return all(libc.mallopt(param, value) for param, value in (
+            (M_ARENA_MAX, 1), (M_TRIM_THRESHOLD, 128 << 20), (M_MMAP_THRESHOLD, 32 << 20)))
+    except (OSError, AttributeError):
+        return False
 
 
 def _get(ref, timeout_s: float = PEER_TIMEOUT_S):

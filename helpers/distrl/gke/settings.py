@@ -126,6 +126,12 @@ class Workload:
         return ["--env", self.env_id, *self.train_args,
                 "--max-seconds", str(round(self.run_hours * 3600))]
 
+    def options(self) -> dict[str, str]:
+        """Its options that take a value, by flag ("--replay-shards": "2")."""
+        args = self.command_args()
+        return {flag: value for flag, value in zip(args, args[1:]) if flag.startswith("--")
+                and not value.startswith("--")}
+
 
 # What notebook 04 runs on GKE. "pong" is Ape-X's own domain, Atari from pixels: a GPU learner,
 # the Nature DQN torso, and Spot actors stepping 84x84x4 frames.
@@ -138,13 +144,15 @@ class Workload:
 # clipped at 40; here Adam at 0.0001), whether the dueling streams share a layer, the learner's
 # 19 batches of 512 a second on a 2018 GPU and the 360 actors at about 139 frames/s each.
 #
-# The pool, from `python benchmarks/pong_pool.py` (results/pong_pool.txt, this machine): one
-# replay shard samples about 18 batches of 512 a second (with update_priorities; it ingests
-# over 500,000 transitions/s), so a learner at the paper's rate needs more than one: two shards.
-# One actor steps about 1,000 times a second on a core (actor_throughput-pong-v5.txt, stepping
-# ale_py's AtariVectorEnv): 12 actors insert about 12,000 transitions/s, which a learner at 19
-# batches of 512 samples about 0.8 times each, the paper's own ratio (9,728 sampled against
-# 12,510 inserted a second); pong_pool.py prints the pool that ratio asks for. The 56 actors
+# The replay path, from `python benchmarks/learner_feed.py` (results/learner_feed.txt): through
+# Ray a batch of 512 costs a shard about 12 ms of CPU and the learner 6, so on the head pod's
+# 5 vCPUs two shards serve 150 batches a second (a GPU learner's plausible rate), with two
+# requests in flight to each. The pool, from `python benchmarks/pong_pool.py`
+# (results/pong_pool.txt, this machine): one actor steps about 1,000 times a second on a core
+# (actor_throughput-pong-v5.txt, stepping ale_py's AtariVectorEnv): 12 actors insert about
+# 12,000 transitions/s, which a learner at 19 batches of 512 samples about 0.8 times each, the
+# paper's own ratio (9,728 sampled against 12,510 inserted a second); pong_pool.py prints the
+# pool that ratio asks for. The 56 actors
 # planned before would insert over four times as much. Two e2-standard-8 Spot nodes hold 12.
 #
 # Yardsticks (Pong, Ape-X on Ray's RLlib, each with its hardware): "~20 reward in 50 minutes
@@ -164,7 +172,8 @@ WORKLOADS = {
         "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
         "--min-replay-size", "50000",
         "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
-        "--replay-shards", "2",             # one shard samples ~18 batches/s (pong_pool.py)
+        "--replay-shards", "2",             # 150 updates/s on the head (learner_feed.py)
+        "--fetches-in-flight", "2",         # 1.1x the batches of 1 (learner_feed.py)
         "--envs-per-actor", "16",           # 8 or 16: the same rate (actor_throughput.py)
         "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "--eval-episodes", "4", "--eval-interval-s", "60",

@@ -107,6 +107,8 @@ class ApexConfig:
     # 8: one replay round trip and one XLA call per 8 updates; 4 and 16 solved no sooner.
     batches_per_fetch: int = 8
     """batches the learner fetches from replay per request, and priority updates per reply"""
+    fetches_in_flight: int = 1
+    """requests the learner keeps out to each replay shard: they sample while it trains"""
     num_gpus: float = 0.0
     """GPUs for the learner (0: CPU)"""
     learner_cpus: float = 1.0
@@ -242,7 +244,8 @@ FIELD_RULES: dict[str, tuple] = {
     "seed": _rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     **dict.fromkeys(["num_actors", "envs_per_actor", "actor_block_steps", "weight_sync_period",
                      "n_step", "batch_size", "target_update_period", "weight_publish_period",
-                     "batches_per_fetch", "eval_episodes", "beta_anneal_updates"],
+                     "batches_per_fetch", "fetches_in_flight", "eval_episodes",
+                     "beta_anneal_updates"],
                     _POSITIVE_INT),
     "replay_capacity": _rule(lambda v: v is None or _is_int(v) and v >= 1,
                              "an integer >= 1, or None (as many as fit in the replay node's "

@@ -23,6 +23,7 @@ import numpy as np
 from distrl.rl import tf_runtime
 from distrl.rl.checkpoints import read_checkpoint, write_checkpoint
 from distrl.rl.config import ApexConfig
+from distrl.rl.frames import channels_first
 from distrl.rl.network import NetworkSpec, build_keras_model, get_keras_weights, set_keras_weights
 from distrl.rl.replay import SampledBatch
 
@@ -59,7 +60,8 @@ class Learner:
         a killed learner never deletes)."""
         import tensorflow as tf
 
-        obs = tf.TensorSpec([None, None, *self.spec.obs_shape], tf.as_dtype(self.spec.input_dtype))
+        obs = tf.TensorSpec([None, None, *channels_first(self.spec.obs_shape)],
+                            tf.as_dtype(self.spec.input_dtype))
         column = tf.TensorSpec([None, None], tf.float32)
         return tf.function(self._steps, jit_compile=self.uses_xla,
                            autograph=False).get_concrete_function(
@@ -90,6 +92,8 @@ class Learner:
         import tensorflow as tf
 
         obs, next_obs = tf.cast(obs, tf.float32), tf.cast(next_obs, tf.float32)
+        if self.spec.is_image:  # channels first, as replay sends the planes: move them last
+            obs, next_obs = (tf.transpose(o, [0, 2, 3, 1]) for o in (obs, next_obs))
         next_online = self.online(next_obs, training=False)
         best_next = tf.argmax(next_online, axis=1, output_type=tf.int32)
         next_target = self.target(next_obs, training=False)
@@ -127,9 +131,10 @@ class Learner:
         num, size = t.action.shape[:2]
         period = self.config.target_update_period
         copy_target = [(self.updates + k + 1) % period == 0 for k in range(num)]
-        if t.obs.shape[2:] != self.spec.obs_shape or t.next_obs.shape[2:] != self.spec.obs_shape:
+        takes = channels_first(self.spec.obs_shape)
+        if t.obs.shape[2:] != takes or t.next_obs.shape[2:] != takes:
             raise ValueError(f"batch observations of shape {t.obs.shape[2:]}; this learner takes "
-                             f"{self.spec.obs_shape}, as replay samples them")
+                             f"{takes}, as replay samples them")
         inputs = [tf.constant(a) for a in (
             t.obs.astype(self.spec.input_dtype, copy=False),
             t.action.astype(np.int32, copy=False), t.reward.astype(np.float32, copy=False),
@@ -138,7 +143,7 @@ class Learner:
             stack.weights.astype(np.float32, copy=False), np.array(copy_target))]
         # A shape not run yet: XLA compiles the step for it, or loads it from the cache.
         new_shape = (num, size) not in self._shapes_run
-        with (tf_runtime.native_stderr_without(tf_runtime.XLA_CACHE_NOISE) if new_shape
+        with (tf_runtime.native_stderr_without(tf_runtime.FIRST_CALL_NOISE) if new_shape
               else contextlib.nullcontext()):
             try:
                 losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)

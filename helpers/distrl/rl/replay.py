@@ -90,6 +90,8 @@ class Transitions:
 @dataclass
 class SampledBatch:
     """A learner batch: the transitions, their replay keys and importance-sampling weights.
+    Image observations in it are channels first, as replay stores their planes
+    (frames.channels_first); the learner's graph moves the channels last.
 
     From sample_many, a stack of batches: every array has a first axis of one row per batch
     (keys, weights and probabilities shaped (num_batches, batch_size)); take(k) is batch k.
@@ -379,9 +381,10 @@ class PrioritizedReplay:
                             probabilities)
 
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
-        """The observations of these slots; images rebuilt from their planes, channels last."""
+        """The observations of these slots; images as their planes, channels first
+        (frames.channels_first)."""
         stored = (self.next_obs if after else self.obs).take(slots, axis=0)
-        return self.frames.images(stored) if self.framed else stored
+        return self.frames.stacks(stored) if self.framed else stored
 
     def update_priorities(self, keys: np.ndarray, td_abs: np.ndarray) -> int:
         """Set new priorities from |TD error|; returns how many keys were still live."""
