@@ -265,14 +265,17 @@ def report(rows: list[dict]) -> None:
     pong = GkeSettings.for_workload("pong", project_id="my-project-id")
     head_cpus = manifests.pod_sizes(pong)["head"].cpu
     feed_cpus = head_cpus - HEAD_OTHER_CPUS
-    shard_rate, learner_rate = 1 / top["shard_cpu"], 1 / top["learner_cpu"]
-    print(f"\nprojection for the GKE head (not measured: the CPU a batch took here, in the best "
-          f"row, on the head pod's {head_cpus:g} vCPUs, {HEAD_OTHER_CPUS:g} of them left to the "
-          f"evaluator, the driver and Ray): a shard serves {shard_rate:,.0f} batches/s on a core "
-          f"of its own, the learner's host thread takes {learner_rate:,.0f} a second, the "
-          f"{feed_cpus:g} vCPUs carry {feed_cpus / (top['shard_cpu'] + top['learner_cpu']):,.0f}")
+    # The CPU a batch hardly depends on the row (the cores here do): the median of the rows.
+    cost = {side: float(np.median([r[side] for r in rows])) for side in ("shard_cpu", "learner_cpu")}
+    print(f"\nprojection for the GKE head (not measured: the median CPU a batch took here, "
+          f"{cost['shard_cpu'] * 1e3:.1f} ms in a shard and {cost['learner_cpu'] * 1e3:.1f} in the "
+          f"learner, on the head pod's {head_cpus:g} vCPUs, {HEAD_OTHER_CPUS:g} of them left to "
+          f"the evaluator, the driver and Ray): a shard serves {1 / cost['shard_cpu']:,.0f} "
+          f"batches/s on a core of its own, the learner's host thread takes "
+          f"{1 / cost['learner_cpu']:,.0f} a second, the {feed_cpus:g} vCPUs carry "
+          f"{feed_cpus / (cost['shard_cpu'] + cost['learner_cpu']):,.0f}")
     for target in GPU_TARGETS:
-        print(f"  for {target} updates/s: {shards_for(target, top, feed_cpus)}")
+        print(f"  for {target} updates/s: {shards_for(target, cost, feed_cpus)}")
 
 
 # A GPU learner's plausible rates at batch 512 with the Nature torso on an L4 (issue 62: about

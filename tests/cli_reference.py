@@ -48,7 +48,9 @@ GCLOUD = {
     "container clusters create": LOCATION | {
         "--release-channel", "--addons", "--enable-dataplane-v2", "--machine-type",
         "--num-nodes", "--disk-size", "--workload-pool", "--managed-otel-scope", "--labels",
-        "--service-account", "--node-locations", "--scopes", "--async"},
+        "--service-account", "--node-locations", "--scopes", "--async",
+        # gcloud 578's flags.AddAutoscalingProfilesFlag and AddEnableImageStreamingFlag
+        "--autoscaling-profile", "--enable-image-streaming"},
     # No --workload-pool: Autopilot always has Workload Identity (not a create-auto flag).
     "container clusters create-auto": LOCATION | {
         "--release-channel", "--enable-ray-operator", "--managed-otel-scope", "--labels",
@@ -145,12 +147,13 @@ GCLOUD_BOOLEAN = {"--help", "--quiet", "--log-http", "--user-output-enabled", "-
                   "--show-image-basis", "--show-package-vulnerability", "--show-provenance",
                   "--show-sbom-references", "--recursive", "--all-versions",
                   "--continue-on-error", "--no-source", "--validate-only",
-                  "--add-maintenance-exclusion-until-end-of-support"}
+                  "--add-maintenance-exclusion-until-end-of-support", "--enable-image-streaming"}
 
 # Values the reference pages enumerate, for the flags the series sets.
 GCLOUD_CHOICES = {
     "--release-channel": {"None", "extended", "rapid", "regular", "stable"},
     "--managed-otel-scope": {"COLLECTION_AND_INSTRUMENTATION_COMPONENTS", "NONE"},
+    "--autoscaling-profile": {"optimize-utilization", "balanced"},
     "--add-maintenance-exclusion-scope": {"no_upgrades", "no_minor_upgrades",
                                           "no_minor_or_node_upgrades"},
     "--repository-format": {"apt", "docker", "generic", "go", "kfp", "maven", "npm", "python",

@@ -171,7 +171,8 @@ HEALTHY_PROJECT_ANSWERS = {
     "projects describe": {"out": "ACTIVE"},
     "services list": {"out": "\n".join(f"{api}.googleapis.com" for api in (
         "container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
-        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage"))},
+        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage",
+        "containerfilesystem"))},
     "compute regions describe": {"out": json.dumps(QUOTAS)},
     "compute project-info describe": {"out": json.dumps(
         {"quotas": [{"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0},

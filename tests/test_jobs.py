@@ -118,9 +118,18 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
         config = build_parser().parse_args(args)
         assert config.max_seconds <= jobs.PONG_SMOKE_SECONDS + NODE_READY_S
         assert config.max_learner_updates == 1 and config.num_actors == 1
-    full = jobs.pong_job_args("full", "gke", ["--num-actors", "56"])
+    # The full run goes only to the pool that notebook 03 makes (and prices) for Pong.
+    pool = jobs.pong_pool_args()
+    assert pool == {"--num-actors": "12", "--num-gpus": "1"}
+    live = ["--num-actors", "12", "--actor-cpus", "1", "--num-gpus", "1"]
+    full = jobs.pong_job_args("full", "gke", live)
     assert shlex.join(WORKLOADS["pong"].command_args()) in shlex.join(full)
-    assert full[full.index("--num-actors") + 1] == "56"
+    assert full[full.index("--num-actors") + 1] == "12"
+    with pytest.raises(ValueError, match=r"live cluster's pool \(24 actors, 1 GPU\), and its "
+                                         r"price is the Pong pool's \(12 actors, 1 GPU\)"):
+        jobs.pong_job_args("full", "gke", ["--num-actors", "24", "--num-gpus", "1"])
+    with pytest.raises(ValueError, match=r"\(12 actors, 0 GPU\)"):
+        jobs.pong_job_args("full", "gke", ["--num-actors", "12", "--num-gpus", "0"])
     with pytest.raises(ValueError, match="PONG='full' is the workload's run on GKE"):
         jobs.pong_job_args("full", "local")
     with pytest.raises(ValueError, match="PONG=True: expected one of 'smoke', 'full', 'off'"):

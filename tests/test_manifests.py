@@ -19,7 +19,13 @@ from packaging.specifiers import SpecifierSet
 
 from distrl.cluster.local import forget_cluster
 from distrl.gke import manifests as m
-from distrl.gke.settings import IMAGE_PYTHON, IMAGE_PYTHON_ENV, RAY_VERSION, GkeSettings
+from distrl.gke.settings import (
+    IMAGE_PYTHON,
+    IMAGE_PYTHON_ENV,
+    RAY_VERSION,
+    WORKLOADS,
+    GkeSettings,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 K8S = ROOT / "k8s"
@@ -86,7 +92,7 @@ def test_rendered_manifests_validate_for_every_variant(variant, tmp_path):
         assert head["nodeSelector"] == {"cloud.google.com/gke-accelerator": s.gpu_type}
     job = next(d for _, d in docs if d["kind"] == "RayJob")
     assert job["spec"]["shutdownAfterJobFinishes"] is True
-    assert job["spec"]["ttlSecondsAfterFinished"] > 0
+    assert job["spec"]["ttlSecondsAfterFinished"] == 0  # the cluster goes as the job ends
     assert f"--num-actors {m.num_actors(s)}" in job["spec"]["entrypoint"]
 
 
@@ -160,6 +166,37 @@ def test_every_pod_meets_the_restricted_pod_security_standard():
     namespace = next(d for d in docs if d["kind"] == "Namespace")["metadata"]["labels"]
     assert namespace["pod-security.kubernetes.io/warn"] == "restricted"
     assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"
+
+
+@pytest.mark.parametrize("workload", sorted(WORKLOADS))
+def test_only_actor_pods_tolerate_the_spot_pools_taint(workload, tmp_path):
+    """The plan taints the Spot pool; every actor template (RayCluster, RayJob, the plain
+    Deployment) tolerates the taint and selects Spot nodes, and no other Pod tolerates it, so
+    nothing else keeps a Spot node up or is preempted with it."""
+    from distrl.gke.create import create_plan
+
+    s = GkeSettings.for_workload(workload, project_id="my-project-id")
+    plan = create_plan(s, tmp_path / "manifests", tmp_path / "token")
+    creates = {step.argv[4]: step.argv for step in plan
+               if step.argv[:4] == ("gcloud", "container", "node-pools", "create")}
+    pool, head_pool = creates[s.actor_pool], creates[s.head_pool]
+    assert "--spot" in pool and m.spot_taint_flag() in pool
+    assert m.spot_taint_flag() == "--node-taints=cloud.google.com/gke-spot=true:NoSchedule"
+    assert not any(arg.startswith("--node-taints") for arg in head_pool)
+    actors = others = 0
+    for docs in m.render(s).values():
+        for doc in docs:
+            for where, spec in m._pod_specs(doc):
+                tolerations = spec.get("tolerations", [])
+                if "workerGroupSpecs" in where or doc["kind"] == "Deployment":
+                    actors += 1
+                    assert tolerations == [m.SPOT_TOLERATION], (doc["kind"], where)
+                    assert spec["nodeSelector"] == m.SPOT_SELECTOR, (doc["kind"], where)
+                else:
+                    others += 1
+                    assert not any(t.get("key") == m.SPOT_TAINT["key"] for t in tolerations), (
+                        doc["kind"], where)
+    assert actors == 3 and others >= 3, (actors, others)
 
 
 @pytest.mark.parametrize("break_it, rule", [

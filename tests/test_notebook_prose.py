@@ -20,6 +20,8 @@ CONSTANTS = {
     ("02", "10 s"): "the largest latency bucket's bound (otel.conventions.LATENCY_BUCKETS_MS)",
     ("03", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "15 s"): "the part of that notice GKE gives non-system Pods (GKE docs; SPOT_GRACE_S)",
+    ("03", "10 minutes"): "how long the autoscaler keeps an unneeded node by default "
+                          "(kubernetes/autoscaler's FAQ; settings.NODE_UNNEEDED_S)",
     ("04", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("04", "50 updates"): "updates between two checks of a hold (apex.hold.CHECK_EVERY)",
 }

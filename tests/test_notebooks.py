@@ -291,6 +291,39 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     assert "--env ALE/Pong-v5" in job["spec"]["entrypoint"]
 
 
+@pytest.mark.parametrize("workload", ["cartpole", "seed-scale"])  # pong: the test above
+def test_03_runs_to_the_end_for_every_workload_and_prints_its_own_pool(workload, kernel,
+                                                                       tmp_path: Path):
+    """Each workload's dry run ends, and names only its own pool: the actor machine and node
+    count, the quotas it needs (with the smaller Spot shape where its machine is larger), and
+    a run price with the Spot nodes' tails and a total."""
+    from distrl.gke.cost import estimate_run_cost
+    from distrl.gke.settings import WORKLOADS, GkeSettings
+
+    assert set(WORKLOADS) == {"cartpole", "pong", "seed-scale"}  # a new one joins the list
+    executed = run_notebook(
+        NOTEBOOKS_DIR / "03-create-gke-cluster.ipynb", tmp_path,
+        {"OUTPUT_DIR": str(tmp_path / "run"), "WORKLOAD": workload, "SMOKE": True},
+        kernel=kernel)
+    assert error_lines(executed) == []
+    text = stream_text(executed)
+    s = GkeSettings.for_workload(workload, project_id="my-project-id")
+    run = estimate_run_cost(s)
+    assert run.table() in text  # its own run, tails and total included
+    assert sum("Spot tail" in line.item for line in run.lines) == 3
+    assert f"about {run.min_per_hour:.2f}-{run.max_per_hour:.2f} USD per {workload} run" in text
+    import nbformat
+
+    shown = "\n".join("".join(o.get("data", {}).get("text/plain", "")) for c in
+                      nbformat.read(executed, as_version=4).cells if c.cell_type == "code"
+                      for o in c.outputs)
+    assert "https://console.cloud.google.com/iam-admin/quotas?project=my-project-id" in shown
+    smaller = "ACTOR_MACHINE_TYPE = 'e2-standard-8', MAX_ACTOR_NODES = 20: the same 120 actors"
+    assert (smaller in shown) == (workload == "seed-scale")
+    pools = set(re.findall(r"(\d+) x (e2-standard-\d+)", text))
+    assert pools <= {(str(s.max_actor_nodes), s.actor_machine_type), ("2", "e2-standard-8")}, pools
+
+
 def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, stand_ins,
                                                      monkeypatch):
     """DRY_RUN=False with gcloud and kubectl stand-ins recording their argv: the notebook runs

@@ -68,7 +68,34 @@ def pong_job_args(mode: str, cluster: str, cluster_args: Sequence[str] = ()) -> 
     if cluster != "gke":
         raise ValueError("PONG='full' is the workload's run on GKE (hours, a GPU and "
                          f"{pong.max_actor_nodes} Spot nodes); on this machine use 'smoke'")
+    pool = pong_pool_args()
+    live = {flag: _value(cluster_args, flag) for flag in pool}
+    if live != pool:
+        raise ValueError(
+            f"PONG='full' trains on the live cluster's pool ({_pool_words(live)}), and its price "
+            f"is the Pong pool's ({_pool_words(pool)}): create the cluster with "
+            "WORKLOAD = 'pong' in notebook 03, or use PONG = 'smoke'")
     return [*pong.command_args(), *cluster_args, "--autoscaling", "true"]
+
+
+def pong_pool_args() -> dict[str, str]:
+    """The actors and GPU of the pool notebook 03 makes for WORKLOAD = 'pong' (the pool that
+    estimate_run_cost prices for it), as cluster_train_args gives them."""
+    from distrl.gke import manifests
+    from distrl.gke.settings import GkeSettings
+
+    spec = manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"),
+                                      autoscale=False)
+    args = manifests.cluster_train_args(spec)
+    return {flag: _value(args, flag) for flag in ("--num-actors", "--num-gpus")}
+
+
+def _value(args: Sequence[str], flag: str) -> str | None:
+    return args[args.index(flag) + 1] if flag in args else None
+
+
+def _pool_words(pool: dict[str, str | None]) -> str:
+    return f"{pool['--num-actors']} actors, {pool['--num-gpus']} GPU"
 
 
 def submit_training(client, train_args: Sequence[str], output_dir: str,

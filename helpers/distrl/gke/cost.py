@@ -15,8 +15,16 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from distrl.gke.manifests import RUNS_VOLUME_GB, num_actors, pod_sizes
-from distrl.gke.settings import BUILD_MINUTES, DISK_GB, SYSTEM_MACHINE, WORKLOADS, machine
+from distrl.gke.manifests import JOB_CLOSE_S, RUNS_VOLUME_GB, num_actors, pod_sizes
+from distrl.gke.settings import (
+    BUILD_MINUTES,
+    DISK_GB,
+    NODE_READY_S,
+    NODE_UNNEEDED_S,
+    SYSTEM_MACHINE,
+    WORKLOADS,
+    machine,
+)
 
 PRICES = {
     "date": "2026-11",
@@ -53,8 +61,11 @@ PRICES = {
     },
     # Spot prices "can change up to once every day" (cloud.google.com/spot-vms/pricing): the
     # highest E2 Spot rates seen in copies of that page, per vCPU-hour and GiB-hour (us-central1;
-    # the issue's copy $0.00872 and $0.001169, another undated copy $0.01007 and $0.00135). A
-    # run's estimate goes up to them; the other series have one price seen, their table's.
+    # an older, undated copy $0.00872 and $0.001169, which make e2-standard-8 $0.107/h; another
+    # undated copy $0.01007 and $0.00135, $0.124/h). The machines' Spot column above is the
+    # table's 2026-11 figure; the current page could not be read from here (2026-12-06: the
+    # stored copies hold only its introduction), so a run's estimate goes up to these rates.
+    # The other series have one price seen, their table's.
     "e2_spot_high": {"vcpu": 0.01007, "memory_gib": 0.00135},
     # An external IPv4 address per node (Standard nodes get one unless the cluster has private
     # nodes), per hour: a standard VM's, a Spot VM's (cloud.google.com/vpc/network-pricing, as a
@@ -158,6 +169,11 @@ def estimate_cost(settings, prices: dict | str | Path = PRICES) -> CostEstimate:
                               prices["machines"][s.actor_machine_type][spot]))
         lines.append(CostLine(f"boot disks, {DISK_GB} GB pd-balanced each", 2,
                               2 + s.max_actor_nodes, disk))
+        on_demand_ip, spot_ip = prices["external_ip"]
+        lines.append(CostLine("external IPv4 addresses: system and head nodes", 2, 2,
+                              on_demand_ip))
+        lines.append(CostLine("external IPv4 addresses: actor nodes (Spot)", 0,
+                              s.max_actor_nodes, spot_ip))
     else:
         ap = prices["autopilot"]
         sizes = pod_sizes(s)
@@ -179,10 +195,10 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
                       export_interval_s: float = 30.0) -> CostEstimate:
     """What one run of the settings' workload costs (WORKLOADS: its --max-seconds budget): the
     cluster's hourly cost times its hours, from every actor node missing (Spot capacity that
-    never came) to all of them there throughout at the highest Spot price seen; the nodes'
-    external addresses; and the telemetry the run sends (samples and spans, from none of the
-    month's free spans left to all of them). The run ends sooner where it reaches its target;
-    the cluster costs its hourly rate until you delete it."""
+    never came) to all of them there throughout at the highest Spot price seen; the Spot
+    nodes' tails, which bill outside the budget (tail_lines); and the telemetry the run sends
+    (samples and spans, from none of the month's free spans left to all of them). The run ends
+    sooner where it reaches its target; the cluster costs its hourly rate until you delete it."""
     prices = _load(prices)
     s, hourly = settings, estimate_cost(settings, prices)
     hours = WORKLOADS[s.workload].run_hours
@@ -190,21 +206,43 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
     lines = [CostLine(f"{line.item}, {span}", line.count_min, line.count_max,
                       line.unit_price * hours) for line in hourly.lines]
     if s.mode == "standard":
-        if s.actor_machine_type.startswith("e2-"):
-            i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
-            shape, high = machine(s.actor_machine_type), prices["e2_spot_high"]
-            drift = max(0.0, shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
-                        - prices["machines"][s.actor_machine_type][1])
-            lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
-                                         0, s.max_actor_nodes, drift * hours))
-        on_demand_ip, spot_ip = prices["external_ip"]
-        lines.append(CostLine(f"external IPv4 addresses: system and head nodes, {span}", 2,
-                              2, on_demand_ip * hours))
-        lines.append(CostLine(f"external IPv4 addresses: actor nodes (Spot), {span}", 0,
-                              s.max_actor_nodes, spot_ip * hours))
+        drift = spot_drift(s, prices)
+        i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
+        lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
+                                     0, s.max_actor_nodes, drift * hours))
+        lines += tail_lines(s, prices)
     lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
                         per=f"{s.workload} run of at most {span}")
+
+
+def spot_drift(s, prices: dict) -> float:
+    """Per actor node and hour: the highest E2 Spot price seen above the table's (0 for other
+    series, whose table has one price seen)."""
+    if not s.actor_machine_type.startswith("e2-"):
+        return 0.0
+    shape, high = machine(s.actor_machine_type), prices["e2_spot_high"]
+    return max(0.0, shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
+               - prices["machines"][s.actor_machine_type][1])
+
+
+# The Spot nodes' time outside the run's budget, each at most: the node's start and the image
+# pull before the job's driver starts (the plan's wait for a Ray pod, NODE_READY_S); the job's
+# close after its budget (the RayJob's allowance for it, JOB_CLOSE_S); and, once KubeRay has
+# deleted the job's cluster (ttlSecondsAfterFinished 0), the autoscaler's wait before it removes
+# an unneeded node (NODE_UNNEEDED_S).
+TAILS = (("start and image pull", NODE_READY_S), ("the job's close", JOB_CLOSE_S),
+         ("unneeded until scaled down", NODE_UNNEEDED_S))
+
+
+def tail_lines(s, prices: dict) -> list[CostLine]:
+    """What each actor node bills outside the run's budget (TAILS), at the highest Spot price
+    seen, with its boot disk and address."""
+    per_hour = (prices["machines"][s.actor_machine_type][1] + spot_drift(s, prices)
+                + DISK_GB * prices["pd_balanced_gb_month"] / HOURS_PER_MONTH
+                + prices["external_ip"][1])
+    return [CostLine(f"Spot tail: {what}, up to {seconds / 60:.0f} min a node", 0,
+                     s.max_actor_nodes, per_hour * seconds / 3600) for what, seconds in TAILS]
 
 
 # Telemetry volume: what `python benchmarks/telemetry_volume.py` (2 actors, 40 s, an export

@@ -21,13 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import shlex
 import sys
 from pathlib import Path
 
 from distrl.gke import manifests as k8s
 from distrl.gke import preflight
 from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
-from distrl.gke.manifests import head_pod_request
+from distrl.gke.manifests import head_pod_request, spot_taint_flag
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import Owner, Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
 from distrl.gke.settings import (
@@ -125,7 +126,6 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
     labels, build_member = _labels_flag(s), f"serviceAccount:{s.build_email}"
     repository = ("gcloud", "artifacts", "repositories", "describe", s.repository,
                   f"--location={s.region}", project)
-    bucket = ("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}", project)
     build_owner = _account_owner(s, s.build_email, project)
     return [
         Step("Create the Artifact Registry repository",
@@ -140,19 +140,7 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
                          "Cloud Build's default identity in new projects is the Compute Engine "
                          "default service account, which may hold no roles; this one holds "
                          "exactly what a build needs."),
-        Step("Create the build bucket",
-             ("gcloud", "storage", "buckets", "create", f"gs://{s.build_bucket}",
-              f"--location={s.build_region}", "--uniform-bucket-level-access", project),
-             "The build's source upload and its logs (a build with its own service account must "
-             "name where its logs go), in the region the build runs in.",
-             ("gcloud", "storage", "rm", "--recursive", f"gs://{s.build_bucket}", project),
-             exists=(*bucket, "--format=value(name)"), owner=_labelled(s, bucket)),
-        # Labels are set with `buckets update --update-labels`, as Cloud Storage's own page
-        # shows (cloud.google.com/storage/docs/using-bucket-labels); updating twice is harmless.
-        Step("Label the build bucket",
-             ("gcloud", "storage", "buckets", "update", f"gs://{s.build_bucket}",
-              "--update-labels=" + ",".join(f"{k}={v}" for k, v in s.labels.items()), project),
-             "The teardown deletes the bucket only if it carries this plan's label."),
+        *_bucket_steps(s, project),
         _grant("Let the build account use its bucket", build_member, BUILD_BUCKET_ROLE,
                ("storage", "buckets"), f"gs://{s.build_bucket}", (project,),
                "Storage Admin on this bucket only: what Cloud Build asks for a user-created logs "
@@ -179,6 +167,32 @@ def _image_steps(s: GkeSettings, project: str, source_dir: str | Path) -> list[S
              "so no node is paid for while it builds. Skipped when the tag exists.",
              exists=("gcloud", "artifacts", "docker", "images", "describe", s.image, project,
                      "--format=value(image_summary.digest)")),
+    ]
+
+
+def _bucket_steps(s: GkeSettings, project: str) -> list[Step]:
+    """The build bucket, then its label: Cloud Storage's own page labels with `buckets update
+    --update-labels` (cloud.google.com/storage/docs/using-bucket-labels), as gcloud 578's
+    `buckets create` takes none (surface/storage/buckets/create.py). Updating twice is
+    harmless; a stop between the two leaves a bucket that a rerun refuses, saying how to
+    label it."""
+    bucket = ("gcloud", "storage", "buckets", "describe", f"gs://{s.build_bucket}", project)
+    label_bucket = ("gcloud", "storage", "buckets", "update", f"gs://{s.build_bucket}",
+                    "--update-labels=" + ",".join(f"{k}={v}" for k, v in s.labels.items()),
+                    project)
+    return [
+        Step("Create the build bucket",
+             ("gcloud", "storage", "buckets", "create", f"gs://{s.build_bucket}",
+              f"--location={s.build_region}", "--uniform-bucket-level-access", project),
+             "The build's source upload and its logs (a build with its own service account must "
+             "name where its logs go), in the region the build runs in.",
+             ("gcloud", "storage", "rm", "--recursive", f"gs://{s.build_bucket}", project),
+             exists=(*bucket, "--format=value(name)"), owner=dataclasses.replace(
+                 _labelled(s, bucket), unlabelled=(
+                     "If this plan made it and stopped before labelling it, label it and "
+                     f"run again: {shlex.join(label_bucket)}"))),
+        Step("Label the build bucket", label_bucket,
+             "The teardown deletes the bucket only if it carries this plan's label."),
     ]
 
 
@@ -228,12 +242,18 @@ def _create_cluster_step(s: GkeSettings, project: str) -> Step:
             ("gcloud", "container", "clusters", "create", s.cluster, loc,
              "--release-channel=rapid", "--addons=RayOperator", "--enable-dataplane-v2",
              f"--machine-type={SYSTEM_MACHINE}", "--num-nodes=1", f"--disk-size={DISK_GB}",
+             "--autoscaling-profile=optimize-utilization", "--enable-image-streaming",
              f"--workload-pool={s.project_id}.svc.id.goog", nodes_as, otel, labels, project),
             "One small on-demand node for system pods, running as the node service account; "
             "Workload Identity; the Ray Operator add-on (KubeRay, GKE 1.30.0-gke.1747000 or "
             "later); Managed OpenTelemetry, whose collector forwards OTLP to Cloud Monitoring "
             f"and Cloud Trace (GKE {preflight.MIN_GKE_OTEL} or later, hence the rapid channel; "
-            "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy.",
+            "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy. Spot "
+            "nodes bill while they start and until they go: image streaming starts the "
+            "containers before the 8 GB image is pulled (COS with containerd, Artifact "
+            "Registry; docs/how-to/image-streaming), and the optimize-utilization profile "
+            "removes unneeded nodes sooner than the default 10 minutes (GKE's autoscaling "
+            "profiles).",
             delete_cluster, exists=(*describe, "--format=value(name)"),
             owner=_labelled(s, describe, "resourceLabels"))
     # gcloud 576.0.0 promoted --managed-otel-scope to GA for clusters create, create-auto
@@ -330,11 +350,12 @@ def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
              "The Ray head runs replay, learner and driver: not Spot, so a preemption never "
              "takes the replay memory. GKE installs the GPU driver (gpu-driver-version=latest)."),
             (s.actor_pool, (f"--machine-type={s.actor_machine_type}", "--spot",
-                            "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
+                            spot_taint_flag(), "--enable-autoscaling", "--num-nodes=0", "--min-nodes=0",
                             f"--max-nodes={s.max_actor_nodes}"),
              "Actors are stateless and restartable, so they run on Spot VMs (about 30 s "
              "notice before preemption). The pool scales from 0 to max_actor_nodes with the "
-             "Ray autoscaler's requests.")):
+             "Ray autoscaler's requests. Its taint keeps every Pod but the actors off it, so "
+             "nothing else holds a node up or is preempted.")):
         head = pool == s.head_pool
         pool_ref = (f"--cluster={s.cluster}", loc, project)
         describe_pool = ("gcloud", "container", "node-pools", "describe", pool, *pool_ref)
@@ -391,9 +412,12 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
     # first ("deletion of these resources is not always guaranteed: ... persistent disk
     # volumes", cloud.google.com/sdk/gcloud/reference/container/clusters/delete). It carries the
     # plan's labels (manifests.runs_storage_class), so the teardown finds what is left.
+    # Only the plan's zone (a regional cluster's: its region's zones), and only disks no VM
+    # uses: `-users:*` is "users undefined" (gcloud topic filters).
+    where = f"zone:{s.zone}" if s.mode == "standard" else f"zone~^{s.region}-"
     disks = (("gcloud", "compute", "disks", "list",
-              f"--filter=labels.distrl-prefix={s.prefix}", "--format=value(name,zone.basename())",
-              f"--project={s.project_id}"),
+              f"--filter=labels.distrl-prefix={s.prefix} AND {where} AND -users:*",
+              "--format=value(name,zone.basename())", f"--project={s.project_id}"),
              lambda line: ("gcloud", "compute", "disks", "delete", line.split()[0],
                            f"--zone={line.split()[-1]}", f"--project={s.project_id}", "--quiet"))
     steps = [
@@ -494,7 +518,9 @@ def rayjob_plan(s: GkeSettings, manifests_dir: str | Path) -> list[Step]:
         Step("Submit the RayJob",
              s.kubectl("apply", f"--filename={Path(manifests_dir) / 'job' / 'rayjob.yaml'}"),
              "KubeRay creates a cluster, runs the training command and deletes the cluster "
-             "after the job (shutdownAfterJobFinishes, ttlSecondsAfterFinished 600).",
+             "as the job ends (shutdownAfterJobFinishes, ttlSecondsAfterFinished 0: "
+             "rayjob_controller.go deletes it at the job's end time plus the TTL); the "
+             "submitter Job stays, with the run's log.",
              s.kubectl("delete", "rayjob", f"{s.prefix}-train", ns, "--ignore-not-found")),
     ]
 

@@ -44,6 +44,17 @@ RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 
 TENSORBOARD_PORT = 6006
 RUNS_DIR = "/home/ray/runs"
 SPOT_SELECTOR = {"cloud.google.com/gke-spot": "true"}
+# The Spot pool's taint, as GKE's Spot VMs page gives it: only Pods that tolerate it (the actors)
+# land there, so no system Pod without a disruption budget keeps a node from scaling down and
+# no RayJob submitter is preempted (kubernetes/autoscaler#2377 advises a taint for this).
+SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
+SPOT_TOLERATION = {"key": SPOT_TAINT["key"], "operator": "Equal", "value": SPOT_TAINT["value"],
+                   "effect": SPOT_TAINT["effect"]}
+
+
+def spot_taint_flag() -> str:
+    """The Spot pool's taint as gcloud's --node-taints takes it (KEY=VALUE:EFFECT)."""
+    return f"--node-taints={SPOT_TAINT['key']}={SPOT_TAINT['value']}:{SPOT_TAINT['effect']}"
 # A Spot VM gets about 30 s notice, of which GKE gives non-system Pods the first 15 s and its
 # system Pods the rest (cloud.google.com/kubernetes-engine/docs/concepts/spot-vms; Standard node
 # pools may extend it to 120 s from GKE 1.35.0-gke.1171000). A longer grace is cut short anyway.
@@ -294,10 +305,12 @@ def _actor_pod_spec(s: GkeSettings, container: dict) -> dict:
     return commented({
         "serviceAccountName": s.service_account, "automountServiceAccountToken": False,
         "securityContext": _POD_SECURITY,
-        "nodeSelector": dict(SPOT_SELECTOR), "terminationGracePeriodSeconds": SPOT_GRACE_S,
+        "nodeSelector": dict(SPOT_SELECTOR), "tolerations": [dict(SPOT_TOLERATION)],
+        "terminationGracePeriodSeconds": SPOT_GRACE_S,
         "containers": [container], "volumes": [_TMP_VOLUME],
     }, {**_WHY_POD, "automountServiceAccountToken": _why_token(False),
         "nodeSelector": "Spot VMs only: actors are stateless and restartable",
+        "tolerations": "the Spot pool's taint, which keeps every other Pod off it",
         "terminationGracePeriodSeconds": "of a Spot VM's ~30 s notice, GKE gives non-system "
                                          "Pods 15 s"})
 
@@ -529,14 +542,15 @@ def ray_job(s: GkeSettings) -> dict:
     spec = commented({
         "entrypoint": shlex.join(training_command(s)),
         "shutdownAfterJobFinishes": True,
-        "ttlSecondsAfterFinished": 600,
+        "ttlSecondsAfterFinished": 0,
         "activeDeadlineSeconds": job_deadline_s(s),
         "submissionMode": "K8sJobMode",
         "rayClusterSpec": ray_cluster_spec(s, autoscale=False),
     }, {"entrypoint": "one actor per Spot CPU; the head's CPUs and GPU to the learner "
                       "(cluster_train_args)",
         "shutdownAfterJobFinishes": "the cluster bills by the hour; the results are on the run volume",
-        "ttlSecondsAfterFinished": "time to read the pods' logs before KubeRay deletes the cluster",
+        "ttlSecondsAfterFinished": "the cluster goes as the job ends (Spot nodes bill until then); "
+                                   "the submitter Job keeps the log",
         "activeDeadlineSeconds": "caps what a stuck job bills: the head's start, the run's "
                                  "--max-seconds, its close (job_deadline_s)",
         "submissionMode": "a submitter Job follows the run's log: kubectl logs job/<this RayJob>",

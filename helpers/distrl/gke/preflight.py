@@ -422,30 +422,22 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
     """Everything the live plan needs that can be read without changing anything: the tools,
     gcloud's version, the login, the project, and for creating (not for a teardown, which must
     work whatever the quotas) billing, the APIs and, once the Compute Engine API is on, the
-    quotas. Raises PrerequisiteError listing every problem with its fix."""
+    quotas. A teardown needs only gcloud, of any version that has its commands: without
+    kubectl it skips the steps inside the cluster, whose deletion takes what they would delete.
+    Raises PrerequisiteError listing every problem with its fix."""
     project = f"--project={settings.project_id}"
-    problems = [f"{tool} is not on PATH: {fix}" for tool, fix in TOOLS.items()
-                if shutil.which(tool) is None]
+    missing = [f"{tool} is not on PATH: {fix}" for tool, fix in TOOLS.items()
+               if shutil.which(tool) is None]
     if shutil.which("gcloud") is None:
-        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
-    version_json = capture(["gcloud", "version", "--format=json"])[1]
-    problems += gcloud_problems(version_json)
-    account = capture(["gcloud", "auth", "list", "--filter=status:ACTIVE",
-                       "--format=value(account)"])[1].strip()
-    if not account:
-        problems.append("no authenticated gcloud account: run `gcloud auth login`")
-        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
-    state = capture(["gcloud", "projects", "describe", settings.project_id,
-                     "--format=value(lifecycleState)"])[1].strip()
-    if state != "ACTIVE":
-        problems.append(f"project {settings.project_id!r} is not reachable as {account} "
-                        f"(state {state or 'unknown'}): check the id and your access with "
-                        f"`gcloud projects describe {settings.project_id}`")
-        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(missing))
+    problems = missing if creating else []
+    version_json = capture(["gcloud", "version", "--format=json"])[1] if creating else ""
+    problems += gcloud_problems(version_json) if creating else []
+    account = _login_and_project(settings, problems)
     found = Prerequisites(account.splitlines()[0], _sdk_version(version_json))
     if not creating:
-        if problems:
-            raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+        found.notes += [f"{line}; the teardown skips the steps inside the cluster, whose "
+                        "deletion takes what they would delete" for line in missing]
         return found
     code, billing = capture(["gcloud", "billing", "projects", "describe", settings.project_id,
                              "--format=value(billingEnabled)"])
@@ -478,6 +470,24 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
         raise PrerequisiteError("cannot run the live plan:\n" +
                                 "\n".join(f"  - {p}" for p in problems))
     return found
+
+
+def _login_and_project(settings, problems: list[str]) -> str:
+    """The active gcloud account, once it can reach the project; else PrerequisiteError with
+    every problem so far."""
+    account = capture(["gcloud", "auth", "list", "--filter=status:ACTIVE",
+                       "--format=value(account)"])[1].strip()
+    if not account:
+        problems.append("no authenticated gcloud account: run `gcloud auth login`")
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+    state = capture(["gcloud", "projects", "describe", settings.project_id,
+                     "--format=value(lifecycleState)"])[1].strip()
+    if state != "ACTIVE":
+        problems.append(f"project {settings.project_id!r} is not reachable as {account} "
+                        f"(state {state or 'unknown'}): check the id and your access with "
+                        f"`gcloud projects describe {settings.project_id}`")
+        raise PrerequisiteError("cannot run the live plan: " + "; ".join(problems))
+    return account
 
 
 def _sdk_version(version_json: str) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shlex
+import shutil
 import subprocess
 import threading
 import time
@@ -35,6 +36,8 @@ class Owner:
 
     argv: tuple[str, ...]
     value: str
+    # What to do where the plan itself may have left it unlabelled (empty: nothing to add).
+    unlabelled: str = ""
 
 
 @dataclass(frozen=True)
@@ -126,7 +129,8 @@ def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: in
             if step.owner and (problem := _not_ours(step.owner, timeout_s)):
                 raise StepFailed(step, i, 0, "", [
                     f"{problem}: it was there before this plan. Delete it, or choose another "
-                    "prefix (GkeSettings.prefix), so that neither create nor teardown touches it"])
+                    "prefix (GkeSettings.prefix), so that neither create nor teardown touches it"
+                    + (f". {step.owner.unlabelled}" if step.owner.unlabelled else "")])
             out(f"already there ({shlex.join(step.exists)} found it): skipped")
             continue
         out(f"$ {step}")
@@ -183,6 +187,10 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
                     out(f"gone with what {shlex.join(step.needs)} names: done")
                 else:
                     failures.append((step, code, f"{shlex.join(step.needs)}: {err.strip()}"))
+                continue
+            if shutil.which(step.argv[0]) is None:
+                out(f"{step.argv[0]} is not on PATH: skipped; what it would delete is inside "
+                    "the cluster, which a later step deletes")
                 continue
         if step.owner:
             code, value, err = capture_all(step.owner.argv, timeout_s)

@@ -28,7 +28,8 @@ IMAGE_PYTHON_ENV = "DISTRL_IMAGE_PYTHON"
 GPU_TYPES = ("nvidia-l4", "nvidia-tesla-t4", "nvidia-tesla-p4", "none")
 MODES = ("standard", "autopilot")
 APIS = ("container", "compute", "iam", "iamcredentials", "monitoring", "cloudtrace",
-        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage")
+        "telemetry", "logging", "artifactregistry", "cloudbuild", "storage",
+        "containerfilesystem")  # image streaming (docs/how-to/image-streaming)
 # Roles a pod needs to write metrics and traces (the Telemetry API role for OTLP to Google).
 TELEMETRY_ROLES = ("roles/monitoring.metricWriter", "roles/cloudtrace.agent",
                    "roles/telemetry.metricsWriter")
@@ -81,6 +82,11 @@ ADDON_ROLLOUT_S = 300.0
 # pulled (with a GPU, the driver install too). The plan waits this long for the head; notebook 04
 # gives a job on GKE this much more than a local one, for its Spot actor nodes.
 NODE_READY_S = 900.0
+# How long the cluster autoscaler keeps a node it no longer needs before it removes it: the
+# default scale-down-unneeded-time, "10 minutes" (kubernetes/autoscaler cluster-autoscaler/
+# FAQ.md). The plan's optimize-utilization profile removes nodes "faster" (GKE's autoscaling
+# profiles), without a figure: the estimate keeps the 10 minutes as its bound.
+NODE_UNNEEDED_S = 600.0
 
 # GCP naming rules (cloud.google.com/resource-manager/docs/creating-managing-projects,
 # cloud.google.com/compute/docs/regions-zones, GKE cluster names).
@@ -173,7 +179,7 @@ WORKLOADS = {
         "--min-replay-size", "50000",
         "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
         "--replay-shards", "2",             # 150 updates/s on the head (learner_feed.py)
-        "--fetches-in-flight", "2",         # 1.1x the batches of 1 (learner_feed.py)
+        "--fetches-in-flight", "2",         # a shard samples while a batch travels
         "--envs-per-actor", "16",           # 8 or 16: the same rate (actor_throughput.py)
         "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "--eval-episodes", "4", "--eval-interval-s", "60",
