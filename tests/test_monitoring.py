@@ -928,3 +928,71 @@ def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_
         assert empty[0].empty and empty[1].empty
         with pytest.raises(ValueError, match="time_scale=0"):
             explore.sample_rate_drops(mon, time_scale=0)
+
+
+def test_a_users_own_metrics_and_spans_are_listed_read_and_plotted(tmp_path):
+    """Instruments outside the RL conventions, exported by the OTel SDK over OTLP/gRPC: docs/
+    telemetry.md's own-client recipe lists them, explore lists, reads (NAME/KIND) and plots
+    them, an UpDownCounter lands as a gauge, and a span of a process that sets only
+    service.name is named by it."""
+    import re
+    from pathlib import Path
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+    from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.metrics import MeterProvider
+    from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        target = collector.endpoint.removeprefix("http://")
+        resource = Resource.create({"service.name": "shop-service"})
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=target, insecure=True), export_interval_millis=60_000)
+        meters = MeterProvider(resource=resource, metric_readers=[reader])
+        orders = meters.get_meter("shop").create_counter("shop.orders")
+        queue = meters.get_meter("shop").create_up_down_counter("queue.depth")
+        for shop, n in (("north", 3), ("south", 5)):
+            orders.add(n, {"shop": shop})
+        queue.add(4)
+        queue.add(-1)
+        assert meters.force_flush(timeout_millis=10_000)
+        orders.add(2, {"shop": "north"})
+        assert meters.force_flush(timeout_millis=10_000)
+        meters.shutdown()
+        tracer = TracerProvider(resource=resource)
+        tracer.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=target,
+                                                                       insecure=True)))
+        with tracer.get_tracer("shop").start_as_current_span("checkout"):
+            pass
+        tracer.shutdown()
+
+        docs = (Path(__file__).parents[1] / "docs" / "telemetry.md").read_text()
+        recipe = re.search(r"### Your own client.*?```python\n(.*?)```", docs, re.S)[1]
+        listed: list = []
+        exec(recipe.replace("127.0.0.1:4317", target).replace("print(", "listed.append("),
+             {"listed": listed})
+        assert f"{explore.PREFIX}shop.orders/counter" in listed[0]
+
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        kinds = dict(zip(mon.metric_types()["metric_type"], mon.metric_types()["metric_kind"]))
+        assert kinds == {f"{explore.PREFIX}shop.orders/counter": "CUMULATIVE",
+                         f"{explore.PREFIX}queue.depth/gauge": "GAUGE"}
+        assert mon.metric_types("rl.").empty
+        frame = mon.time_series("shop.orders/counter", minutes=10)
+        assert sorted(frame.groupby("shop")["value"].max().items()) == [("north", 5.0),
+                                                                        ("south", 5.0)]
+        assert list(mon.time_series("queue.depth/gauge", minutes=10)["value"])[-1] == 3.0
+        [ax] = explore.plot_time_series(frame, by=("shop",), title="orders")
+        assert len(ax.get_lines()) == 2
+        with pytest.raises(ValueError, match=r"NAME/KIND for any other \(KIND: counter, gauge"):
+            mon.time_series("shop.orders")
+        with pytest.raises(ValueError, match="by='shop' is invalid"):
+            explore.plot_time_series(frame, by="shop")
+        spans = explore.traces(CollectorStore(tmp_path / "otel.db"))
+        assert list(spans["components"]) == ["shop-service"]

@@ -74,7 +74,7 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
     printed = float(re.search(r"updates/s, ([\d.]+) env steps per update", text).group(1))
     assert printed == pytest.approx(per_update, abs=0.06)
     assert re.search(r"first env step [\d.]+ s after train\(\); learner running at [\d.]+ s", text)
-    assert re.search(r"100-line version: reached 100 in \d+ s after [\d,]+ transitions", text)
+    assert re.search(r"120-line version: reached 100 in \d+ s after [\d,]+ transitions", text)
     assert re.search(r"the same defaults over seeds \[[\d, ]+\] \(python benchmarks/sweep.py", text)
     # Images: MinAtar's Breakout through the convolutional network learned within its budget,
     # and the figures printed are the run's.
@@ -92,6 +92,57 @@ def test_01_local_apex_dqn(kernel, tmp_path: Path):
             if o.get("output_type") == "display_data" and "text/html" in o.get("data", {})]
     assert any("<img" in o["data"]["text/html"] or "animation" in o["data"]["text/html"]
                for o in html)
+
+
+def plain_papermill(notebook: str, cwd: Path, out: Path, **parameters) -> str:
+    """`papermill NOTEBOOK OUT -p SMOKE True ...` as the README gives it: no kernel name (the
+    environment's default), from cwd; returns what it printed. It must succeed."""
+    import subprocess
+    import sys
+
+    args = [sys.executable, "-m", "papermill", str(NOTEBOOKS_DIR / notebook), str(out),
+            "-p", "SMOKE", "True", "--log-level", "ERROR"]
+    for name, value in parameters.items():
+        args += ["-p", name, str(value)]
+    env = {k: v for k, v in os.environ.items() if k != "GRPC_ENABLE_FORK_SUPPORT"}
+    run = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    return run.stdout + run.stderr
+
+
+def untracked_in_source() -> list[str]:
+    """Files git does not track under notebooks/ and helpers/, ignored ones too."""
+    import subprocess
+
+    out = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all",
+                          "notebooks", "helpers"], cwd=NOTEBOOKS_DIR.parent, capture_output=True,
+                         text=True, timeout=60, check=True).stdout
+    return sorted(line for line in out.splitlines() if "__pycache__" not in line
+                  and ".egg-info" not in line)
+
+
+def test_plain_papermill_runs_01_and_03_from_any_folder_with_the_default_kernel(tmp_path):
+    """The README's CI use: plain papermill, the environment's own kernel, from the repository
+    root and from notebooks/. Paths resolve from the repository, outputs go where OUTPUT_DIR
+    says, nothing lands in the source tree, and the package warns of nothing (01 imports distrl
+    before Ray, so gRPC's fork support is off). 01 runs from the root here; from notebooks/ in
+    test_01 (papermill's API, cwd notebooks/)."""
+    from distrl.tutorial import REPO_ROOT, run_dir
+
+    assert run_dir("runs/x") == REPO_ROOT / "runs" / "x" and run_dir(tmp_path) == tmp_path
+    before = untracked_in_source()
+    for cwd in (REPO_ROOT, NOTEBOOKS_DIR):
+        out = tmp_path / f"03-from-{cwd.name}"
+        said = plain_papermill("03-create-gke-cluster.ipynb", cwd, out.with_suffix(".ipynb"),
+                               OUTPUT_DIR=out, WORKLOAD="seed-scale")
+        assert "Warning" not in said, said[-3000:]
+        assert (out / "manifests" / "job" / "rayjob.yaml").is_file()
+    out = tmp_path / "01"
+    said = plain_papermill("01-local-apex-dqn.ipynb", REPO_ROOT, tmp_path / "01.ipynb",
+                           OUTPUT_DIR=out)
+    assert "grpc was imported before distrl" not in said and "RuntimeWarning" not in said
+    assert (out / "results.json").is_file()
+    assert untracked_in_source() == before
 
 
 def test_error_lines_pass_over_rays_successful_kill_and_nothing_else(tmp_path):
@@ -183,11 +234,12 @@ def test_a_kernel_that_ran_through_is_shut_down_without_an_interrupt(kernel, tmp
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
-def test_01s_100_line_ape_x_runs_with_only_distrl_rl_and_plain_ray(tmp_path: Path):
-    """What a reader copies: the cells tagged `copy-path` (notebook 01's 100-line Ape-X, from
-    ray.init() to its last figures) run as a plain script beside a copy of helpers/distrl/rl/
-    alone, with the notebook's own parameter defaults (shorter budgets): no other part of the
-    package, no Jupyter."""
+def test_01s_100_line_ape_x_runs_from_its_copy_box_alone(tmp_path: Path):
+    """What a reader copies, as the box in notebook 01 says: the cells tagged `copy-path` (the
+    100-line Ape-X, from ray.init() to its last figures) and the `parameters` cell, as a plain
+    script beside a copy of helpers/distrl/rl/ and helpers/distrl/__init__.py alone: no other
+    part of the package, no Jupyter. Run on CartPole and on Acrobot, whose returns are
+    negative. The box's pip line pins what the lock pins."""
     import shutil
     import subprocess
     import sys
@@ -195,25 +247,40 @@ def test_01s_100_line_ape_x_runs_with_only_distrl_rl_and_plain_ray(tmp_path: Pat
     nb = json.loads((NOTEBOOKS_DIR / "01-local-apex-dqn.ipynb").read_text())
     tagged = [c for c in nb["cells"] if "copy-path" in c["metadata"].get("tags", [])]
     [parameters] = [c for c in nb["cells"] if "parameters" in c["metadata"].get("tags", [])]
-    assert len(tagged) >= 5, "the 100-line Ape-X's cells are tagged copy-path"
+    assert len(tagged) >= 5, "the 120-line Ape-X's cells are tagged copy-path"
+    code = [line for c in tagged for line in "".join(c["source"]).splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+    assert 110 <= len(code) <= 130, f"{len(code)} lines: say so in 01 and the README"
+    [box] = [c for c in nb["cells"] if "Copy this into your project" in "".join(c["source"])]
+    pins = re.search(r"pip install (.+)", "".join(box["source"]))[1].split()
+    lock = (NOTEBOOKS_DIR.parent / "requirements.lock").read_text()
+    assert all(re.search(rf"^{re.escape(p)}$", lock, re.M) for p in pins), pins
+    assert {p.split("==")[0] for p in pins} >= {"ray", "tensorflow", "gymnasium", "numpy"}
     package = tmp_path / "copy" / "distrl"
-    shutil.copytree(NOTEBOOKS_DIR.parent / "helpers" / "distrl" / "rl", package / "rl",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    (package / "__init__.py").write_text("")
-    script = "\n\n".join(["".join(parameters["source"]),
-                           "MINIMAL_MAX_SECONDS, TARGET_RETURN, EVAL_EPISODES = 60.0, 100.0, 5",
-                           *("".join(c["source"]) for c in tagged),
-                           "import importlib.util, distrl\n"
-                           "print('distrl from', distrl.__file__)\n"
-                           "assert importlib.util.find_spec('distrl.apex') is None\n"
-                           "ray.shutdown()"])
-    env = {**os.environ, "PYTHONPATH": str(package.parent)}
-    run = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=600)
-    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-    assert f"distrl from {package / '__init__.py'}" in run.stdout
-    assert re.search(r"reached 100 in \d+ s, [\d,]+ transitions, [\d,]+ updates", run.stdout), \
-        run.stdout[-2000:]
+    helpers = NOTEBOOKS_DIR.parent / "helpers" / "distrl"
+    shutil.copytree(helpers / "rl", package / "rl", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(helpers / "__init__.py", package / "__init__.py")
+    for env_id, target in (("CartPole-v1", 100.0), ("Acrobot-v1", -100.0)):
+        script = "\n\n".join([
+            "".join(parameters["source"]),
+            f"ENV_ID, TARGET_RETURN = {env_id!r}, {target}",
+            "MINIMAL_MAX_SECONDS, EVAL_EPISODES = 60.0, 5",
+            *("".join(c["source"]) for c in tagged),
+            "import importlib.util, distrl\n"
+            "print('distrl from', distrl.__file__)\n"
+            "assert importlib.util.find_spec('distrl.apex') is None\n"
+            "ray.shutdown()"])
+        env = {**os.environ, "PYTHONPATH": str(package.parent)}
+        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # the copied __init__ sets it, as for a reader
+        run = subprocess.run([sys.executable, "-c", script],
+                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+        assert f"distrl from {package / '__init__.py'}" in run.stdout
+        assert "grpc was imported before distrl" not in run.stderr
+        assert re.search(rf"reached {target:.0f} in \d+ s, [\d,]+ transitions, [\d,]+ updates",
+                         run.stdout), run.stdout[-2000:]
+        assert re.search(r"halfway to the target \(-?\d+\) first at \d+ s", run.stdout), \
+            run.stdout[-2000:]
 
 
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):

@@ -21,7 +21,17 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-NOTEBOOKS_DIR = Path(__file__).resolve().parents[2] / "notebooks"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
+RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # make bench's records, which notebooks quote
+
+
+def run_dir(path: str | os.PathLike) -> Path:
+    """Where a notebook writes (its OUTPUT_DIR): an absolute path as it is, a relative one under
+    the repository root, so that a notebook run from any folder writes to the same place
+    (runs/, which git ignores) and never into notebooks/."""
+    path = Path(path)
+    return path if path.is_absolute() else REPO_ROOT / path
 
 
 def find_notebooks(directory: Path = NOTEBOOKS_DIR, only: list[str] | None = None) -> list[Path]:
@@ -51,7 +61,7 @@ def _quiet_shutdown_kernel_manager():
 
 
 def run_notebook(notebook: Path, output_dir: Path, parameters: dict | None = None,
-                 kernel: str = "distrl", cell_timeout_s: int = 1800) -> Path:
+                 kernel: str = "python3", cell_timeout_s: int = 1800) -> Path:
     """Execute one notebook into output_dir (cwd: its own folder). Raises on a failing cell."""
     import papermill
     from traitlets.config import Config
@@ -133,7 +143,8 @@ def describe_failure(err: BaseException) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--kernel", default="distrl", help="Jupyter kernel to execute with")
+    parser.add_argument("--kernel", default="python3",
+                        help="Jupyter kernel to execute with (python3: this environment's)")
     parser.add_argument("--only", nargs="*", help="notebook number prefixes, e.g. 01 03")
     parser.add_argument("-p", "--parameter", action="append", type=_parse_parameter, default=[],
                         help="NAME=VALUE passed to every notebook's parameters cell")

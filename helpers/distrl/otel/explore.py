@@ -143,6 +143,13 @@ def _by_series(points: list[dict]) -> dict:
     return out
 
 
+def process_of(span: dict) -> str:
+    """Which process made a span: the series' service.component (driver, learner, ...), or for
+    spans of your own that set none, their service.name."""
+    resource = span["resource"]
+    return resource.get("service.component") or resource.get("service.name", "?")
+
+
 def traces(store):
     """One row per trace: root span, start, duration, span count and the processes involved."""
     import pandas as pd
@@ -152,7 +159,7 @@ def traces(store):
         entry = rows.setdefault(s["trace_id"], {"trace_id": s["trace_id"], "spans": 0,
                                                 "components": set(), "root": None})
         entry["spans"] += 1
-        entry["components"].add(s["resource"].get("service.component", "?"))
+        entry["components"].add(process_of(s))
         if s["parent_span_id"] is None:
             entry["root"] = s
     out = []
@@ -175,14 +182,14 @@ def plot_trace_waterfall(spans: list[dict], ax=None):
         raise ValueError("no spans to draw: pick a trace id from traces(store)")
     spans = sorted(spans, key=lambda s: s["start_ns"])
     t0 = min(s["start_ns"] for s in spans)
-    components = sorted({s["resource"].get("service.component", "?") for s in spans})
+    components = sorted({process_of(s) for s in spans})
     colours = {c: f"C{i}" for i, c in enumerate(components)}
     if ax is None:
         _, ax = plt.subplots(figsize=(9, 0.35 * len(spans) + 1))
     for row, s in enumerate(spans):
         start = (s["start_ns"] - t0) / 1e6
         width = max((s["end_ns"] - s["start_ns"]) / 1e6, 0.01)
-        component = s["resource"].get("service.component", "?")
+        component = process_of(s)
         ax.barh(row, width, left=start, color=colours[component])
         label = f"{s['name']}  [{s['resource'].get('service.instance.id', '?').split('@')[0]}]"
         ax.text(start + width, row, f" {label} {width:.2f} ms", va="center", fontsize=8)
@@ -219,7 +226,7 @@ def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n={n!r} is invalid: expected a positive integer")
-    rows = [{"name": s["name"], "process": s["resource"].get("service.component", "?"),
+    rows = [{"name": s["name"], "process": process_of(s),
              "instance": s["resource"].get("service.instance.id", "?"),
              "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
              "span_id": s["span_id"], "start_ns": s["start_ns"], "end_ns": s["end_ns"]}
@@ -409,14 +416,26 @@ def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
     return []
 
 
+# What an OTLP instrument becomes in Cloud Monitoring (Managed Service for Prometheus' naming):
+# a Counter "counter" (cumulative), a Histogram "histogram", a Gauge "gauge", and an
+# UpDownCounter "gauge" too, as its sum is not monotonic (the local collector does the same).
+KINDS = ("counter", "gauge", "histogram")
+
+
 def metric_type(name: str) -> str:
-    """The Cloud Monitoring metric type of an RL instrument (a full type passes through)."""
+    """The Cloud Monitoring metric type of an instrument: an RL one by its name
+    ("rl.train.loss"), any other as NAME/KIND ("shop.orders/counter"), or a full type as it
+    is."""
     if name.startswith(PREFIX):
         return name
-    if name not in _KINDS:
-        raise ValueError(f"metric {name!r} is unknown: expected one of {sorted(_KINDS)} or a "
-                         f"full metric type ({PREFIX}NAME/KIND)")
-    return f"{PREFIX}{name}/{_KINDS[name]}"
+    if name in _KINDS:
+        return f"{PREFIX}{name}/{_KINDS[name]}"
+    base, _, kind = name.rpartition("/")
+    if base and kind in KINDS:
+        return f"{PREFIX}{name}"
+    raise ValueError(f"metric {name!r} is unknown: expected an RL instrument ({sorted(_KINDS)}), "
+                     f"NAME/KIND for any other (KIND: {', '.join(KINDS)}; an UpDownCounter is a "
+                     f"gauge), or a full metric type ({PREFIX}NAME/KIND)")
 
 
 MIN_CLOUD_ALIGNMENT_S = 60
@@ -458,8 +477,10 @@ class Monitoring:
             self.client = monitoring_v3.MetricServiceClient(credentials=credentials,
                                                             client_options=client_options)
 
-    def metric_types(self):
-        """The metric types there are: type, kind, value type, unit and label keys."""
+    def metric_types(self, name_prefix: str = ""):
+        """The metric types OTLP metrics became (yours too), whose instrument name starts with
+        name_prefix ("rl.": the RL conventions' only): type, kind, value type, unit and label
+        keys."""
         import pandas as pd
         from google.api import metric_pb2
 
@@ -469,7 +490,7 @@ class Monitoring:
                  "labels": ", ".join(label.key for label in d.labels)}
                 for d in self.client.list_metric_descriptors(request={
                     "name": self.project_name,
-                    "filter": f'metric.type = starts_with("{PREFIX}rl.")'})]
+                    "filter": f'metric.type = starts_with("{PREFIX}{name_prefix}")'})]
         return pd.DataFrame(rows)
 
     def request(self, metric: str, *, where: dict | None = None, minutes: float = 30.0,
@@ -671,6 +692,17 @@ def plot_golden_signals(frames: dict, axes=None, spans: list | None = None):
             title = f"{title}, in %"  # the dashboard's tile of that title draws the fraction
         panels.append((f"{chart.signal}: {title}", unit, df, list(groups)))
     return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes, spans=spans)
+
+
+def plot_time_series(frame, *, by: tuple[str, ...] = (), title: str = "", unit: str = "",
+                     ax=None):
+    """Any metric's time_series() frame (a metric of your own too) as lines against seconds
+    since its first point: one line per value of the `by` labels."""
+    if isinstance(by, str):
+        raise ValueError(f"by={by!r} is invalid: expected a tuple of label keys, e.g. ('shop',)")
+    df = frame if frame.empty or "statistic" in frame.columns else frame.assign(statistic="")
+    return _plot_panels([(title, unit, df, list(by))], columns=1, size=(6.0, 3.0),
+                        axes=None if ax is None else [ax])
 
 
 def _group_origins(panels: list) -> tuple[list[str], dict[tuple, object]]:
