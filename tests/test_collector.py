@@ -1240,3 +1240,72 @@ def test_an_aggregated_read_ends_at_its_deadline(tmp_path):
                                 "group_by_fields": ["metric.label.series"]}}, timeout=60))
         assert type(err.value).__name__ == "DeadlineExceeded"
         assert (dt.datetime.now() - started).total_seconds() < 5
+
+
+def test_a_collector_whose_starter_is_killed_stops_and_frees_its_port_and_database(tmp_path):
+    """A notebook kernel that dies by SIGKILL never stops its LocalCollector: the collector
+    lived on, holding the port and the database's lock, and the next start was refused. It
+    now watches its parent and stops when it is gone."""
+    import select
+    import time
+
+    code = textwrap.dedent(f"""
+        import time
+        from distrl.otel.collector import LocalCollector
+        c = LocalCollector({str(tmp_path / "otel.db")!r}, port=0).start()
+        print(c.process.pid, c.port, flush=True)
+        time.sleep(600)
+        """)
+    starter = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        ready, _, _ = select.select([starter.stdout], [], [], 120)
+        assert ready, "the starter printed nothing in 120 s"
+        pid, port = map(int, starter.stdout.readline().split())
+    finally:
+        starter.kill()
+        starter.wait(timeout=30)
+        starter.stdout.close()
+    collector = psutil.Process(pid)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and collector.is_running() and \
+            collector.status() != psutil.STATUS_ZOMBIE:
+        time.sleep(0.1)
+    gone = not collector.is_running() or collector.status() == psutil.STATUS_ZOMBIE
+    if not gone:
+        collector.kill()
+    assert gone, "the collector outlived the process that started it"
+    with LocalCollector(tmp_path / "otel.db", port=port) as again:  # the port and the lock
+        assert again.port == port
+
+
+def test_a_nan_attribute_refuses_its_resource_or_span_alone(collector, stub):
+    """NaN is no JSON, so the store cannot hold it: a NaN in a resource or a span attribute
+    failed the whole request with INTERNAL, which exporters do not retry. Now the resource's
+    spans or points, or the one span, are refused and named; the rest is stored."""
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+    from opentelemetry.proto.trace.v1 import trace_pb2
+
+    def span(name, span_id, attributes=()):
+        return trace_pb2.Span(name=name, trace_id=b"\x01" * 16, span_id=span_id,
+                              start_time_unix_nano=1, end_time_unix_nano=2,
+                              attributes=list(attributes))
+
+    nan = kv("x", double_value=float("nan"))
+    ok = {"attributes": [kv("service.name", string_value="svc")]}
+    channel = grpc.insecure_channel(f"127.0.0.1:{collector.port}")
+    response = trace_service_pb2_grpc.TraceServiceStub(channel).Export(
+        trace_service_pb2.ExportTraceServiceRequest(resource_spans=[
+            trace_pb2.ResourceSpans(resource={"attributes": [nan]}, scope_spans=[
+                trace_pb2.ScopeSpans(spans=[span("lost with its resource", b"\x03" * 8)])]),
+            trace_pb2.ResourceSpans(resource=ok, scope_spans=[trace_pb2.ScopeSpans(spans=[
+                span("kept", b"\x04" * 8), span("nan", b"\x05" * 8, [nan])])])]), timeout=10)
+    channel.close()
+    assert response.partial_success.rejected_spans == 2
+    assert "NaN or infinite" in response.partial_success.error_message
+    assert [s["name"] for s in collector.store().spans()] == ["kept"]
+    gauge = metrics_pb2.Metric(name="g", gauge={"data_points": [number(10, 1.0)]})
+    both = metrics_service_pb2.ExportMetricsServiceRequest(resource_metrics=[
+        *request(gauge, resource=[nan]).resource_metrics, *request(gauge).resource_metrics])
+    response = stub.Export(both, timeout=10)
+    assert response.partial_success.rejected_data_points == 1
+    assert len(collector.store().points(PREFIX + "g/gauge")) == 1

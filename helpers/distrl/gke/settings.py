@@ -151,7 +151,7 @@ class Workload:
 # 19 batches of 512 a second on a 2018 GPU and the 360 actors at about 139 frames/s each.
 #
 # The replay path, from `python benchmarks/learner_feed.py` (results/learner_feed.txt): through
-# Ray a batch of 512 costs a shard about 12 ms of CPU and the learner 6, so on the head pod's
+# Ray a batch of 512 costs a shard about 13 ms of CPU and the learner 7, so on the head pod's
 # 5 vCPUs two shards serve 150 batches a second (a GPU learner's plausible rate), with two
 # requests in flight to each. The pool, from `python benchmarks/pong_pool.py`
 # (results/pong_pool.txt, this machine): one actor steps about 1,000 times a second on a core

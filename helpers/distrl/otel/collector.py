@@ -845,8 +845,8 @@ class CollectorStore:
     def _insert_metrics(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
         for rm in request.resource_metrics:
-            resource = attributes_json(rm.resource.attributes)
-            try:
+            try:  # a resource the store cannot hold: its points are refused, the others kept
+                resource = attributes_json(rm.resource.attributes)
                 _check_labels(json.loads(resource), "the resource")
             except InvalidPoint as err:
                 refused = sum(len(getattr(m, m.WhichOneof("data")).data_points) if
@@ -968,7 +968,13 @@ class CollectorStore:
     def _insert_spans(self, request) -> tuple[int, int, str]:
         rows, rejected, error = [], 0, ""
         for rs in request.resource_spans:
-            rid = self.resource_id(attributes_json(rs.resource.attributes))
+            try:  # a resource the store cannot hold: its spans are refused, the others kept
+                rid = self.resource_id(attributes_json(rs.resource.attributes))
+            except InvalidPoint as err:
+                refused = sum(len(ss.spans) for ss in rs.scope_spans)
+                rejected += refused
+                error = error or f"{refused} spans: the resource: {err}"[:MAX_ERROR_CHARS]
+                continue
             for ss in rs.scope_spans:
                 for s in ss.spans:
                     # OTLP: trace ids are 16 bytes, span ids 8, never all zero.
@@ -983,14 +989,20 @@ class CollectorStore:
                         rejected += 1
                         error = error or f"span {s.name[:60]!r}: {problem}"[:MAX_ERROR_CHARS]
                         continue
-                    events = [{"name": e.name, "time_ns": e.time_unix_nano,
-                               "attributes": json.loads(attributes_json(e.attributes))}
-                              for e in s.events]
+                    try:
+                        attributes = attributes_json(s.attributes)
+                        events = [{"name": e.name, "time_ns": e.time_unix_nano,
+                                   "attributes": json.loads(attributes_json(e.attributes))}
+                                  for e in s.events]
+                    except InvalidPoint as err:
+                        rejected += 1
+                        error = error or f"span {s.name[:60]!r}: {err}"[:MAX_ERROR_CHARS]
+                        continue
                     rows.append((s.trace_id.hex(), s.span_id.hex(),
                                  s.parent_span_id.hex() or None, s.name, s.kind,
                                  s.start_time_unix_nano, s.end_time_unix_nano, s.status.code,
-                                 s.status.message, attributes_json(s.attributes),
-                                 json.dumps(events), rid, ss.scope.name))
+                                 s.status.message, attributes, json.dumps(events), rid,
+                                 ss.scope.name))
         self.conn.executemany("INSERT OR REPLACE INTO spans VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)",
                               rows)
         return len(rows), rejected, error
@@ -1798,7 +1810,7 @@ class LocalCollector:
             cmd.append("--allow-remote")
         if self.token_file is not None:
             cmd += ["--token-file", str(self.token_file)]
-        cmd += limit_argv(self.limits)
+        cmd += [*limit_argv(self.limits), "--stop-with-parent", str(os.getpid())]
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
         line = _read_line(self.process.stdout, self.start_timeout_s)
@@ -1846,6 +1858,14 @@ def _read_line(stream, timeout_s: float) -> str | None:
     return result[0] if result else None
 
 
+def _stop_with_parent(pid: int, stopped: threading.Event, every_s: float = 0.5) -> None:
+    """Set `stopped` once process pid is no longer the parent (it died, even by SIGKILL, and
+    this process was handed to init or a subreaper)."""
+    while not stopped.wait(every_s):
+        if os.getppid() != pid:
+            stopped.set()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="distrl collector",
                                      description="Receive OTLP/gRPC metrics and traces into SQLite; "
@@ -1860,6 +1880,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--token-file", default=None,
                         help="file holding a bearer token every call must send "
                              "(OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>)")
+    parser.add_argument("--stop-with-parent", type=int, default=None, metavar="PID",
+                        help="stop when process PID is no longer this one's parent (LocalCollector "
+                             "passes its own: a killed notebook kernel leaves no collector holding "
+                             "the port and the database)")
     add_limit_options(parser)
     args = parser.parse_args(argv)
     # Reads are Python work holding the interpreter lock; a shorter switch interval than the
@@ -1881,6 +1905,9 @@ def main(argv: list[str] | None = None) -> int:
     http = f" and OTLP/HTTP on {collector.http_endpoint}" if collector.http_endpoint else ""
     print(f"collector listening on {collector.endpoint}{http}, storing into "
           f"{Path(args.db).resolve()}; {limits.describe()}", flush=True)
+    if args.stop_with_parent is not None:
+        threading.Thread(target=_stop_with_parent, args=(args.stop_with_parent, stopped),
+                         daemon=True, name="parent-watch").start()
     stopped.wait()
     collector.stop()
     print("collector stopped", flush=True)

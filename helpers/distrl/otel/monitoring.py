@@ -343,32 +343,81 @@ class _FilterParser:
 # ---- series read from the store ----
 
 def _common(a: Dist, b: Dist) -> tuple[Dist, Dist]:
-    """Two distributions over the bounds they share. Bounds differ across the lives of a
-    series (a restart with new buckets) and when an exponential histogram changes its scale;
-    the bounds of a scale are a subset of those of every finer scale, so a scale change keeps
-    the coarser scale's resolution and every count."""
+    """Two distributions over common bounds. Two exponential histograms go to the coarser of
+    their scales, over both their ranges: every bound of a scale is one of every finer
+    scale's, so each count lands whole in its bucket (OTel's data model: the scale may change
+    between points). Other bounds that differ (a restart with new buckets) are merged over
+    the bounds they share, which keeps every count."""
     if a.bounds == b.bounds:
         return a, b
+    if a.scale is not None and b.scale is not None:
+        scale = min(a.scale, b.scale)
+        a, b = a.at_scale(scale), b.at_scale(scale)
+        low = min(a.offset, b.offset)
+        high = max(a.offset + len(a.counts) - 2, b.offset + len(b.counts) - 2)
+        return a.spanning(low, high), b.spanning(low, high)
     shared = tuple(sorted(set(a.bounds) & set(b.bounds)))
     return a.on(shared), b.on(shared)
 
 
+def exponential_bounds(scale: int, offset: int, buckets: int) -> tuple:
+    """The bounds of `buckets` base-2 exponential buckets from index `offset`: bucket i is
+    (2^(i / 2^scale), 2^((i + 1) / 2^scale)]."""
+    width = 2.0 ** -scale
+    return tuple(2.0 ** ((offset + i) * width) for i in range(buckets + 1))
+
+
 @dataclass
 class Dist:
-    """An explicit-bucket distribution (Cloud Monitoring's Distribution value)."""
+    """An explicit-bucket distribution (Cloud Monitoring's Distribution value). From an
+    exponential histogram it keeps its scale and first positive index: counts are then
+    [zero and negative, positive buckets from `offset`..., 0]."""
 
     count: int
     sum: float
     bounds: tuple
     counts: np.ndarray
+    scale: int | None = None
+    offset: int = 0
+
+    def _with(self, count: int, total: float, counts: np.ndarray) -> Dist:
+        return Dist(count, total, self.bounds, counts, self.scale, self.offset)
 
     def __sub__(self, other: Dist) -> Dist:
         a, b = _common(self, other)
-        return Dist(a.count - b.count, a.sum - b.sum, a.bounds, a.counts - b.counts)
+        return a._with(a.count - b.count, a.sum - b.sum, a.counts - b.counts)
 
     def __add__(self, other: Dist) -> Dist:
         a, b = _common(self, other)
-        return Dist(a.count + b.count, a.sum + b.sum, a.bounds, a.counts + b.counts)
+        counts = a.counts + b.counts  # int64 arrays wrap silently: caught here
+        if ((b.counts > 0) & (counts < a.counts)).any() or \
+                ((b.counts < 0) & (counts > a.counts)).any():
+            raise Refused(grpc.StatusCode.OUT_OF_RANGE,
+                          "summed bucket counts of a distribution are beyond 64 bits")
+        return a._with(a.count + b.count, a.sum + b.sum, counts)
+
+    def at_scale(self, scale: int) -> Dist:
+        """The same exponential histogram at a coarser (or its own) scale: fine bucket i is in
+        coarse bucket i >> (the scales' difference), whole."""
+        shift = self.scale - scale
+        if shift == 0:
+            return self
+        positive = self.counts[1:-1]
+        first = self.offset >> shift
+        index = ((self.offset + np.arange(len(positive))) >> shift) - first
+        merged = np.zeros(int(index[-1]) + 1 if len(index) else 0, dtype=np.int64)
+        np.add.at(merged, index, positive)
+        return Dist(self.count, self.sum, exponential_bounds(scale, first, len(merged)),
+                    np.array([self.counts[0], *merged, 0], dtype=np.int64), scale, first)
+
+    def spanning(self, low: int, high: int) -> Dist:
+        """The same exponential histogram over positive indices low..high, empty buckets added."""
+        positive = self.counts[1:-1]
+        before, after = self.offset - low, high - (self.offset + len(positive) - 1)
+        counts = np.concatenate([[self.counts[0]], np.zeros(before, np.int64), positive,
+                                 np.zeros(after, np.int64), [0]]).astype(np.int64)
+        return Dist(self.count, self.sum, exponential_bounds(self.scale, low, high - low + 1),
+                    counts, self.scale, low)
 
     def on(self, bounds: tuple) -> Dist:
         """The same distribution over bounds that are a subset of its own: adjacent buckets
@@ -418,13 +467,12 @@ def resource_labels(resource: dict, project: str) -> dict:
 def _dist_of(row: dict) -> Dist:
     if row["exponential"] is not None:  # base-2 exponential buckets as explicit bounds
         e = row["exponential"]
-        width = 2.0 ** -e["scale"]  # bucket i is (2^(i*width), 2^((i+1)*width)]
-        positive = e["positive"]["counts"]
-        bounds = tuple(2.0 ** ((e["positive"]["offset"] + i) * width)
-                       for i in range(len(positive) + 1))
+        positive, offset = e["positive"]["counts"], e["positive"]["offset"]
         below = e["zero_count"] + sum(e["negative"]["counts"])
         counts = np.array([below, *positive, 0], dtype=np.int64)
-        return Dist(row["count"], row["sum"] or 0.0, bounds, counts)
+        return Dist(row["count"], row["sum"] or 0.0,
+                    exponential_bounds(e["scale"], offset, len(positive)), counts, e["scale"],
+                    offset)
     return Dist(row["count"], row["sum"] or 0.0, tuple(row["bounds"]),
                 np.array(row["bucket_counts"], dtype=np.int64))
 
