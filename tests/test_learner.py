@@ -253,6 +253,62 @@ def test_checkpoint_round_trip(tmp_path):
     np.testing.assert_allclose(restored.update(batch)[1], learner.update(batch)[1], rtol=1e-6)
 
 
+def test_a_resume_trains_at_the_configured_learning_rate_not_the_checkpoints(tmp_path):
+    """Keras 3 keeps the learning rate among the optimizer's variables, which were restored by
+    position: a learner made with 1e-5 trained at the checkpoint's 4e-3 while results.json said
+    1e-5. Every other optimizer variable comes back by name, also from a checkpoint written
+    before names (optimizer_<i>, by position)."""
+    from distrl.rl.checkpoints import read_checkpoint, write_checkpoint
+
+    rng = np.random.default_rng(3)
+    spec = NetworkSpec((4,), 2, (8,), True)
+    config = ApexConfig(hidden_sizes=(8,), learning_rate=4e-3, jit_compile=False)
+    first = Learner(config, spec, init_weights(spec, 0))
+    batch = tiny_batch(rng)
+    for _ in range(3):
+        first.update(batch)
+    path = first.save_checkpoint(tmp_path / "named")
+    saved = {v.name: np.asarray(v) for v in first.optimizer.variables}
+    meta, arrays = read_checkpoint(path)
+    old = {k: v for k, v in arrays.items() if not k.startswith("optimizer.")}
+    old |= {f"optimizer_{i}": saved[v.name] for i, v in enumerate(first.optimizer.variables)}
+    old_path = write_checkpoint(tmp_path / "positional", (meta, old), keep=1)
+    for checkpoint in (path, old_path):
+        resumed = Learner(config.replace(learning_rate=1e-5), spec, init_weights(spec, 9))
+        resumed.restore_checkpoint(checkpoint)
+        assert float(resumed.optimizer.learning_rate) == pytest.approx(1e-5)
+        for v in resumed.optimizer.variables:
+            if v.name != "learning_rate":
+                np.testing.assert_array_equal(np.asarray(v), saved[v.name], err_msg=v.name)
+        assert resumed.updates == 3
+
+
+def test_only_a_new_shapes_first_call_is_taken_for_a_stale_xla_cache(monkeypatch):
+    """Any TensorFlow error was taken for a damaged XLA cache: the cache was cleared, the step
+    compiled again and the error hidden (an out-of-memory at update 50,000 would read as a
+    cache problem). Only a shape's first call loads from the cache; later errors are raised."""
+    import tensorflow as tf
+
+    from distrl.rl import tf_runtime
+
+    cleared = []
+    monkeypatch.setattr(tf_runtime, "xla_cache_dir", lambda: "/a/cache")
+    monkeypatch.setattr(tf_runtime, "clear_xla_cache", cleared.append)
+    spec = NetworkSpec((4,), 2, (8,), True)
+    learner = Learner(ApexConfig(hidden_sizes=(8,), jit_compile=False), spec,
+                      init_weights(spec, 0))
+    batch = tiny_batch(np.random.default_rng(0))
+    learner.update(batch)  # the shape's first call: compiled (or loaded)
+
+    def out_of_memory(*args):
+        raise tf.errors.ResourceExhaustedError(None, None, "OOM when allocating tensor")
+
+    learner._train_steps = out_of_memory
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="OOM"):
+        learner.update(batch)
+    assert cleared == [] and learner.updates == 1
+
+
 def test_the_learner_keeps_to_the_threads_it_was_given():
     """configure_tensorflow caps TensorFlow's thread pools (it once listed the devices first,
     which fixes the pools at one thread per core, and the cap was silently dropped)."""

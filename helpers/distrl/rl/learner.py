@@ -148,7 +148,9 @@ class Learner:
             try:
                 losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
             except tf.errors.OpError as e:
-                if tf_runtime.xla_cache_dir() is None or self._cache_cleared:
+                # Only a shape's first call loads from XLA's cache: any other error (an
+                # out-of-memory at update 50,000) is the error it is.
+                if not new_shape or tf_runtime.xla_cache_dir() is None or self._cache_cleared:
                     raise
                 self._retrace_without_the_cache(e)
                 losses, td_abs, grad_norms, mean_qs = self._train_steps(*inputs)
@@ -189,19 +191,30 @@ class Learner:
         arrays = {f"online_{i}": w for i, w in enumerate(self.get_weights())}
         arrays |= {f"target_{i}": w for i, w in enumerate(get_keras_weights(self.target,
                                                                             self.spec))}
-        arrays |= {f"optimizer_{i}": np.asarray(v).copy() for i, v in
-                   enumerate(self.optimizer.variables)}
+        arrays |= {_optimizer_key(v): np.asarray(v).copy() for v in self.optimizer.variables}
         meta = {"updates": self.updates, "config": self.config.to_dict(), **(extra or {})}
         return meta, arrays
 
     def restore_checkpoint(self, path: str | os.PathLike) -> dict:
         """Weights, target network, optimizer state and counters from a checkpoint; returns
-        its metadata (updates, config and whatever extra the writer added)."""
+        its metadata (updates, config and whatever extra the writer added). The learning rate
+        stays this learner's: Keras keeps it among the optimizer's variables, and a resume
+        with a new learning_rate must train at it."""
         meta, arrays = read_checkpoint(path)
         count = len(self.spec.weight_shapes())
         set_keras_weights(self.online, self.spec, [arrays[f"online_{i}"] for i in range(count)])
         set_keras_weights(self.target, self.spec, [arrays[f"target_{i}"] for i in range(count)])
         for i, var in enumerate(self.optimizer.variables):
-            var.assign(arrays[f"optimizer_{i}"])
+            if var.name == "learning_rate":
+                continue  # the configured rate, as results.json reports it
+            # By name; a checkpoint from before names (optimizer_<i>) by position.
+            var.assign(arrays.get(_optimizer_key(var), arrays.get(f"optimizer_{i}")))
         self.updates = int(meta["updates"])
         return meta
+
+
+def _optimizer_key(variable) -> str:
+    """An optimizer variable's name in a checkpoint: its Keras name ("hidden_0_kernel_momentum",
+    "iteration"), which names the layer, so a restore never depends on the variables' order
+    (nor on the optimizer's own name, which Keras numbers per process: adam, adam_1, ...)."""
+    return f"optimizer.{variable.name}"
