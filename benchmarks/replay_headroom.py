@@ -69,14 +69,16 @@ def main() -> None:
             ray.get([replay.add.remote(block_ref) for _ in range(4)])
             counts["inserted"] += 4 * len(block)
 
-    def learn():
+    def learn():  # as LearnerWorker.step asks, takes and answers
         rng = np.random.default_rng(0)
         while not stop.is_set():
-            stack = shards.collect(shards.request(config.batch_size, 0.4, 4))
+            stack = shards.next(config.batch_size, 0.4, 4)
+            shards.ask(config.batch_size, 0.4, 4)
             if stack is not None:
                 keys = stack.keys.ravel()
-                ray.get(shards.update_priorities(keys, rng.random(len(keys))))
+                shards.update_priorities(keys, rng.random(len(keys)))
                 counts["updates"] += len(stack.keys)
+        shards.drain()
 
     threads = [threading.Thread(target=produce, args=(i,)) for i in range(args.producers)]
     threads.append(threading.Thread(target=learn))

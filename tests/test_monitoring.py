@@ -1058,3 +1058,25 @@ def test_summed_bucket_counts_past_64_bits_are_out_of_range_not_wrapped():
     assert refused.value.code == grpc.StatusCode.OUT_OF_RANGE
     small = monitoring.Dist(3, 4.5, (1.0, 2.0), np.array([1, 1, 1], dtype=np.int64))
     assert list((small + small).counts) == [2, 2, 2]
+
+
+def test_google_samples_calls_a_built_in_type_and_a_resource_zone_group(mon):
+    """Two calls of Google's Cloud Monitoring samples (python-docs-samples monitoring/snippets/
+    v3/cloud-client), made the same way through the real client: list_time_series of a
+    built-in type with no data answers an empty list, as Cloud Monitoring does (it answered
+    NOT_FOUND), while a user-defined type that does not exist stays NOT_FOUND; and the reduce
+    sample's group_by "resource.zone" (refused as no selector) groups by that resource label."""
+    interval = {"start_time": _time(T0), "end_time": _time(T0 + 130 * S)}
+    built_in = list(mon.client.list_time_series(request={
+        "name": mon.project_name, "interval": interval, "view": "FULL",
+        "filter": 'metric.type = "compute.googleapis.com/instance/cpu/utilization"'}))
+    assert built_in == []
+    with pytest.raises(exceptions.NotFound, match="Cannot find metric"):
+        list(mon.client.list_time_series(request={
+            "name": mon.project_name, "interval": interval,
+            "filter": f'metric.type = "{PREFIX}no.such.metric/gauge"'}))
+    grouped = _list(mon, "rl.train.loss/gauge", aggregation=_agg(
+        60, "ALIGN_MEAN", "REDUCE_MEAN", ("resource.zone",)))
+    ungrouped = _list(mon, "rl.train.loss/gauge", aggregation=_agg(60, "ALIGN_MEAN",
+                                                                  "REDUCE_MEAN"))
+    assert [_pts(ts) for ts in grouped] == [_pts(ts) for ts in ungrouped]  # no zone: one group

@@ -50,7 +50,8 @@ class ReplayWorker(ReplayService):
     """The replay process: ReplayService plus telemetry of what it serves."""
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
-        keep_freed_batches()
+        if spec.is_image:  # batches of MBs (a Pong batch: 28 MB); vectors' are KBs
+            keep_freed_batches()
         # Sized on this node: it holds the memory (a refusal says how much would fit).
         capacity, frame_capacity = sized_capacity(
             config.replay_capacity, spec.obs_shape, obs_dtype=spec.input_dtype,
@@ -188,7 +189,8 @@ class LearnerWorker:
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
                  output_dir: str, checkpoint_dir: str, resume_path: str | None = None):
-        keep_freed_batches()
+        if spec.is_image:
+            keep_freed_batches()
         self.gpus = configure_tensorflow(num_threads=max(1, int(config.learner_cpus)), lean=True,
                                          xla_cache=config.xla_cache and config.jit_compile is not False)
         if config.num_gpus > 0 and not self.gpus:

@@ -809,9 +809,20 @@ def _reduce(op, values: list):
     return float(np.percentile(values, op * 100))  # linear interpolation between values
 
 
+# Metric types users define (OTLP's Prometheus ones, custom and external metrics): one that
+# does not exist is NOT_FOUND. A built-in type (compute.googleapis.com/...) always exists in
+# Cloud Monitoring, and with no data its list is empty.
+USER_DEFINED_PREFIXES = ("prometheus.googleapis.com/", "custom.googleapis.com/",
+                         "external.googleapis.com/", "workload.googleapis.com/")
+
+
 def _group_field(text: str) -> tuple[str, str]:
     if text == "resource.type":
         return "resource.type", ""
+    head, _, key = text.partition(".")
+    if head == "resource" and key and "." not in key and key not in ("label", "labels"):
+        # resource.KEY, as Google's own samples group ("resource.zone"): a resource label
+        return "resource.label", key
     scope, key = _selector(text)
     if key is None:
         raise _invalid(f"group_by_fields entry {_excerpt(text)}: expected metric.labels.KEY, "
@@ -1300,6 +1311,8 @@ class MetricService:
                           ValueType.Value(descriptor["value_type"]) if descriptor else None)
         response = _pb["ListTimeSeriesResponse"]()
         hints = self._hints(metric_type, descriptor, terms)
+        if descriptor is None and not metric_type.startswith(USER_DEFINED_PREFIXES):
+            return response  # a built-in type with no data here: Cloud Monitoring lists nothing
         if descriptor is None:  # Cloud Monitoring's answer, word for word, plus the hint
             named = (json.dumps(metric_type, ensure_ascii=False) if len(metric_type) <= 200
                      else _excerpt(metric_type, 200))  # as the filter writes it
