@@ -29,17 +29,15 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from learner_feed import GPU_TARGETS  # noqa: E402
-from pong_pool import pong_actor_rate, pong_config, uss_of  # noqa: E402
+from pong_pool import pong_actor_rate, pong_config, real_blocks, uss_of  # noqa: E402
 
 from distrl.apex.driver import replay_settings  # noqa: E402
 from distrl.apex.workers import ReplayShards, ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
-from distrl.rl.actor import Actor  # noqa: E402
 from distrl.rl.envs import network_for
 from distrl.rl.frames import replay_sizing
-from distrl.rl.network import init_weights  # noqa: E402
 from distrl.rl.replay import MEMORY_SHARE, sized_capacity  # noqa: E402
 
 GIB = 2**30
@@ -70,11 +68,7 @@ def main() -> None:
         capacity, batch, seconds, blocks_made = 2_000, 32, 2.0, 2
     config = config.replace(replay_capacity=capacity, min_replay_size=batch, batch_size=batch)
     actors = config.num_actors
-    actor = Actor(config, 0, init_weights(spec, 0))
-    try:
-        blocks = [actor.collect(config.actor_block_steps) for _ in range(blocks_made)]
-    finally:
-        actor.close()
+    blocks = real_blocks(config, blocks_made)
     per_block = float(np.mean([len(b) for b in blocks]))
     rate = actors * pong_actor_rate()
 

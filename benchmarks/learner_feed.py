@@ -16,7 +16,8 @@ Each shard and the stand-in count their CPU seconds a batch; from those the reco
 rate on the GKE head's vCPUs (a projection: nothing here runs on 8 vCPUs).
 
 On a commit before issue 62 (ReplayShards without next(): one request at a time, to one shard),
-the stand-in asks as that learner did; copy this file there to measure the change.
+the stand-in asks as that learner did; copy this file and pong_pool.py there to measure the
+change.
 """
 
 import argparse
@@ -29,16 +30,14 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pong_pool import pong_config  # noqa: E402
+from pong_pool import pong_config, real_blocks  # noqa: E402
 
 from distrl.apex import workers  # noqa: E402
 from distrl.apex.workers import ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
-from distrl.rl.actor import Actor  # noqa: E402
 from distrl.rl.envs import network_for  # noqa: E402
-from distrl.rl.network import init_weights  # noqa: E402
 from distrl.rl.replay import ReplayService  # noqa: E402
 
 GIB = 2**30
@@ -115,14 +114,6 @@ class StandInLearner:
 
         return sum(s["cpu_s"] for s in ray.get([s.stats.remote() for s in self.shards],
                                                timeout=60))
-
-
-def real_blocks(config, count: int) -> list:
-    actor = Actor(config, 0, init_weights(network_for(config), 0))
-    try:
-        return [actor.collect(config.actor_block_steps) for _ in range(count)]
-    finally:
-        actor.close()
 
 
 def in_process_rate(config, blocks, capacity: int, batch: int, seconds: float) -> float:

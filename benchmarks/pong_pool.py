@@ -61,6 +61,15 @@ def pong_actor_rate() -> float:
                        r"16 envs: raw .*?actor \(inference \+ n-step \+ priorities\) +([\d,]+)/s")
 
 
+def real_blocks(config, count: int) -> list:
+    """count blocks of real frames, as an Actor with the config's options makes them."""
+    actor = Actor(config, 0, init_weights(network_for(config), 0))
+    try:
+        return [actor.collect(config.actor_block_steps) for _ in range(count)]
+    finally:
+        actor.close()
+
+
 def uss_of(match) -> int:
     """Memory unique to this machine's processes whose argv `match` accepts: their USS, less
     the pages of Ray's object store (in /dev/shm) that only they map: the store is counted once,
@@ -117,12 +126,8 @@ def main() -> None:
     shape = spec.obs_shape
     batch = 512 if not args.smoke else 32
 
-    actor = Actor(config, 0, init_weights(spec, 0))
     start = time.perf_counter()
-    try:
-        blocks = [actor.collect(config.actor_block_steps) for _ in range(args.blocks)]
-    finally:
-        actor.close()
+    blocks = real_blocks(config, args.blocks)
     made = time.perf_counter() - start
     per_block = sum(len(b) for b in blocks) / len(blocks)
     planes = sum(len(b.frames) for b in blocks) / sum(len(b) for b in blocks)

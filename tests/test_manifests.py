@@ -173,15 +173,15 @@ def test_only_actor_pods_tolerate_the_spot_pools_taint(workload, tmp_path):
     """The plan taints the Spot pool; every actor template (RayCluster, RayJob, the plain
     Deployment) tolerates the taint and selects Spot nodes, and no other Pod tolerates it, so
     nothing else keeps a Spot node up or is preempted with it."""
-    from distrl.gke.create import create_plan
+    from distrl.gke.create import create_plan, spot_taint_flag
 
     s = GkeSettings.for_workload(workload, project_id="my-project-id")
     plan = create_plan(s, tmp_path / "manifests", tmp_path / "token")
     creates = {step.argv[4]: step.argv for step in plan
                if step.argv[:4] == ("gcloud", "container", "node-pools", "create")}
     pool, head_pool = creates[s.actor_pool], creates[s.head_pool]
-    assert "--spot" in pool and m.spot_taint_flag() in pool
-    assert m.spot_taint_flag() == "--node-taints=cloud.google.com/gke-spot=true:NoSchedule"
+    assert "--spot" in pool and spot_taint_flag() in pool
+    assert spot_taint_flag() == "--node-taints=cloud.google.com/gke-spot=true:NoSchedule"
     assert not any(arg.startswith("--node-taints") for arg in head_pool)
     actors = others = 0
     for docs in m.render(s).values():

@@ -21,7 +21,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from distrl.gke.settings import REPO_ROOT
+
 NOTEBOOKS_DIR = REPO_ROOT / "notebooks"
 RESULTS_DIR = REPO_ROOT / "benchmarks" / "results"  # make bench's records, which notebooks quote
 

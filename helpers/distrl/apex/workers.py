@@ -155,10 +155,8 @@ class ReplayShards:
         when that shard's rate limiter held it back). Call ask() while it trains, so that
         shard samples again meanwhile."""
         self.ask(batch_size, beta, num_batches)  # the first call, or after a stack of None
-        n = len(self.shards)
-        mass = self.totals.sum()
-        s = int(self.rng.choice(n, p=self.totals / mass)) if n > 1 and mass > 0 else (
-            int(self.rng.integers(n)))
+        n, mass = len(self.shards), self.totals.sum()
+        s = 0 if n == 1 else int(self.rng.choice(n, p=self.totals / mass if mass > 0 else None))
         got, self.totals[s] = _get(self.pending[s].popleft())
         if got is None or n == 1:
             return got

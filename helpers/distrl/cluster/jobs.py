@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from distrl.gke.settings import NODE_READY_S, WORKLOADS
+from distrl.gke.settings import NODE_READY_S, WORKLOADS, option_values
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 _shown: dict[str, int] = {}  # job id -> characters of its log already printed
@@ -68,8 +68,8 @@ def pong_job_args(mode: str, cluster: str, cluster_args: Sequence[str] = ()) -> 
     if cluster != "gke":
         raise ValueError("PONG='full' is the workload's run on GKE (hours, a GPU and "
                          f"{pong.max_actor_nodes} Spot nodes); on this machine use 'smoke'")
-    pool = pong_pool_args()
-    live = {flag: _value(cluster_args, flag) for flag in pool}
+    pool, given = pong_pool_args(), option_values(cluster_args)
+    live = {flag: given.get(flag) for flag in pool}
     if live != pool:
         raise ValueError(
             f"PONG='full' trains on the live cluster's pool ({_pool_words(live)}), and its price "
@@ -86,12 +86,8 @@ def pong_pool_args() -> dict[str, str]:
 
     spec = manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"),
                                       autoscale=False)
-    args = manifests.cluster_train_args(spec)
-    return {flag: _value(args, flag) for flag in ("--num-actors", "--num-gpus")}
-
-
-def _value(args: Sequence[str], flag: str) -> str | None:
-    return args[args.index(flag) + 1] if flag in args else None
+    args = option_values(manifests.cluster_train_args(spec))
+    return {flag: args[flag] for flag in ("--num-actors", "--num-gpus")}
 
 
 def _pool_words(pool: dict[str, str | None]) -> str:

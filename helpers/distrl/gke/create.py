@@ -28,7 +28,7 @@ from pathlib import Path
 from distrl.gke import manifests as k8s
 from distrl.gke import preflight
 from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
-from distrl.gke.manifests import head_pod_request, spot_taint_flag
+from distrl.gke.manifests import SPOT_TAINT, head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import Owner, Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
 from distrl.gke.settings import (
@@ -337,6 +337,11 @@ def _cluster_steps(s: GkeSettings, project: str) -> list[Step]:
         steps.insert(1, _no_node_upgrades_step(s, project, describe))
         steps += _node_pool_steps(s, project)
     return steps
+
+
+def spot_taint_flag() -> str:
+    """The Spot pool's taint (manifests.SPOT_TAINT) as gcloud's --node-taints takes it."""
+    return f"--node-taints={SPOT_TAINT['key']}={SPOT_TAINT['value']}:{SPOT_TAINT['effect']}"
 
 
 def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:

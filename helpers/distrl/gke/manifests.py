@@ -44,17 +44,10 @@ RAY_PORTS = {"gcs-server": 6379, "dashboard": 8265, "client": 10001, "metrics": 
 TENSORBOARD_PORT = 6006
 RUNS_DIR = "/home/ray/runs"
 SPOT_SELECTOR = {"cloud.google.com/gke-spot": "true"}
-# The Spot pool's taint, as GKE's Spot VMs page gives it: only Pods that tolerate it (the actors)
-# land there, so no system Pod without a disruption budget keeps a node from scaling down and
-# no RayJob submitter is preempted (kubernetes/autoscaler#2377 advises a taint for this).
+# The Spot pool's taint (GKE's Spot VMs page): only the actors land there, so no system Pod keeps
+# a node from scaling down (kubernetes/autoscaler#2377) and no RayJob submitter is preempted.
 SPOT_TAINT = {"key": "cloud.google.com/gke-spot", "value": "true", "effect": "NoSchedule"}
-SPOT_TOLERATION = {"key": SPOT_TAINT["key"], "operator": "Equal", "value": SPOT_TAINT["value"],
-                   "effect": SPOT_TAINT["effect"]}
-
-
-def spot_taint_flag() -> str:
-    """The Spot pool's taint as gcloud's --node-taints takes it (KEY=VALUE:EFFECT)."""
-    return f"--node-taints={SPOT_TAINT['key']}={SPOT_TAINT['value']}:{SPOT_TAINT['effect']}"
+SPOT_TOLERATION = {**SPOT_TAINT, "operator": "Equal"}
 # A Spot VM gets about 30 s notice, of which GKE gives non-system Pods the first 15 s and its
 # system Pods the rest (cloud.google.com/kubernetes-engine/docs/concepts/spot-vms; Standard node
 # pools may extend it to 120 s from GKE 1.35.0-gke.1171000). A longer grace is cut short anyway.

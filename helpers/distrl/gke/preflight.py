@@ -430,9 +430,10 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
                if shutil.which(tool) is None]
     if shutil.which("gcloud") is None:
         raise PrerequisiteError("cannot run the live plan: " + "; ".join(missing))
-    problems = missing if creating else []
-    version_json = capture(["gcloud", "version", "--format=json"])[1] if creating else ""
-    problems += gcloud_problems(version_json) if creating else []
+    problems, version_json = [], ""
+    if creating:
+        version_json = capture(["gcloud", "version", "--format=json"])[1]
+        problems = missing + gcloud_problems(version_json)
     account = _login_and_project(settings, problems)
     found = Prerequisites(account.splitlines()[0], _sdk_version(version_json))
     if not creating:

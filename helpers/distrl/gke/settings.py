@@ -134,9 +134,13 @@ class Workload:
 
     def options(self) -> dict[str, str]:
         """Its options that take a value, by flag ("--replay-shards": "2")."""
-        args = self.command_args()
-        return {flag: value for flag, value in zip(args, args[1:]) if flag.startswith("--")
-                and not value.startswith("--")}
+        return option_values(self.command_args())
+
+
+def option_values(args) -> dict[str, str]:
+    """The options of a command line that take a value, by flag."""
+    return {flag: value for flag, value in zip(args, args[1:]) if flag.startswith("--")
+            and not value.startswith("--")}
 
 
 # What notebook 04 runs on GKE. "pong" is Ape-X's own domain, Atari from pixels: a GPU learner,
