@@ -703,5 +703,12 @@ def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
     # after: from its first report on (5,000 steps to 17 s, less the 400 that report counted)
     assert effects["after"]["lost_env_steps_per_s"] == pytest.approx(920)
     assert effects["during"]["env_steps_per_s"] > effects["before"]["env_steps_per_s"]
+    # The learner starting at 14 s (--learn-after-recovery) ends the stretch after: from then
+    # on its start shares the cores and its rate limiter paces the actors (0 steps here).
+    for r in rows[29:]:
+        r["actor_env_steps"][0] = rows[28]["actor_env_steps"][0]
+    result["events"].append({"time_s": 14.0, "kind": "learning_starts", "detail": "..."})
+    learning = preemption_effects(result, killed_at=105.0, node_id="abcdef123456")
+    assert learning["after"]["lost_env_steps_per_s"] == pytest.approx(800)  # 12-14 s, less 400
     del rows[10]["actor_env_steps"], rows[0]["actor_env_steps"]  # a record from before
     assert preemption_effects(result, 105.0, "abcdef12")["before"]["lost_env_steps_per_s"] is None

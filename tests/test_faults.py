@@ -678,20 +678,25 @@ def test_the_fleet_says_once_per_stretch_when_every_actor_runs_steadily():
     fleet = ActorFleet(["a0", "a1"], now=0.0)
 
     def report(i, steps, now, pid=10):
-        fleet._reported(i, {"pid": pid + i, "env_steps": steps}, now)
+        return fleet._reported(i, {"pid": pid + i, "env_steps": steps}, now)
 
-    report(0, 0, 1.0)
+    assert report(0, 0, 0.5) == [] and fleet.running() == 0  # it answers, it has not stepped
+    assert [kind for kind, _ in report(0, 1, 1.0)] == ["actor_running"]
     assert fleet.tick(1.0) == []  # one of two runs
-    report(1, 0, 2.0)
+    report(1, 1, 2.0)
     assert fleet.tick(2.0) == []  # the stretch begins
-    report(0, 500, 2.0 + STEADY_S)
-    report(1, 500, 2.0 + STEADY_S)
+    report(0, 501, 2.0 + STEADY_S)
+    report(1, 501, 2.0 + STEADY_S)
     assert fleet.tick(2.0 + STEADY_S) == [
         ("steady", f"all 2 actors running for {STEADY_S:.0f} s: {1000 / STEADY_S:,.0f} env steps/s")]
     assert fleet.tick(3.0 + STEADY_S) == []  # said once
     fleet._stopped(1, 4.0 + STEADY_S)  # a loss, then actor 1's new life
     assert fleet.tick(4.0 + STEADY_S) == []
-    report(1, 0, 5.0 + STEADY_S, pid=20)
-    assert fleet.tick(5.0 + STEADY_S) == []
-    report(0, 800, 5.0 + 2 * STEADY_S)
-    assert [kind for kind, _ in fleet.tick(5.0 + 2 * STEADY_S)] == ["steady"]
+    # The new life's process answers before it steps (it builds its envs and model, under
+    # load for seconds): not back yet, or the stretch after a loss would count its start-up.
+    assert report(1, 0, 5.0 + STEADY_S, pid=20) == [] and fleet.running() == 1
+    assert fleet.restarts == [0, 1]
+    assert [kind for kind, _ in report(1, 1, 6.0 + STEADY_S, pid=20)] == ["actor_back"]
+    assert fleet.tick(6.0 + STEADY_S) == []
+    report(0, 801, 6.0 + 2 * STEADY_S)
+    assert [kind for kind, _ in fleet.tick(6.0 + 2 * STEADY_S)] == ["steady"]

@@ -204,7 +204,8 @@ class ActorFleet:
         self.last = [{"env_steps": 0, "transitions_sent": 0} for _ in range(n)]
         self.base = [0] * n              # env steps of earlier lives of each actor
         self.seen: list[float | None] = [None] * n
-        self.waiting_since: list[float | None] = [now] * n   # None while it runs
+        self.waiting_since: list[float | None] = [now] * n   # None while it steps
+        self.ran = [False] * n           # has stepped in some life
         self.retired: dict[int, str] = {}                    # actor -> why, for good
         self.full_since: tuple[float, int] | None = None     # (time, env steps): all run
         self.said_steady = False
@@ -295,7 +296,6 @@ class ActorFleet:
         if (stepped := stats.get("first_step_time")) is not None:  # any life's: the earliest
             self.first_step_time = stepped if self.first_step_time is None else \
                 min(stepped, self.first_step_time)
-        first = self.pids[i] is None
         self.pids[i], self.last[i], self.seen[i] = stats["pid"], stats, now
         self.nodes[i] = stats.get("node_id")
         if i in self.rerun_pending:
@@ -305,9 +305,12 @@ class ActorFleet:
             self.run_refs[self.actors[i].run.remote()] = i
         if self.waiting_since[i] is None or i in self.retired:
             return []
+        if stats["env_steps"] <= 0:
+            return []  # its process answers, but it has not stepped: it still builds envs, model
         self.waiting_since[i] = None
         self.none_running_since = None
         node = (self.nodes[i] or "?")[:8]
+        first, self.ran[i] = not self.ran[i], True
         kind, verb = ("actor_running", "running") if first else ("actor_back", "is back")
         return [(kind, f"actor {i} {verb} on node {node}: {self.running()} of "
                  f"{self.expected} actors running")]

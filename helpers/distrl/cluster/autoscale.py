@@ -214,9 +214,10 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
                        window_s: float = 5.0) -> dict:
     """What a node killed under a run did to it, from the run's own record (results.json), on
     the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
-    ran again as a new process (`back`: actor -> time; `restarts`: new processes seen), the env
-    steps/s in the `window_s` before the kill, from the kill until the last lost actor ran again
-    (or the run's end), and in the `window_s` after that, with the actors running in each; and
+    stepped again as a new process (`back`: actor -> time; `restarts`: new processes seen), the
+    env steps/s in the `window_s` before the kill, from the kill until the last lost actor
+    stepped again (or the run's end), and in the `window_s` after that (less if the learner
+    starts sooner), with the actors running in each; and
     the lost actors' own env steps/s in each (`lost_env_steps_per_s`), which the remaining
     actors and the learner's start, sharing the cores, do not blur."""
     import re
@@ -233,6 +234,11 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
     throughput = result["throughput"]
     end = throughput[-1]["time_s"] if throughput else kill_t
     back_t = max(back[i] for i in lost) if lost and all(i in back for i in lost) else None
+    # the stretch after: until the learner starts, if it starts then (--learn-after-recovery):
+    # its start shares the cores and its rate limiter paces the actors from then on
+    learns = [t for t, kind, _ in events if kind == "learning_starts"
+              and back_t is not None and t > back_t]
+    after_t = min([back_t + window_s, *learns]) if back_t is not None else None
 
     def stretch(start: float, stop: float, before_stop: bool = False) -> dict:
         rows = [r for r in throughput if start <= r["time_s"] <= stop
@@ -254,7 +260,7 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
             "before": stretch(kill_t - window_s, kill_t),
             # until the lost actor is back: its first report, which counts its new life's steps
             "during": stretch(kill_t, back_t if back_t is not None else end, before_stop=True),
-            "after": stretch(back_t, back_t + window_s) if back_t is not None else None}
+            "after": stretch(back_t, after_t) if back_t is not None else None}
 
 
 def preemption_story(result: dict, killed_at: float, node_id: str, node_name: str,
