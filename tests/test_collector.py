@@ -977,6 +977,76 @@ def test_stalled_calls_hold_no_slot_for_long(collector, stub):
     assert all(call.done() for call in stalled + flood)
 
 
+def _stalling_connections(address: str, connections: int, calls: int, stop: threading.Event,
+                          ended: list) -> threading.Thread:
+    """A hostile client: `connections` HTTP/2 connections, each keeping `calls` calls open that
+    send their headers and never a message, each sent again as soon as the collector ends it
+    (asyncio, so a stalled call costs no thread). How each call ended goes to `ended`."""
+    import asyncio
+
+    async def stall_one(export):
+        while not stop.is_set():
+            async def nothing():
+                await asyncio.sleep(3600)
+                yield b""
+            try:
+                await export(nothing(), timeout=60)
+            except grpc.aio.AioRpcError as err:
+                ended.append((err.code(), err.details()))
+            await asyncio.sleep(0.01)
+
+    async def main():
+        channels = [grpc.aio.insecure_channel(address, options=[("grpc.use_local_subchannel_pool", 1)])
+                    for _ in range(connections)]  # a subchannel pool each: one connection each
+        tasks = [asyncio.ensure_future(stall_one(ch.stream_unary(
+            METRICS_EXPORT, request_serializer=bytes, response_deserializer=bytes)))
+            for ch in channels for _ in range(calls)]
+        while not stop.is_set():
+            await asyncio.sleep(0.1)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for ch in channels:
+            await ch.close()
+
+    thread = threading.Thread(target=asyncio.run, args=(main(),), daemon=True)
+    thread.start()
+    return thread
+
+
+def test_three_connections_of_stalled_calls_leave_other_clients_their_calls(collector, stub):
+    """Three connections each holding 32 calls that sent headers and no message (each sent
+    again once the collector ended it) filled the server's call cap (74): gRPC exports 2 of 150
+    accepted, reads 2 of 15. A connection now has at most RECEIVING_PER_CONNECTION calls
+    waiting for their message (its others are refused at once) and STREAMS_PER_CONNECTION
+    open (its others wait in the client), so other connections' calls go through."""
+    from distrl.otel.collector import MESSAGE_WAIT_S, RECEIVING_PER_CONNECTION
+
+    stop, ended = threading.Event(), []
+    hostile = _stalling_connections(collector.endpoint.removeprefix("http://"), 3, 32, stop, ended)
+    try:
+        threading.Event().wait(1.0)  # they are in
+        mon = explore.Monitoring(endpoint=collector.endpoint)
+        exported, read = [], []
+        began = dt.datetime.now()
+        for i in range(150):  # over more than MESSAGE_WAIT_S: stalled calls end and come back
+            exported.append(_code(stub, _gauges(f"beside{i % 5}", 10, t=10 + i)))
+            if i % 10 == 0:
+                read.append(len(mon.time_series(PREFIX + "beside0/gauge",
+                                                end=dt.datetime(1970, 1, 1, 0, 5, tzinfo=dt.UTC))))
+            threading.Event().wait(0.04)
+        assert (dt.datetime.now() - began).total_seconds() > MESSAGE_WAIT_S
+    finally:
+        stop.set()
+        hostile.join(30)
+    assert exported.count("OK") >= 149, {c: exported.count(c) for c in set(exported)}
+    assert len(read) == 15 and all(n >= 10 for n in read), read
+    # The hostile connections were refused, and their calls that waited ended on the wait.
+    refused = [d for c, d in ended if c == grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert any(f"{RECEIVING_PER_CONNECTION} calls of this connection" in d for d in refused), ended[:5]
+    assert any(c == grpc.StatusCode.DEADLINE_EXCEEDED for c, _ in ended), ended[:5]
+
+
 def test_without_the_token_a_stalled_call_is_refused_at_its_headers(tmp_path):
     token = "t0ken-" + "y" * 26
     (tmp_path / "token").write_text(token)

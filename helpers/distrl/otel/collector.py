@@ -71,7 +71,11 @@ MiB = 2**20
 # Calls still receiving their message, at most, beside the admitted exports and reads (each a
 # coroutine, holding at most one message); calls one HTTP/2 connection may have open; seconds
 # after which an idle connection is closed.
-RECEIVING_CALLS, STREAMS_PER_CONNECTION, CONNECTION_IDLE_S = 32, 32, 300
+RECEIVING_CALLS, STREAMS_PER_CONNECTION, CONNECTION_IDLE_S = 32, 8, 300
+# Calls of one connection still waiting for their message: an exporter or a reader sends it
+# with the headers, so only a stalled client has several; three connections of stalled calls
+# held every slot of the server (maximum_concurrent_rpcs) without it.
+RECEIVING_PER_CONNECTION = 4
 # gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
 LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 
@@ -1359,6 +1363,7 @@ class _Calls:
     def __init__(self, store: CollectorStore):
         limits = store.limits
         self.limits, self.exporting = limits, 0
+        self.receiving: dict[str, int] = {}  # connection (its peer) -> calls awaiting a message
         self.writers = futures.ThreadPoolExecutor(limits.max_exports,
                                                   thread_name_prefix="collector-export")
         self.readers = _Readers(store.path, limits)
@@ -1375,14 +1380,23 @@ class _Calls:
             method: self._handler(functools.partial(self.readers.answer, method))
             for method in monitoring.METHODS}))
 
-    @staticmethod
-    def _handler(function):
+    def _handler(self, function):
         async def handle(requests, context):
+            peer = context.peer()  # one per connection: its address and port
+            if self.receiving.get(peer, 0) >= RECEIVING_PER_CONNECTION:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
+                    f"{RECEIVING_PER_CONNECTION} calls of this connection are still waiting for "
+                    "their message; send it, or retry"))
+            self.receiving[peer] = self.receiving.get(peer, 0) + 1
             try:
                 request = await asyncio.wait_for(context.read(), MESSAGE_WAIT_S)
             except TimeoutError:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                     f"no request message within {MESSAGE_WAIT_S:g} s")
+            finally:
+                self.receiving[peer] -= 1
+                if not self.receiving[peer]:
+                    del self.receiving[peer]
             if request is grpc.aio.EOF:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no message")
             return await function(request, context)
