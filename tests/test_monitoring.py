@@ -1080,3 +1080,34 @@ def test_google_samples_calls_a_built_in_type_and_a_resource_zone_group(mon):
     ungrouped = _list(mon, "rl.train.loss/gauge", aggregation=_agg(60, "ALIGN_MEAN",
                                                                   "REDUCE_MEAN"))
     assert [_pts(ts) for ts in grouped] == [_pts(ts) for ts in ungrouped]  # no zone: one group
+    # The aggregate and reduce samples' tests check that the points print a start_time: a
+    # GAUGE point's is its end time, TimeInterval's documented default (it had none).
+    points = [p for ts in grouped for p in ts.points]
+    assert points and all(p.interval.start_time == p.interval.end_time for p in points)
+    assert "start_time" in str(grouped[0]._pb) and "end_time" in str(grouped[0]._pb)
+
+
+def test_google_samples_monitored_resource_calls_describe_the_stored_resource_type(mon):
+    """The samples' list_monitored_resources and get_monitored_resource_descriptor, through the
+    real client: the collector lists prometheus_target, the type of every series it stores,
+    with the labels its series carry, and a Get of a type it has no series of is NOT_FOUND
+    naming the one it has (they were UNIMPLEMENTED). Bad names and filters are refused."""
+    listed = list(mon.client.list_monitored_resource_descriptors(name=mon.project_name))
+    assert [d.type for d in listed] == ["prometheus_target"]
+    got = mon.client.get_monitored_resource_descriptor(
+        name=f"{mon.project_name}/monitoredResourceDescriptors/prometheus_target")
+    assert got == listed[0] and got.name.startswith(mon.project_name + "/")
+    [series] = _list(mon, "rl.train.loss/gauge")[:1]
+    assert sorted(label.key for label in got.labels) == sorted(series.resource.labels)
+    assert list(mon.client.list_monitored_resource_descriptors(request={
+        "name": mon.project_name, "filter": 'resource.type = starts_with("prometheus")'}))
+    assert not list(mon.client.list_monitored_resource_descriptors(request={
+        "name": mon.project_name, "filter": 'resource.type = "pubsub_topic"'}))
+    with pytest.raises(exceptions.NotFound, match="stores series of prometheus_target only"):
+        mon.client.get_monitored_resource_descriptor(
+            name=f"{mon.project_name}/monitoredResourceDescriptors/pubsub_topic")
+    with pytest.raises(exceptions.InvalidArgument, match="monitoredResourceDescriptors/RESOURCE"):
+        mon.client.get_monitored_resource_descriptor(name="prometheus_target")
+    with pytest.raises(exceptions.InvalidArgument, match="filters on resource.type only"):
+        list(mon.client.list_monitored_resource_descriptors(request={
+            "name": mon.project_name, "filter": 'metric.type = "x"'}))

@@ -6,7 +6,8 @@ answered from the local collector's SQLite store, on the collector's gRPC port.
     client.list_time_series(name="projects/local", filter='metric.type = "..."', ...)
 
 Answered: ListMetricDescriptors, GetMetricDescriptor and ListTimeSeries (filter, interval,
-view, paging, aggregation). The semantics are Cloud Monitoring's documented ones:
+view, paging, aggregation), and the monitored-resource calls (resources.py). The semantics
+are Cloud Monitoring's documented ones:
 
 - Every series has the monitored resource `prometheus_target` (as GKE Managed OpenTelemetry
   writes them), with labels project_id (from the request), location and cluster ("local"),
@@ -1186,8 +1187,9 @@ class PagedResult:
             start, end, value = self.points[i][self.ends[i] - 1 - pos]  # newest first
             point = current.points.add()
             _timestamp(point.interval.end_time, end)
-            if kind != Kind.GAUGE:
-                _timestamp(point.interval.start_time, start)
+            # A GAUGE point's start is its end: TimeInterval's documented default (cloud.google.
+            # com/monitoring/api/ref_v3/rest/v3/TimeInterval), which Cloud Monitoring returns
+            _timestamp(point.interval.start_time, end if kind == Kind.GAUGE else start)
             _typed_value(point.value, value, value_type)
             response_bytes += point.ByteSize() + 4
             pos += 1
@@ -1386,12 +1388,14 @@ METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
 SERVICE = "google.monitoring.v3.MetricService"
 ANSWERED = {"ListMetricDescriptors": "ListMetricDescriptorsRequest",
             "GetMetricDescriptor": "GetMetricDescriptorRequest",
-            "ListTimeSeries": "ListTimeSeriesRequest"}
+            "ListTimeSeries": "ListTimeSeriesRequest",
+            "ListMonitoredResourceDescriptors": "ListMonitoredResourceDescriptorsRequest",
+            "GetMonitoredResourceDescriptor": "GetMonitoredResourceDescriptorRequest"}
 
 
 def request_type(method: str):
     """The request message of an answered method; None for the others."""
-    return _pb[ANSWERED[method]] if method in ANSWERED else None
+    return getattr(monitoring_v3, ANSWERED[method]).pb() if method in ANSWERED else None
 
 
 def answer(service: MetricService, method: str, request, context):
@@ -1406,7 +1410,13 @@ def answer(service: MetricService, method: str, request, context):
             return service.list_time_series(request, context)
         if method == "ListMetricDescriptors":
             return service.list_metric_descriptors(request, context)
-        return service.get_metric_descriptor(request)
+        if method == "GetMetricDescriptor":
+            return service.get_metric_descriptor(request)
+        from distrl.otel import resources
+
+        if method == "ListMonitoredResourceDescriptors":
+            return resources.list_descriptors(request)
+        return resources.get_descriptor(request)
     except Refused as err:
         message = str(err)
         context.abort(err.code, message if len(message) <= 400 else message[:400] + "...")
