@@ -564,6 +564,36 @@ def _gauge_request(project="projects/local", start_s=0, end_s=130, **extra):
     return monitoring_v3.ListTimeSeriesRequest.pb(request)
 
 
+def test_the_headers_view_reads_no_points(tmp_path):
+    """A one-hour read of 200 series (72,000 points) past max_read_bytes was refused
+    RESOURCE_EXHAUSTED, and so was its HEADERS view, which shows no point: without aggregation
+    HEADERS now reads which series have a point in the interval, not the points. It lists what
+    the FULL view lists, series for series."""
+    store = _filled(tmp_path, series=200, points=360, limits=Limits(max_read_bytes=8 * 2**20))
+    try:
+        service = monitoring.MetricService(store)
+        with pytest.raises(monitoring.Refused, match="would hold more than 8 MiB"):
+            service.list_time_series(_gauge_request(end_s=3600))
+        headers = service.list_time_series(_gauge_request(end_s=3600, view="HEADERS"))
+        assert len(headers.time_series) == 200 and not any(ts.points for ts in headers.time_series)
+        # The same series as the FULL view where it fits, also in a narrow interval.
+        for start_s, end_s in ((0, 3), (100, 100), (359, 361), (400, 500)):
+            full = service.list_time_series(_gauge_request(start_s=start_s, end_s=end_s,
+                                                           page_size=100_000))
+            heads = service.list_time_series(_gauge_request(start_s=start_s, end_s=end_s,
+                                                            view="HEADERS"))
+            without_points = []
+            for ts in full.time_series:
+                del ts.points[:]
+                without_points.append(ts.SerializeToString(deterministic=True))
+            assert sorted(without_points) == sorted(
+                ts.SerializeToString(deterministic=True) for ts in heads.time_series), (start_s,
+                                                                                        end_s)
+            assert len(heads.time_series) == (200 if start_s < 360 else 0)
+    finally:
+        store.close()
+
+
 def test_reads_past_a_cost_ceiling_are_refused_by_name(tmp_path):
     store = _filled(tmp_path, series=300, points=6,
                     limits=Limits(max_rows_scanned=1_500, max_series_periods=500,

@@ -261,27 +261,32 @@ def test_01s_100_line_ape_x_runs_from_its_copy_box_alone(tmp_path: Path):
     helpers = NOTEBOOKS_DIR.parent / "helpers" / "distrl"
     shutil.copytree(helpers / "rl", package / "rl", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(helpers / "__init__.py", package / "__init__.py")
-    for env_id, target in (("CartPole-v1", 100.0), ("Acrobot-v1", -100.0)):
-        script = "\n\n".join([
-            "".join(parameters["source"]),
-            f"ENV_ID, TARGET_RETURN = {env_id!r}, {target}",
-            "MINIMAL_MAX_SECONDS, EVAL_EPISODES = 60.0, 5",
-            *("".join(c["source"]) for c in tagged),
-            "import importlib.util, distrl\n"
-            "print('distrl from', distrl.__file__)\n"
-            "assert importlib.util.find_spec('distrl.apex') is None\n"
-            "ray.shutdown()"])
-        env = {**os.environ, "PYTHONPATH": str(package.parent)}
-        env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # the copied __init__ sets it, as for a reader
-        run = subprocess.run([sys.executable, "-c", script],
-                             cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
-        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
-        assert f"distrl from {package / '__init__.py'}" in run.stdout
-        assert "grpc was imported before distrl" not in run.stderr
+    runs = (("CartPole-v1", 100.0), ("Acrobot-v1", -100.0))
+    # One process, the cells twice (ray.init(ignore_reinit_error=True) keeps its Ray): what a
+    # reader who changes ENV_ID and runs the cells again does, without a second start-up.
+    script = "\n\n".join([
+        "".join(parameters["source"]),
+        "MINIMAL_MAX_SECONDS, EVAL_EPISODES = 60.0, 5",
+        *(part for env_id, target in runs for part in (
+            f"ENV_ID, TARGET_RETURN = {env_id!r}, {target}\nprint('=== run of', ENV_ID)",
+            *("".join(c["source"]) for c in tagged))),
+        "import importlib.util, distrl\n"
+        "print('distrl from', distrl.__file__)\n"
+        "assert importlib.util.find_spec('distrl.apex') is None\n"
+        "ray.shutdown()"])
+    env = {**os.environ, "PYTHONPATH": str(package.parent)}
+    env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # the copied __init__ sets it, as for a reader
+    run = subprocess.run([sys.executable, "-c", script],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-4000:]
+    assert f"distrl from {package / '__init__.py'}" in run.stdout
+    assert "grpc was imported before distrl" not in run.stderr
+    said = run.stdout.split("=== run of ")[1:]
+    assert [part.split()[0] for part in said] == [env_id for env_id, _ in runs], run.stdout[-2000:]
+    for (_, target), out in zip(runs, said, strict=True):
         assert re.search(rf"reached {target:.0f} in \d+ s, [\d,]+ transitions, [\d,]+ updates",
-                         run.stdout), run.stdout[-2000:]
-        assert re.search(r"halfway to the target \(-?\d+\) first at \d+ s", run.stdout), \
-            run.stdout[-2000:]
+                         out), out[-2000:]
+        assert re.search(r"halfway to the target \(-?\d+\) first at \d+ s", out), out[-2000:]
 
 
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):

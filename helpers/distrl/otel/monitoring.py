@@ -615,9 +615,40 @@ def _point_bytes(row: dict) -> int:
     return POINT_BYTES
 
 
-def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
-             kind: int, value_type: int, budget: Budget | None = None) -> bool:
-    """Add a row to its series (made when new); False when the filter drops the series."""
+def read_headers(store, descriptor: dict, project: str, terms: list[Term], start_ns: int,
+                 end_ns: int, budget: Budget | None = None) -> list[Series]:
+    """The series that match the filter terms and have a point in the interval, without their
+    points: what the HEADERS view shows of a read without aggregation (a one-hour read of 200
+    histogram series was refused for the points it never showed). Each has one point, a
+    placeholder at end_ns."""
+    kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
+    sql = ("SELECT DISTINCT p.resource_id, p.scope, p.attributes, r.attributes AS resource "
+           "FROM points p JOIN resources r ON r.id = p.resource_id "
+           "WHERE metric_type = ? AND time_ns <= ? AND time_ns > ?")
+    since_ns = end_ns - 1 if start_ns == end_ns else start_ns  # _in_interval's rule
+    series: dict = {}
+    resources: dict = {}
+    rows = store.rows(sql, (descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns)),
+                      budget.stopped if budget else None)
+    try:
+        for row in rows:
+            if _series_of(series, resources, row, project, terms, kind, value_type, budget):
+                series[(row["resource_id"], row["scope"], row["attributes"])].points.append(
+                    (end_ns, end_ns, None))
+            if budget:
+                budget.row(0)
+    except sqlite3.OperationalError as err:
+        if budget and budget.stopped():
+            raise budget.refusal() from None
+        raise Refused(grpc.StatusCode.UNAVAILABLE, f"the store could not be read: {err}") from None
+    finally:
+        rows.close()
+    return [s for s in series.values() if s is not None]
+
+
+def _series_of(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
+               kind: int, value_type: int, budget: Budget | None = None) -> Series | None:
+    """The series of a row (made when new); None when the filter drops it."""
     key = (row["resource_id"], row["scope"], row["attributes"])
     if key not in series:  # a new series: decide once whether the filter keeps it
         labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
@@ -630,7 +661,13 @@ def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list
         if budget:  # charged for what it keeps: a dropped series leaves only its key
             budget.hold((SERIES_BYTES if series[key] else DROPPED_BYTES)
                         + 3 * len(row["attributes"]))
-    s = series[key]
+    return series[key]
+
+
+def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
+             kind: int, value_type: int, budget: Budget | None = None) -> bool:
+    """Add a row to its series (made when new); False when the filter drops the series."""
+    s = _series_of(series, resources, row, project, terms, kind, value_type, budget)
     if s is None:
         return False
     for name in ("bounds", "bucket_counts", "exponential"):
@@ -1369,6 +1406,8 @@ class MetricService:
     def _series(self, request, descriptor, project, terms, start_ns, end_ns, budget):
         """The request's series after aggregation, those with points."""
         aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
+        if request.view == HEADERS and not aligned:  # no aggregation: no point is shown
+            return read_headers(self.store, descriptor, project, terms, start_ns, end_ns, budget)
         period_ns = _ns(request.aggregation.alignment_period) if aligned else 0
         # Nothing older than the first period (or the interval) can matter to a gauge.
         since_ns = start_ns - period_ns if aligned else min(start_ns, end_ns - 1)
