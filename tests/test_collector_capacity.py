@@ -459,6 +459,48 @@ def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_connection_that_never_reads_leaves_other_clients_their_reads(tmp_path):
+    """One HTTP/2 connection with a zero window, its calls answered and never read, filled the
+    cap on unread answers alone: legitimate reads were answered 3 of 59 for 60 s. A connection
+    now has 8 calls open and UNREAD_PER_CONNECTION of unread answers at most (its further
+    reads are refused, naming it), so another client's reads are all answered beside two."""
+    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+
+    limits = Limits(max_queries=1, max_read_bytes=16 * MiB, page_cache_bytes=MiB)
+    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+        endpoint = collector.endpoint.removeprefix("http://")
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
+        labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
+                  for i in range(MAX_LABEL_KEYS - 1)]
+        for series in range(34):  # one page of about 3.5 MB
+            point = number(10, 1.0, [*labels, kv("series", int_value=series)])
+            stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
+                        timeout=30)
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+        fat = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
+               "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
+        message = monitoring_v3.ListTimeSeriesRequest(**fat)._pb.SerializeToString()
+        # two connections of 25 calls (87 MB of answers each), the second opened once the
+        # first's answers wait: either alone filled the cap before
+        hostile = [_unread_calls(endpoint, LIST_TIME_SERIES, message, 25)]
+        try:
+            threading.Event().wait(1.0)
+            hostile.append(_unread_calls(endpoint, LIST_TIME_SERIES, message, 25))
+            threading.Event().wait(3.0)  # its answers are made, and wait
+            answered = []
+            for _ in range(20):
+                try:
+                    answered.append(len(list(client.list_time_series(request=fat, timeout=30,
+                                                                     retry=None))))
+                except gexc.ResourceExhausted as err:
+                    answered.append(str(err))
+        finally:
+            for sock in hostile:
+                sock.close()
+    assert answered == [34] * 20, answered
+
+
+@pytest.mark.slow
 def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
     """A bucket was charged 24 bytes where a read holds about 77: reads of large histograms
     held three times their limit. 300 points of 1,000 buckets (about 25 MiB held) are now

@@ -1134,6 +1134,9 @@ READ_QUEUE, READ_TURN_S, READER_START_S, READER_CANCEL_S = 32, 10.0, 60.0, 5.0
 # gets its reader while this much waits is refused (RESOURCE_EXHAUSTED); the max_queries
 # reads running may add one answer each, under the clients' 4 MiB (ANSWER_MAX_BYTES).
 UNREAD_ANSWER_BYTES, ANSWER_MAX_BYTES = 32 * MiB, 4 * MiB
+# Of them, what one connection may leave unread: a client that never reads (a zero
+# flow-control window) filled the whole cap alone, and every other client's reads were refused.
+UNREAD_PER_CONNECTION = UNREAD_ANSWER_BYTES // 4
 
 
 class _Reader:
@@ -1177,6 +1180,7 @@ class _Readers:
         self.interrupt = multiprocessing.get_context("spawn").Event()
         self.cancelled = 0  # reads whose client went away (tests and benchmarks read it)
         self.unread = 0  # bytes of answers their clients have not taken yet
+        self.unread_of: dict[str, int] = {}  # the same, per connection (its peer)
 
     def _take(self, prefer: int | None) -> _Reader | None:
         """An idle reader: the one that holds the pages of a page token (prefer) while it
@@ -1280,6 +1284,12 @@ class _Readers:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"{self.limits.max_queries} queries are running and "
                                 f"{READ_QUEUE} waiting; retry shortly")
+        peer = context.peer()
+        if self.unread_of.get(peer, 0) >= UNREAD_PER_CONNECTION:
+            self._free(reader)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"{self.unread_of[peer] / MiB:.0f} MiB of answers wait for this "
+                                "connection to read them; read them, then retry")
         if self.unread >= UNREAD_ANSWER_BYTES:
             self._free(reader)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
@@ -1314,12 +1324,16 @@ class _Readers:
             await context.abort(_STATUS_OF[code], payload if len(payload) <= 400
                                 else payload[:400] + "...")
         self.unread += len(payload)
-        context.add_done_callback(functools.partial(self._taken, len(payload)))
+        self.unread_of[peer] = self.unread_of.get(peer, 0) + len(payload)
+        context.add_done_callback(functools.partial(self._taken, peer, len(payload)))
         return payload
 
-    def _taken(self, size: int, _context) -> None:
+    def _taken(self, peer: str, size: int, _context) -> None:
         """An answer's call ended: its client read it, or went away."""
         self.unread -= size
+        self.unread_of[peer] -= size
+        if not self.unread_of[peer]:
+            del self.unread_of[peer]
 
     async def _after_cancel(self, reader: _Reader) -> None:
         """Tell the reader its client went away; it answers CANCELLED at its next check and
