@@ -43,6 +43,7 @@ import math
 import os
 import queue
 import re
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -71,11 +72,10 @@ MiB = 2**20
 # Calls still receiving their message, at most, beside the admitted exports and reads (each a
 # coroutine, holding at most one message); calls one HTTP/2 connection may have open; seconds
 # after which an idle connection is closed.
+# 8 calls a connection (HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS: a client's further calls
+# wait in the client, none is refused): at 32, three connections of calls that sent headers
+# and no message held every slot of the server (maximum_concurrent_rpcs).
 RECEIVING_CALLS, STREAMS_PER_CONNECTION, CONNECTION_IDLE_S = 32, 8, 300
-# Calls of one connection still waiting for their message: an exporter or a reader sends it
-# with the headers, so only a stalled client has several; three connections of stalled calls
-# held every slot of the server (maximum_concurrent_rpcs) without it.
-RECEIVING_PER_CONNECTION = 4
 # gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
 LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 
@@ -712,7 +712,8 @@ class CollectorStore:
         written, on a connection of its own, beside the writer (a PASSIVE checkpoint:
         sqlite.org/c3ref/wal_checkpoint_v2.html), and tells _restart_log how long the log is
         once at most RESTART_TAIL_BYTES of it are left to copy. A page a read still needs
-        stays in the log until that read ends. Past 4 x max_wal_bytes, reads are stopped
+        stays in the log until that read ends. Past 4 x max_wal_bytes (or half of what the
+        disk leaves the log), reads are stopped
         through interrupt_reads (an event the reader processes watch; they answer UNAVAILABLE,
         which clients retry) until the log starts again, STOP_READS_S at most."""
         conn = sqlite3.connect(self.path, timeout=0, isolation_level=None,
@@ -731,15 +732,35 @@ class CollectorStore:
                             "PRAGMA wal_checkpoint(PASSIVE)").fetchone()
                         if busy or frames == self._restarted_frames:  # not yet restarted
                             continue
-                        tail = (frames - copied) * frame_bytes
-                        self._restartable = frames * frame_bytes * (tail <= RESTART_TAIL_BYTES)
-                        self._stop_reads(frames * frame_bytes > 4 * self.limits.max_wal_bytes)
+                        tail, log = (frames - copied) * frame_bytes, frames * frame_bytes
+                        self._restartable = log * (tail <= RESTART_TAIL_BYTES)
+                        self._stop_reads(log > min(4 * self.limits.max_wal_bytes,
+                                                   self._disk_room(log) // 2))
                 except (OSError, sqlite3.Error):  # a full disk: the writer's commits say so
                     continue
         finally:
             with self._checkpointing:
                 self._stop_reads(False)
             conn.close()
+
+    def _disk_room(self, log: int) -> int:
+        """What the log may take of the disk: its own length and the free space beside it."""
+        try:
+            return log + shutil.disk_usage(self.path.parent).free
+        except OSError:
+            return 2**62
+
+    def _disk_tight(self) -> bool:
+        """Whether the log's file takes over a quarter of what the disk leaves it. A log that
+        took the disk could never be copied back (the database grows by what it copies): on
+        a 64-MiB disk the log grew to 59 MiB, and once full no export got through again, also
+        after space was freed. So the writer then copies it back itself, between commits,
+        without waiting for the checkpointer, and gives the file's space back."""
+        try:
+            wal = self._wal_path.stat().st_size
+        except OSError:
+            return False
+        return wal > self._disk_room(wal) // 4
 
     def _stop_reads(self, stop: bool) -> None:
         """Stops the reads, or lets them go on (under _checkpointing)."""
@@ -756,14 +777,16 @@ class CollectorStore:
 
     def _restart_log(self) -> None:
         """Between two commits: starts the log again once it is half max_wal_bytes long and
-        the checkpointer has copied all but its last pages (a RESTART checkpoint,
+        the checkpointer has copied all but its last pages, or at once on a tight disk
+        (_disk_tight) (a RESTART checkpoint,
         sqlite.org/pragma.html#pragma_wal_checkpoint; commits wait while it copies them). It
         waits RESTART_WAIT_MS at most for the reads on the log (short ones end meanwhile; new
         ones read the database); if one is still there, it tries again once the log has grown
         by half. While reads are stopped (past 4 x max_wal_bytes) it tries after every
         commit, waiting STOP_WAIT_MS for them."""
         log, limit = self._restartable, self.limits.max_wal_bytes
-        stopping = self._stopping_since is not None
+        tight = self._disk_tight()
+        stopping = self._stopping_since is not None or tight
         wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
         if ((not stopping and log <= max(limit // 2, min(self._retry_at, 4 * limit)))
                 or not self._checkpointing.acquire(timeout=wait_ms / 1e3 if stopping else 0)):
@@ -772,7 +795,9 @@ class CollectorStore:
             self._restartable = 0  # until the next copy
             self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
             try:
-                busy, frames, _ = self.conn.execute("PRAGMA wal_checkpoint(RESTART)").fetchone()
+                # the file keeps its length for the next log, unless the disk needs it back
+                mode = "TRUNCATE" if tight else "RESTART"
+                busy, frames, _ = self.conn.execute(f"PRAGMA wal_checkpoint({mode})").fetchone()
                 restarted = not busy
             except sqlite3.Error:
                 restarted, frames = False, -1
@@ -1377,7 +1402,6 @@ class _Calls:
     def __init__(self, store: CollectorStore):
         limits = store.limits
         self.limits, self.exporting = limits, 0
-        self.receiving: dict[str, int] = {}  # connection (its peer) -> calls awaiting a message
         self.writers = futures.ThreadPoolExecutor(limits.max_exports,
                                                   thread_name_prefix="collector-export")
         self.readers = _Readers(store.path, limits)
@@ -1394,23 +1418,14 @@ class _Calls:
             method: self._handler(functools.partial(self.readers.answer, method))
             for method in monitoring.METHODS}))
 
-    def _handler(self, function):
+    @staticmethod
+    def _handler(function):
         async def handle(requests, context):
-            peer = context.peer()  # one per connection: its address and port
-            if self.receiving.get(peer, 0) >= RECEIVING_PER_CONNECTION:
-                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, (
-                    f"{RECEIVING_PER_CONNECTION} calls of this connection are still waiting for "
-                    "their message; send it, or retry"))
-            self.receiving[peer] = self.receiving.get(peer, 0) + 1
             try:
                 request = await asyncio.wait_for(context.read(), MESSAGE_WAIT_S)
             except TimeoutError:
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                     f"no request message within {MESSAGE_WAIT_S:g} s")
-            finally:
-                self.receiving[peer] -= 1
-                if not self.receiving[peer]:
-                    del self.receiving[peer]
             if request is grpc.aio.EOF:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "the call sent no message")
             return await function(request, context)
