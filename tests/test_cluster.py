@@ -712,3 +712,20 @@ def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
     assert learning["after"]["lost_env_steps_per_s"] == pytest.approx(800)  # 12-14 s, less 400
     del rows[10]["actor_env_steps"], rows[0]["actor_env_steps"]  # a record from before
     assert preemption_effects(result, 105.0, "abcdef12")["before"]["lost_env_steps_per_s"] is None
+
+
+def test_a_moment_is_placed_on_the_run_clock_by_the_monotonic_clock_of_one_boot():
+    """A wall clock stepped 17 s forward within a run (seen on a test machine) placed notebook
+    04's kill 17 s early on the run's clock, before the steady line it had waited for. A
+    moment of this boot is placed by the monotonic clock; one of another boot, or a bare wall
+    time, by the wall clock."""
+    from distrl.run_clock import BOOT_ID, moment, run_seconds
+
+    now = moment()
+    result = {"started_at": now["wall"] - 20.0, "started_monotonic": now["monotonic"] - 3.0,
+              "boot_id": BOOT_ID}  # the wall clock jumped 17 s since train() began
+    assert run_seconds(result, now) == pytest.approx(3.0 if BOOT_ID else 20.0)
+    assert run_seconds({**result, "boot_id": "another boot"}, now) == pytest.approx(20.0)
+    assert run_seconds({**result, "started_monotonic": None}, now) == pytest.approx(20.0)
+    assert run_seconds(result, now["wall"]) == pytest.approx(20.0)
+    assert BOOT_ID is not None  # Linux: where these tests run, and the local cluster runs

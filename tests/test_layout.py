@@ -13,10 +13,12 @@ PACKAGE = Path(__file__).resolve().parents[1] / "helpers" / "distrl"
 # A module may import modules of its own layer or below, never above. Layer 0 imports nothing of
 # the package but its version.
 LAYERS = {
-    0: ["distrl", "distrl.ray_runtime", "distrl.otel.conventions", "distrl.gke.settings",
+    0: ["distrl", "distrl.ray_runtime", "distrl.run_clock", "distrl.otel.conventions",
+        "distrl.otel.filters", "distrl.gke.settings",
         "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.frames",
         "distrl.rl.tf_runtime", "distrl.rl.checkpoints"],
-    1: ["distrl.rl.replay", "distrl.rl.envs", "distrl.gke.manifests", "distrl.otel.monitoring",
+    1: ["distrl.rl.replay", "distrl.rl.envs", "distrl.gke.manifests", "distrl.otel.resources",
+        "distrl.otel.monitoring",
         "distrl.cluster.autoscale", "distrl.cluster.jobs", "distrl.apex.faults", "distrl.apex.hold"],
     2: ["distrl.rl.actor", "distrl.rl.learner", "distrl.apex.process_telemetry",
         "distrl.gke.cost", "distrl.gke.preflight", "distrl.otel.collector",

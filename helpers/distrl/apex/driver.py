@@ -20,9 +20,8 @@ can host yet are the demand an autoscaler reacts to; training starts as soon as 
 one actor run, and the others join as nodes arrive. A lost actor is restarted by Ray wherever a
 CPU is free, and the run goes on with fewer actors meanwhile. If no actor runs for actor_wait_s
 the run ends ("no_actors"), and so it does if the learner does not run for learner_wait_s
-("no_learner"). A lost learner or replay ends the run; `resume="auto"` continues
-from the newest checkpoint. With replay_shards > 1 several replay processes share the work.
-"""
+("no_learner"). A lost learner or replay ends the run; `resume="auto"` continues from the
+newest checkpoint. With replay_shards > 1 several replay processes share the work."""
 
 from __future__ import annotations
 
@@ -66,6 +65,7 @@ from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.network import NetworkSpec, init_weights
 from distrl.rl.replay import merged_check
+from distrl.run_clock import BOOT_ID
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
@@ -110,6 +110,8 @@ class TrainingResult:
     timeline: dict[str, float] = field(default_factory=dict)
     resumed_from: str | None = None
     started_at: float | None = None  # wall clock (time.time()) of train()'s start: events' zero
+    started_monotonic: float | None = None  # the same on time.monotonic(), of boot boot_id:
+    boot_id: str | None = None                # distrl.run_clock compares moments by them
     replay_check: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     weights: list[np.ndarray] | None = field(default=None, repr=False)
@@ -797,9 +799,8 @@ class _Run:
     def _add_learner_events(self, learner_final: dict | None) -> None:
         """The learner's own events (checkpoints, holds), on the run's clock, in order."""
         for event in (learner_final or {}).get("events", []):
-            self.events.append({"time_s": event["time"] - (time.time() - (
-                time.monotonic() - self.t_start)), "kind": event["kind"],
-                "detail": event["detail"]})
+            self.events.append({"time_s": self._since_start(event["time"]),
+                                "kind": event["kind"], "detail": event["detail"]})
         self.events.sort(key=lambda e: e["time_s"])
 
     def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
@@ -849,11 +850,7 @@ class _Run:
                 cpu_seconds, weights_versions, epsilons, actor_steps, restarts, nodes,
                 states, sent=()) -> TrainingResult:
         c = self.config
-        # train()'s start on the wall clock, from the two clocks read together: computed where
-        # `started_at` is set, the final stats gathered between them (17 s under load) moved
-        # the events' zero, and notebook 04 placed its kill 17 s early on it
-        now = time.time()
-        wall = time.monotonic() - self.t_start
+        now, wall = time.time(), time.monotonic() - self.t_start
         updates_this_run = updates - (self.resumed or {}).get("updates", 0)
 
         def per_second(count: float, since: float | None) -> float:
@@ -883,7 +880,7 @@ class _Run:
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
             checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,
             events=self.events, timeline=self.timeline(), resumed_from=self.resume_path,
-            started_at=now - wall,
+            started_at=now - wall, started_monotonic=self.t_start, boot_id=BOOT_ID,
             config=c.to_dict(), weights=weights)
         result.save(self.apex.output_dir / "results.json")
         return result

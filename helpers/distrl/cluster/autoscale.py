@@ -24,6 +24,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from distrl.run_clock import moment, run_seconds
+
 # Ray's NodeState.status values (src/ray/protobuf/autoscaler.proto).
 NODE_DEAD = 2
 
@@ -200,7 +202,7 @@ class LocalAutoscaler:
     def _event(self, kind: str, node: str | None, detail: str) -> None:
         self.events.append({"time_s": round(time.monotonic() - self._t0, 1), "kind": kind,
                             "node": node, "detail": detail,
-                            "at": time.time()})  # wall clock, to line up with a run's events
+                            "at": moment()})  # to line up with a run's events (run_clock)
         if self.on_event is not None:
             self.on_event(f"[autoscaler] {detail}")
 
@@ -210,19 +212,19 @@ STORY_KINDS = {"actor_lost", "actor_silent", "actor_back", "actor_running", "nod
                "node_starting", "node_ready", "steady", "stop"}
 
 
-def preemption_effects(result: dict, killed_at: float, node_id: str,
+def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
                        window_s: float = 5.0) -> dict:
     """What a node killed under a run did to it, from the run's own record (results.json), on
     the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
     stepped again as a new process (`back`: actor -> time; `restarts`: new processes seen), the
     env steps/s in the `window_s` before the kill, from the kill until the last lost actor
     stepped again (or the run's end), and in the `window_s` after that (less if the learner
-    starts sooner), with the actors running in each; and
-    the lost actors' own env steps/s in each (`lost_env_steps_per_s`), which the remaining
-    actors and the learner's start, sharing the cores, do not blur."""
+    starts sooner), with the actors running in each; and the lost actors' own env steps/s in
+    each (`lost_env_steps_per_s`), which the remaining actors and the learner's start, sharing
+    the cores, do not blur. `killed_at`: the kill's run_clock.moment() (or wall clock)."""
     import re
 
-    kill_t = killed_at - result["started_at"]
+    kill_t = run_seconds(result, killed_at)
     events = [(e["time_s"], e["kind"], e["detail"]) for e in result["events"]]
     lost = sorted({int(m.group(1)) for t, _, d in events if t <= kill_t
                    if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
@@ -263,21 +265,20 @@ def preemption_effects(result: dict, killed_at: float, node_id: str,
             "after": stretch(back_t, after_t) if back_t is not None else None}
 
 
-def preemption_story(result: dict, killed_at: float, node_id: str, node_name: str,
+def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_name: str,
                      scaler_events: list[dict], max_nodes: int) -> list[str]:
     """A node killed under a run, told from the run's own events on one clock (seconds since the
     run's train()): the kill and the actors it took, then what the driver and the autoscaler
     recorded after it, and what became of each lost actor. `result` is the run's results.json,
-    `killed_at` the wall clock of the kill, `scaler_events` LocalAutoscaler.events."""
+    `killed_at` the kill's run_clock.moment(), `scaler_events` LocalAutoscaler.events."""
     import re
 
-    t0 = result["started_at"]
-    kill_t = killed_at - t0
+    kill_t = run_seconds(result, killed_at)
     driver = [(e["time_s"], e["kind"], e["detail"]) for e in result["events"]]
     lost = sorted({int(m.group(1)) for t, _, d in driver if t <= kill_t
                    if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
                                       d))})
-    scaler = [(e["at"] - t0, e["kind"], e["detail"]) for e in scaler_events]
+    scaler = [(run_seconds(result, e["at"]), e["kind"], e["detail"]) for e in scaler_events]
     after = sorted(event for event in driver + scaler
                    if event[0] >= kill_t - 0.5 and event[1] in STORY_KINDS)
     lines = [f"{kill_t:6.1f} s  {node_name} killed, with actor(s) {lost} on it"]

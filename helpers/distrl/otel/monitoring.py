@@ -75,18 +75,28 @@ from typing import Any
 
 import grpc
 import numpy as np
-import re2
 from google.api import label_pb2, metric_pb2
 from google.cloud import monitoring_v3
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
-RESOURCE_TYPE = "prometheus_target"
+from distrl.otel import resources
+from distrl.otel.filters import (
+    RESOURCE_TYPE,
+    Refused,
+    Term,
+    excerpt,
+    invalid,
+    parse_filter,
+    project_of,
+    selector,
+    unimplemented,
+)
+
 MAX_PAGE_SIZE = 100_000
 MAX_DESCRIPTOR_PAGE_SIZE = 10_000
 MAX_PERIODS = 100_000
 MAX_RESPONSE_BYTES = 3_500_000  # under gRPC's default 4 MiB receive limit of every client
-MAX_FILTER_CHARS = 65_536       # this collector's own ceiling on a filter's length
 # google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
 TIMESTAMP_SECONDS = range(-62_135_596_800, 253_402_300_800)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -137,208 +147,6 @@ Reducer = _Enum(_pb["Aggregation"].Reducer)
 Kind = _Enum(metric_pb2.MetricDescriptor.MetricKind)
 ValueType = _Enum(metric_pb2.MetricDescriptor.ValueType)
 HEADERS = _pb["ListTimeSeriesRequest"].TimeSeriesView.Value("HEADERS")
-
-
-class Refused(Exception):
-    """A request the local collector does not answer; becomes a gRPC status."""
-
-    def __init__(self, code: grpc.StatusCode, message: str):
-        super().__init__(message)
-        self.code = code
-
-
-def _excerpt(text: str, limit: int = 60) -> str:
-    """A client's text quoted in an error, never more than about `limit` characters: a 1 MB
-    filter echoed back would make the error itself too large for the client."""
-    if len(text) <= limit:
-        return repr(text)
-    return f"{text[:limit]!r}... ({len(text):,} characters)"
-
-
-def _invalid(message: str) -> Refused:
-    return Refused(grpc.StatusCode.INVALID_ARGUMENT, message)
-
-
-def _unimplemented(message: str) -> Refused:
-    return Refused(grpc.StatusCode.UNIMPLEMENTED, f"{message} (the local collector answers "
-                   "the subset of Cloud Monitoring that distrl.otel.monitoring documents)")
-
-
-# ---- filters ----
-
-@functools.lru_cache(maxsize=256)
-def _re2(pattern: str):
-    """Cloud Monitoring's regex dialect is RE2 (cloud.google.com/monitoring/api/v3/filters):
-    linear time, no backtracking, so no pattern can stall the collector ("(a+)+" with Python's
-    re doubles its time with every character)."""
-    options = re2.Options()
-    options.log_errors = False  # a client's bad pattern is its error, not our log line
-    return re2.compile(pattern, options)
-
-
-_TOKEN = re.compile(r"""
-    \s*(?:
-      (?P<string>"(?:[^"\\]|\\.)*")
-    | (?P<selector>[A-Za-z_]\w*(?:\.(?:[A-Za-z_][\w-]*|"(?:[^"\\]|\\.)*"))*)
-    | (?P<op>!=|=~|>=|<=|=|<|>|:)
-    | (?P<punct>[(),])
-    | (?P<bad>\S)
-    )""", re.VERBOSE)
-_FUNCTIONS = {
-    "starts_with": lambda value, args: value.startswith(args[0]),
-    "ends_with": lambda value, args: value.endswith(args[0]),
-    "has_substring": lambda value, args: args[0] in value,
-    "one_of": lambda value, args: value in args,
-    "monitoring.regex.full_match": lambda value, args: _re2(args[0]).fullmatch(value) is not None,
-}
-
-
-def _unquote(text: str) -> str:
-    return json.loads(text) if text.startswith('"') else text
-
-
-@dataclass(frozen=True)
-class Term:
-    """One comparison of a filter: selector (e.g. ("metric.label", "rl.run.id")) op value."""
-
-    scope: str                 # metric.type | resource.type | metric.label | resource.label
-    key: str | None
-    negate: bool
-    function: str | None       # None: equality with args[0]
-    args: tuple[str, ...]
-
-    def matches(self, value: str | None) -> bool:
-        if value is None:
-            hit = False
-        elif self.function is None:
-            hit = value == self.args[0]
-        else:
-            hit = _FUNCTIONS[self.function](value, self.args)
-        return hit != self.negate
-
-
-def _selector(text: str) -> tuple[str, str | None]:
-    parts = re.findall(r'"(?:[^"\\]|\\.)*"|[^.]+', text)
-    head = ".".join(parts[:2])
-    if head in ("metric.type", "resource.type") and len(parts) == 2:
-        return head, None
-    if head in ("metric.label", "metric.labels", "resource.label", "resource.labels") \
-            and len(parts) >= 3:
-        key = ".".join(_unquote(p) for p in parts[2:])
-        return head.rstrip("s"), key
-    if parts[0] in ("metadata", "project", "group"):  # real selectors, not answered here
-        raise _unimplemented(f"filter selector {_excerpt(text)} is not supported; use metric.type, "
-                             "resource.type, metric.labels.KEY or resource.labels.KEY")
-    raise _invalid(f"filter selector {_excerpt(text)} is not a Cloud Monitoring selector (expected "
-                   "metric.type, resource.type, metric.labels.KEY or resource.labels.KEY)")
-
-
-def parse_filter(text: str) -> list[Term]:
-    """The terms of a Cloud Monitoring filter (all must hold), or Refused."""
-    if len(text) > MAX_FILTER_CHARS:
-        raise _invalid(f"filter {_excerpt(text)} is longer than this collector's "
-                       f"{MAX_FILTER_CHARS:,} characters")
-    return _FilterParser(text).terms()
-
-
-def _tokens(text: str) -> list[tuple[str, str]]:
-    """(kind, text) of each token of a filter: selector, string, op or punct."""
-    tokens = []
-    for m in _TOKEN.finditer(text):
-        kind = m.lastgroup
-        if kind == "bad":
-            raise _invalid(f"filter {_excerpt(text)}: unexpected character "
-                           f"{_excerpt(m.group(kind))}")
-        tokens.append((kind, m.group(kind)))
-    return tokens
-
-
-class _FilterParser:
-    """Comparisons joined by AND: selector = "string", selector != "string", or selector =
-    function("string", ...)."""
-
-    def __init__(self, text: str):
-        self.shown, self.tokens, self.i = _excerpt(text), _tokens(text), 0
-
-    def take(self, expected_kind: str | None = None) -> tuple[str, str]:
-        if self.i >= len(self.tokens):
-            raise _invalid(f"filter {self.shown} ends early")
-        token = self.tokens[self.i]
-        self.i += 1
-        if expected_kind and token[0] != expected_kind:
-            raise _invalid(f"filter {self.shown}: expected a {expected_kind}, got "
-                           f"{_excerpt(token[1])}")
-        return token
-
-    def terms(self) -> list[Term]:
-        terms = []
-        while self.i < len(self.tokens):
-            if terms:
-                self._joiner()
-            terms.append(self._comparison())
-        return terms
-
-    def _joiner(self) -> None:
-        """Comparisons side by side are joined by AND, as in Cloud Monitoring's own filters
-        (`metric.type="..." resource.type="prometheus_target"`, in Google's dashboards)."""
-        kind, value = self.tokens[self.i]
-        if value == "AND":
-            self.i += 1
-        elif value in ("OR", "NOT"):
-            raise _unimplemented(f"filter operator {value} is not supported; join comparisons "
-                                 "with AND")
-        elif kind != "selector":
-            raise _invalid(f"filter {self.shown}: expected AND between comparisons, got "
-                           f"{_excerpt(value)}")
-
-    def _comparison(self) -> Term:
-        kind, value = self.take()
-        if value in ("NOT", "OR", "AND") or value == "(":
-            raise _unimplemented(f"filter {'parentheses' if value == '(' else value} "
-                                 "is not supported; join comparisons with AND")
-        if kind != "selector":
-            raise _invalid(f"filter {self.shown}: expected a selector such as metric.type, got "
-                           f"{_excerpt(value)}")
-        scope, key = _selector(value)
-        _, op = self.take("op")
-        if op not in ("=", "!="):
-            raise _unimplemented(f"filter operator {_excerpt(op)} is not supported; use = or != "
-                                 "(with a function such as starts_with or "
-                                 "monitoring.regex.full_match for patterns)")
-        if op == "=" and self.i < len(self.tokens) and self.tokens[self.i] == ("op", "="):
-            raise _invalid(f"filter {self.shown}: == is not a Monitoring filter comparison; "
-                           "write = (cloud.google.com/monitoring/api/v3/filters)")
-        kind, value = self.take()
-        if kind == "string":
-            return Term(scope, key, op == "!=", None, (_unquote(value),))
-        if kind != "selector":
-            raise _invalid(f"filter {self.shown}: expected a quoted string or a function after "
-                           f"{op}, got {_excerpt(value)}")
-        return Term(scope, key, op == "!=", value, self._arguments(value))
-
-    def _arguments(self, function: str) -> tuple[str, ...]:
-        """The quoted arguments of function(...), checked."""
-        if function not in _FUNCTIONS:
-            raise _unimplemented(f"filter function {_excerpt(function)} is not supported; "
-                                 f"supported: {', '.join(_FUNCTIONS)}")
-        self.take("punct")  # (
-        args = []
-        while True:
-            args.append(_unquote(self.take("string")[1]))
-            _, punct = self.take("punct")
-            if punct == ")":
-                break
-            if punct != ",":
-                raise _invalid(f"filter {self.shown}: expected , or ) in {function}(...)")
-        if function != "one_of" and len(args) != 1:
-            raise _invalid(f"filter {self.shown}: {function} takes one string, got {len(args)}")
-        if function == "monitoring.regex.full_match":
-            try:
-                _re2(args[0])
-            except re2.error as err:
-                raise _invalid(f"filter: bad RE2 regular expression {_excerpt(args[0])}: "
-                               f"{err.args[0] if err.args else err}") from None
-        return tuple(args)
 
 
 # ---- series read from the store ----
@@ -745,7 +553,7 @@ def _check_aligner(aligner: int, kind: int, value_type: int, metric_type: str) -
                     f"REDUCE_PERCENTILE_{round(op * 100):02d}")
         elif kind == Kind.CUMULATIVE:
             hint = "; for a counter use ALIGN_DELTA or ALIGN_RATE"
-        raise _invalid(f"per_series_aligner {name} is not valid for the {what}{hint}")
+        raise invalid(f"per_series_aligner {name} is not valid for the {what}{hint}")
 
 
 def _period_value(s: Series, op, lo: int, hi: int):
@@ -861,9 +669,9 @@ def _group_field(text: str) -> tuple[str, str]:
     if head == "resource" and key and "." not in key and key not in ("label", "labels"):
         # resource.KEY, as Google's own samples group ("resource.zone"): a resource label
         return "resource.label", key
-    scope, key = _selector(text)
+    scope, key = selector(text)
     if key is None:
-        raise _invalid(f"group_by_fields entry {_excerpt(text)}: expected metric.labels.KEY, "
+        raise invalid(f"group_by_fields entry {excerpt(text)}: expected metric.labels.KEY, "
                        "resource.labels.KEY or resource.type")
     return scope, key
 
@@ -877,25 +685,25 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
     for name, value, enum in (("per_series_aligner", aligner, Aligner),
                               ("cross_series_reducer", reducer, Reducer)):
         if value not in enum.names:
-            raise _invalid(f"{name} {value} is not a {enum.type_name}: expected one of "
+            raise invalid(f"{name} {value} is not a {enum.type_name}: expected one of "
                            f"{', '.join(enum.names.values())}")
     if reducer != Reducer.REDUCE_NONE and reducer not in _REDUCERS:
-        raise _unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
+        raise unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
     if aligner == Aligner.ALIGN_NONE:
         if reducer != Reducer.REDUCE_NONE:
-            raise _invalid(f"cross_series_reducer {Reducer.Name(reducer)} needs a "
+            raise invalid(f"cross_series_reducer {Reducer.Name(reducer)} needs a "
                            "per_series_aligner other than ALIGN_NONE and an alignment_period")
         return
     if aligner not in _ALIGNERS:
-        raise _unimplemented(f"per_series_aligner {Aligner.Name(aligner)} is not supported")
+        raise unimplemented(f"per_series_aligner {Aligner.Name(aligner)} is not supported")
     period_ns = _ns(aggregation.alignment_period)
     if not aggregation.HasField("alignment_period") or period_ns <= 0:
-        raise _invalid(f"per_series_aligner {Aligner.Name(aligner)} needs an alignment_period")
+        raise invalid(f"per_series_aligner {Aligner.Name(aligner)} needs an alignment_period")
     if period_ns < 10**9:
-        raise _invalid(f"alignment_period {period_ns / 1e9}s is too short: expected at least "
+        raise invalid(f"alignment_period {period_ns / 1e9}s is too short: expected at least "
                        "1 s (Cloud Monitoring: at least 60 s)")
     if (end_ns - start_ns) // period_ns > MAX_PERIODS:
-        raise _invalid(f"the interval holds more than {MAX_PERIODS} alignment periods; "
+        raise invalid(f"the interval holds more than {MAX_PERIODS} alignment periods; "
                        "use a longer alignment_period or a shorter interval")
     if reducer != Reducer.REDUCE_NONE:
         for field_name in aggregation.group_by_fields:
@@ -905,7 +713,7 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
         _, aligned_type = _aligned_types(_ALIGNERS[aligner], kind, value_type)
         if aligned_type == ValueType.DISTRIBUTION and reducer in (Reducer.REDUCE_MIN,
                                                                    Reducer.REDUCE_MAX):
-            raise _invalid(f"cross_series_reducer {Reducer.Name(reducer)} is not valid for "
+            raise invalid(f"cross_series_reducer {Reducer.Name(reducer)} is not valid for "
                            "distribution values")
 
 
@@ -995,13 +803,6 @@ def _in_interval(t: int, start_ns: int, end_ns: int) -> bool:
 
 # ---- the service ----
 
-def _project(name: str, what: str) -> str:
-    match = re.fullmatch(r"projects/([^/]+)", name)
-    if not match:
-        raise _invalid(f"{what} {_excerpt(name)} is invalid: expected projects/PROJECT_ID")
-    return match.group(1)
-
-
 def _ns(message) -> int:
     """A protobuf Timestamp or Duration in nanoseconds."""
     return message.seconds * 10**9 + message.nanos
@@ -1011,7 +812,7 @@ def _time_ns(message, what: str) -> int:
     """A request's Timestamp in nanoseconds, refused outside Timestamp's own range (a time near
     2^62 s once overflowed SQLite's integers and came back as UNKNOWN)."""
     if message.seconds not in TIMESTAMP_SECONDS or not 0 <= message.nanos < 10**9:
-        raise _invalid(f"{what} {message.seconds} s + {message.nanos} ns is invalid: expected "
+        raise invalid(f"{what} {message.seconds} s + {message.nanos} ns is invalid: expected "
                        "a time from 0001-01-01 to 9999-12-31 (google.protobuf.Timestamp)")
     return _ns(message)
 
@@ -1058,10 +859,10 @@ def _page(request) -> tuple[int, str]:
         fingerprint = token["request"]
         result = str(token.get("result", ""))
     except Exception:
-        raise _invalid(f"page_token {_excerpt(request.page_token)} is not one this collector gave "
+        raise invalid(f"page_token {excerpt(request.page_token)} is not one this collector gave "
                        "out") from None
     if fingerprint != _fingerprint(request) or offset < 0:
-        raise _invalid(f"page_token {_excerpt(request.page_token)} belongs to a different request "
+        raise invalid(f"page_token {excerpt(request.page_token)} belongs to a different request "
                        "(name, filter, interval, aggregation and view must stay the same)")
     return offset, result
 
@@ -1126,7 +927,7 @@ class PageCache:
 
 def _page_size(size: int, maximum: int) -> int:
     if size < 0:
-        raise _invalid(f"page_size {size} is invalid: expected a positive number (0: the "
+        raise invalid(f"page_size {size} is invalid: expected a positive number (0: the "
                        f"maximum, {maximum})")
     return maximum if size == 0 else min(size, maximum)
 
@@ -1277,11 +1078,11 @@ class MetricService:
 
     def list_metric_descriptors(self, request, context=None):
         budget = Budget(self.limits, context)
-        project = _project(request.name, "name")
+        project = project_of(request.name, "name")
         terms = parse_filter(request.filter) if request.filter else []
         for t in terms:
             if t.scope not in ("metric.type", "resource.type"):
-                raise _unimplemented(f"ListMetricDescriptors filter on {t.scope} is not "
+                raise unimplemented(f"ListMetricDescriptors filter on {t.scope} is not "
                                      "supported; filter on metric.type or resource.type")
         size = _page_size(request.page_size, MAX_DESCRIPTOR_PAGE_SIZE)
         offset = _page_offset(request)
@@ -1309,38 +1110,38 @@ class MetricService:
     def get_metric_descriptor(self, request):
         match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", request.name)
         if not match:
-            raise _invalid(f"name {_excerpt(request.name)} is invalid: expected "
+            raise invalid(f"name {excerpt(request.name)} is invalid: expected "
                            "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
         descriptor = self._descriptor(match.group(2))
         if descriptor is not None:
             return self._descriptor_pb(descriptor, match.group(1))
-        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {_excerpt(match.group(2))}")
+        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {excerpt(match.group(2))}")
 
     def list_time_series(self, request, context=None):
         budget = Budget(self.limits, context)
-        project = _project(request.name, "name")
+        project = project_of(request.name, "name")
         if not request.filter:
-            raise _invalid("filter is required and must name one metric type: "
+            raise invalid("filter is required and must name one metric type: "
                            'metric.type = "..."')
         terms = parse_filter(request.filter)
         types = [t for t in terms if t.scope == "metric.type"]
         if len(types) != 1 or types[0].negate or types[0].function is not None:
-            raise _invalid(f"filter {_excerpt(request.filter)} must name exactly one metric type with "
+            raise invalid(f"filter {excerpt(request.filter)} must name exactly one metric type with "
                            'metric.type = "..."')
         metric_type = types[0].args[0]
         if not request.interval.HasField("end_time"):
-            raise _invalid("interval.end_time is required")
+            raise invalid("interval.end_time is required")
         end_ns = _time_ns(request.interval.end_time, "interval.end_time")
         start_ns = _time_ns(request.interval.start_time, "interval.start_time") if \
             request.interval.HasField("start_time") else end_ns
         if start_ns > end_ns:
-            raise _invalid(f"interval start_time {start_ns} ns is after end_time {end_ns} ns")
+            raise invalid(f"interval start_time {start_ns} ns is after end_time {end_ns} ns")
         if request.HasField("secondary_aggregation") and (
                 request.secondary_aggregation.per_series_aligner
                 or request.secondary_aggregation.cross_series_reducer):
-            raise _unimplemented("secondary_aggregation is not supported")
+            raise unimplemented("secondary_aggregation is not supported")
         if request.order_by:
-            raise _unimplemented(f"order_by {_excerpt(request.order_by)} is not supported")
+            raise unimplemented(f"order_by {excerpt(request.order_by)} is not supported")
         headers_only = request.view == HEADERS
         size = _page_size(request.page_size, MAX_PAGE_SIZE)
         offset, result_id = _page(request)
@@ -1354,7 +1155,7 @@ class MetricService:
             return response  # a built-in type with no data here: Cloud Monitoring lists nothing
         if descriptor is None:  # Cloud Monitoring's answer, word for word, plus the hint
             named = (json.dumps(metric_type, ensure_ascii=False) if len(metric_type) <= 200
-                     else _excerpt(metric_type, 200))  # as the filter writes it
+                     else excerpt(metric_type, 200))  # as the filter writes it
             raise Refused(grpc.StatusCode.NOT_FOUND, " ".join([
                 f"Cannot find metric(s) that match type = {named}. If a metric was created "
                 "recently, it could take up to 10 minutes to become available.", *hints]))
@@ -1390,7 +1191,7 @@ class MetricService:
                 if len(hints) == 3:
                     break
                 if _underscored(d["name"]) == wanted:
-                    hints.append(f"no metric type {_excerpt(metric_type, 100)}: OTLP metrics "
+                    hints.append(f"no metric type {excerpt(metric_type, 100)}: OTLP metrics "
                                  "keep their dots in Cloud Monitoring; did you mean "
                                  f"{d['metric_type']!r}?")
             return hints
@@ -1399,7 +1200,7 @@ class MetricService:
             if t.scope == "metric.label" and t.key not in keys:
                 dotted = [k for k in keys if _underscored(k) == _underscored(t.key)]
                 if dotted:
-                    hints.append(f"no series has the label {_excerpt(t.key, 60)}; its key is "
+                    hints.append(f"no series has the label {excerpt(t.key, 60)}; its key is "
                                  f'{dotted[0]!r}: metric.labels."{dotted[0]}"')
         return hints
 
@@ -1451,8 +1252,6 @@ def answer(service: MetricService, method: str, request, context):
             return service.list_metric_descriptors(request, context)
         if method == "GetMetricDescriptor":
             return service.get_metric_descriptor(request)
-        from distrl.otel import resources
-
         if method == "ListMonitoredResourceDescriptors":
             return resources.list_descriptors(request)
         return resources.get_descriptor(request)

@@ -12,7 +12,7 @@ import grpc
 from google.api import label_pb2, monitored_resource_pb2
 from google.cloud import monitoring_v3
 
-from distrl.otel.monitoring import RESOURCE_TYPE, Refused, _excerpt, _invalid, _project, parse_filter
+from distrl.otel.filters import RESOURCE_TYPE, Refused, excerpt, invalid, parse_filter, project_of
 
 # The labels of prometheus_target that every series of the collector carries (the monitoring
 # module's docstring says where each comes from, as GKE Managed OpenTelemetry fills them).
@@ -41,16 +41,16 @@ def descriptor(project: str) -> monitored_resource_pb2.MonitoredResourceDescript
 def list_descriptors(request):
     """ListMonitoredResourceDescriptors: the filter may name resource.type only (Cloud
     Monitoring's documented use); one page holds every type the collector has."""
-    project = _project(request.name, "name")
+    project = project_of(request.name, "name")
     terms = parse_filter(request.filter) if request.filter else []
     for t in terms:
         if t.scope != "resource.type":
-            raise _invalid(f"filter {_excerpt(request.filter)}: ListMonitoredResourceDescriptors "
+            raise invalid(f"filter {excerpt(request.filter)}: ListMonitoredResourceDescriptors "
                            "filters on resource.type only")
     if request.page_size < 0:
-        raise _invalid(f"page_size {request.page_size} is invalid: expected a positive number")
+        raise invalid(f"page_size {request.page_size} is invalid: expected a positive number")
     if request.page_token:  # the first page holds them all: no token was ever given
-        raise _invalid(f"page_token {_excerpt(request.page_token)} is not one this collector gave")
+        raise invalid(f"page_token {excerpt(request.page_token)} is not one this collector gave")
     response = _ListResponse()
     if all(t.matches(RESOURCE_TYPE) for t in terms):
         response.resource_descriptors.append(descriptor(project))
@@ -60,12 +60,12 @@ def list_descriptors(request):
 def get_descriptor(request):
     match = NAME.fullmatch(request.name)
     if not match:
-        raise _invalid(f"name {_excerpt(request.name)} is invalid: expected "
+        raise invalid(f"name {excerpt(request.name)} is invalid: expected "
                        "projects/PROJECT_ID/monitoredResourceDescriptors/RESOURCE_TYPE")
     project, resource_type = match.groups()
     if resource_type != RESOURCE_TYPE:
         raise Refused(grpc.StatusCode.NOT_FOUND, f"no monitored resource descriptor "
-                      f"{_excerpt(resource_type)}: the local collector stores series of "
+                      f"{excerpt(resource_type)}: the local collector stores series of "
                       f"{RESOURCE_TYPE} only")
     return descriptor(project)
 
