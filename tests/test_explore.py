@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from distrl.otel import explore
-from distrl.otel.monitoring import bucket_percentile
+from distrl.otel.series import bucket_percentile
 
 
 def test_bucket_percentile_against_the_raw_values():
@@ -163,7 +163,7 @@ writer.close()
 TENSORBOARD_READ = """
 import json, sys
 from distrl.otel import explore
-from distrl.otel.monitoring import bucket_percentile
+from distrl.otel.series import bucket_percentile
 
 logdir = sys.argv[1]
 print(json.dumps({"loss": explore.tensorboard_scalars(logdir, "learner/loss"),

@@ -18,7 +18,7 @@ LAYERS = {
         "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.frames",
         "distrl.rl.tf_runtime", "distrl.rl.checkpoints"],
     1: ["distrl.rl.replay", "distrl.rl.envs", "distrl.gke.manifests", "distrl.otel.resources",
-        "distrl.otel.monitoring",
+        "distrl.otel.series", "distrl.otel.aggregation", "distrl.otel.monitoring",
         "distrl.cluster.autoscale", "distrl.cluster.jobs", "distrl.apex.faults", "distrl.apex.hold"],
     2: ["distrl.rl.actor", "distrl.rl.learner", "distrl.apex.process_telemetry",
         "distrl.gke.cost", "distrl.gke.preflight", "distrl.otel.collector",

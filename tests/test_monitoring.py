@@ -14,7 +14,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.otel import dashboard, explore, monitoring
+from distrl.otel import dashboard, explore, monitoring, series
 from distrl.otel.collector import CollectorStore, Limits, LocalCollector
 
 T0 = 1_700_000_000 * 10**9
@@ -1079,14 +1079,14 @@ def test_percentiles_of_an_exponential_histogram_across_a_scale_change(tmp_path)
 def test_summed_bucket_counts_past_64_bits_are_out_of_range_not_wrapped():
     """Bucket counts are int64: two series summed past 2^63 wrapped silently (a p50 of 2.0 where
     the truth is 1.5); an INT64 sum already answered OUT_OF_RANGE, and so do these now."""
-    def dist(count: int) -> monitoring.Dist:
-        return monitoring.Dist(count, 1.0, (1.0, 2.0), np.array([0, count, 0], dtype=np.int64))
+    def dist(count: int) -> series.Dist:
+        return series.Dist(count, 1.0, (1.0, 2.0), np.array([0, count, 0], dtype=np.int64))
 
     assert list((dist(2**61) + dist(2**61)).counts) == [0, 2**62, 0]  # within 64 bits: exact
     with pytest.raises(monitoring.Refused) as refused:
         dist(2**62) + dist(2**62)  # 2^63: one past INT64_MAX
     assert refused.value.code == grpc.StatusCode.OUT_OF_RANGE
-    small = monitoring.Dist(3, 4.5, (1.0, 2.0), np.array([1, 1, 1], dtype=np.int64))
+    small = series.Dist(3, 4.5, (1.0, 2.0), np.array([1, 1, 1], dtype=np.int64))
     assert list((small + small).counts) == [2, 2, 2]
 
 

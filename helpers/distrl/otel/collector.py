@@ -461,7 +461,7 @@ def _exponential_fields(p) -> tuple:
                                                  *p.negative.bucket_counts)),
                  ("zero_threshold", p.zero_threshold),
                  *((f, getattr(p, f)) for f in ("sum", "min", "max") if p.HasField(f)))
-    # Read as explicit bounds 2^(index / 2^scale) (monitoring._dist_of): each must be a
+    # Read as explicit bounds 2^(index / 2^scale) (series.dist_of): each must be a
     # normal double.
     low = p.positive.offset * 2.0 ** -p.scale
     high = (p.positive.offset + len(p.positive.bucket_counts)) * 2.0 ** -p.scale

@@ -34,7 +34,7 @@ from distrl.gke.settings import check_project_id
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard as dash
 from distrl.otel.dashboard import PREFIX
-from distrl.otel.monitoring import bucket_percentile
+from distrl.otel.series import bucket_percentile
 
 LOCAL_PROJECT = "local"
 

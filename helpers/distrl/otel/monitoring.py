@@ -57,12 +57,9 @@ from __future__ import annotations
 
 import base64
 import bisect
-import functools
 import hashlib
 import itertools
 import json
-import math
-import operator
 import re
 import secrets
 import sqlite3
@@ -70,17 +67,16 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
-import numpy as np
 from google.api import label_pb2, metric_pb2
 from google.cloud import monitoring_v3
 from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
 from distrl.otel import resources
+from distrl.otel.aggregation import USER_DEFINED_PREFIXES, aggregate, check_aggregation
 from distrl.otel.filters import (
     RESOURCE_TYPE,
     Refused,
@@ -89,276 +85,31 @@ from distrl.otel.filters import (
     invalid,
     parse_filter,
     project_of,
-    selector,
     unimplemented,
+)
+from distrl.otel.series import (
+    HEADERS,
+    PB,
+    WAL_RESTART,
+    Aligner,
+    Budget,
+    Kind,
+    Series,
+    ValueType,
+    kind_of,
+    label_text,
+    ns_of,
+    resource_labels,
+    value_of,
 )
 
 MAX_PAGE_SIZE = 100_000
 MAX_DESCRIPTOR_PAGE_SIZE = 10_000
-MAX_PERIODS = 100_000
 MAX_RESPONSE_BYTES = 3_500_000  # under gRPC's default 4 MiB receive limit of every client
 # google.protobuf.Timestamp's range: 0001-01-01T00:00:00Z to 9999-12-31T23:59:59Z.
 TIMESTAMP_SECONDS = range(-62_135_596_800, 253_402_300_800)
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
-_pb = {name: getattr(monitoring_v3, name).pb() for name in (
-    "ListTimeSeriesRequest", "ListTimeSeriesResponse", "ListMetricDescriptorsRequest",
-    "ListMetricDescriptorsResponse", "GetMetricDescriptorRequest", "TimeSeries", "Aggregation")}
-
-
-
-def bucket_percentile(bounds: list[float], counts: list[int], q: float) -> float:
-    """The q-quantile (0..1) of an explicit-bucket histogram, interpolating inside the bucket
-    (the first bucket starts at 0, the overflow bucket is reported at its lower bound)."""
-    if not 0 <= q <= 1:
-        raise ValueError(f"q={q!r} is invalid: expected a quantile in [0, 1]")
-    if len(counts) != len(bounds) + 1:
-        raise ValueError(f"{len(counts)} bucket counts for {len(bounds)} bounds; expected "
-                         f"{len(bounds) + 1}")
-    total = sum(counts)
-    if total == 0:
-        return float("nan")
-    rank = q * total
-    cumulative = 0.0
-    for i, count in enumerate(counts):
-        if count and cumulative + count >= rank:
-            lower = 0.0 if i == 0 else bounds[i - 1]
-            if i == len(bounds):
-                return float(lower)
-            upper = bounds[i]
-            return float(lower + (upper - lower) * (rank - cumulative) / count)
-        cumulative += count
-    return float(bounds[-1])
-
-class _Enum:
-    """A protobuf enum with its values as plain attributes (Value and Name as before): an
-    attribute lookup on protobuf's enum wrapper is a slow call, and reading a query's rows
-    makes several a point (`python benchmarks/monitoring_query.py` measures the queries)."""
-
-    def __init__(self, wrapper):
-        self.__dict__.update(wrapper.items())
-        self.Value, self.Name = wrapper.Value, wrapper.Name
-        self.names = {number: name for name, number in wrapper.items()}
-        self.type_name = wrapper.DESCRIPTOR.name
-
-
-Aligner = _Enum(_pb["Aggregation"].Aligner)
-Reducer = _Enum(_pb["Aggregation"].Reducer)
-Kind = _Enum(metric_pb2.MetricDescriptor.MetricKind)
-ValueType = _Enum(metric_pb2.MetricDescriptor.ValueType)
-HEADERS = _pb["ListTimeSeriesRequest"].TimeSeriesView.Value("HEADERS")
-
-
-# ---- series read from the store ----
-
-def _common(a: Dist, b: Dist) -> tuple[Dist, Dist]:
-    """Two distributions over common bounds. Two exponential histograms go to the coarser of
-    their scales, over both their ranges: every bound of a scale is one of every finer
-    scale's, so each count lands whole in its bucket (OTel's data model: the scale may change
-    between points). Other bounds that differ (a restart with new buckets) are merged over
-    the bounds they share, which keeps every count."""
-    if a.bounds == b.bounds:
-        return a, b
-    if a.scale is not None and b.scale is not None:
-        scale = min(a.scale, b.scale)
-        a, b = a.at_scale(scale), b.at_scale(scale)
-        low = min(a.offset, b.offset)
-        high = max(a.offset + len(a.counts) - 2, b.offset + len(b.counts) - 2)
-        return a.spanning(low, high), b.spanning(low, high)
-    shared = tuple(sorted(set(a.bounds) & set(b.bounds)))
-    return a.on(shared), b.on(shared)
-
-
-def exponential_bounds(scale: int, offset: int, buckets: int) -> tuple:
-    """The bounds of `buckets` base-2 exponential buckets from index `offset`: bucket i is
-    (2^(i / 2^scale), 2^((i + 1) / 2^scale)]."""
-    width = 2.0 ** -scale
-    return tuple(2.0 ** ((offset + i) * width) for i in range(buckets + 1))
-
-
-@dataclass
-class Dist:
-    """An explicit-bucket distribution (Cloud Monitoring's Distribution value). From an
-    exponential histogram it keeps its scale and first positive index: counts are then
-    [zero and negative, positive buckets from `offset`..., 0]."""
-
-    count: int
-    sum: float
-    bounds: tuple
-    counts: np.ndarray
-    scale: int | None = None
-    offset: int = 0
-
-    def _with(self, count: int, total: float, counts: np.ndarray) -> Dist:
-        return Dist(count, total, self.bounds, counts, self.scale, self.offset)
-
-    def __sub__(self, other: Dist) -> Dist:
-        a, b = _common(self, other)
-        return a._with(a.count - b.count, a.sum - b.sum, a.counts - b.counts)
-
-    def __add__(self, other: Dist) -> Dist:
-        a, b = _common(self, other)
-        counts = a.counts + b.counts  # int64 arrays wrap silently: caught here
-        if ((b.counts > 0) & (counts < a.counts)).any() or \
-                ((b.counts < 0) & (counts > a.counts)).any():
-            raise Refused(grpc.StatusCode.OUT_OF_RANGE,
-                          "summed bucket counts of a distribution are beyond 64 bits")
-        return a._with(a.count + b.count, a.sum + b.sum, counts)
-
-    def at_scale(self, scale: int) -> Dist:
-        """The same exponential histogram at a coarser (or its own) scale: fine bucket i is in
-        coarse bucket i >> (the scales' difference), whole."""
-        shift = self.scale - scale
-        if shift == 0:
-            return self
-        positive = self.counts[1:-1]
-        first = self.offset >> shift
-        index = ((self.offset + np.arange(len(positive))) >> shift) - first
-        merged = np.zeros(int(index[-1]) + 1 if len(index) else 0, dtype=np.int64)
-        np.add.at(merged, index, positive)
-        return Dist(self.count, self.sum, exponential_bounds(scale, first, len(merged)),
-                    np.array([self.counts[0], *merged, 0], dtype=np.int64), scale, first)
-
-    def spanning(self, low: int, high: int) -> Dist:
-        """The same exponential histogram over positive indices low..high, empty buckets added."""
-        positive = self.counts[1:-1]
-        before, after = self.offset - low, high - (self.offset + len(positive) - 1)
-        counts = np.concatenate([[self.counts[0]], np.zeros(before, np.int64), positive,
-                                 np.zeros(after, np.int64), [0]]).astype(np.int64)
-        return Dist(self.count, self.sum, exponential_bounds(self.scale, low, high - low + 1),
-                    counts, self.scale, low)
-
-    def on(self, bounds: tuple) -> Dist:
-        """The same distribution over bounds that are a subset of its own: adjacent buckets
-        merged, so every count stays exact."""
-        if bounds == self.bounds:
-            return self
-        index = {bound: i for i, bound in enumerate(self.bounds)}
-        cuts = [0, *(index[bound] + 1 for bound in bounds), len(self.counts)]
-        counts = np.array([self.counts[lo:hi].sum() for lo, hi in zip(cuts, cuts[1:])],
-                          dtype=np.int64)
-        return Dist(self.count, self.sum, bounds, counts)
-
-    def percentile(self, q: float) -> float:
-        return bucket_percentile(list(self.bounds), list(self.counts), q)
-
-
-@dataclass
-class Series:
-    metric_labels: dict
-    resource_labels: dict
-    kind: int                  # Kind.GAUGE | Kind.CUMULATIVE | Kind.DELTA
-    value_type: int
-    points: list = field(default_factory=list)   # (start_ns, end_ns, value), oldest first
-    temporalities: list = field(default_factory=list)  # OTLP temporality of each point read
-
-    @functools.cached_property
-    def ends(self) -> list[int]:
-        """The points' end times (sorted: points are oldest first)."""
-        return [p[1] for p in self.points]
-
-
-def _label(value) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
-
-
-def resource_labels(resource: dict, project: str) -> dict:
-    return {"project_id": project, "location": "local", "cluster": "local",
-            "namespace": _label(resource.get("service.namespace", "")),
-            "job": _label(resource.get("service.name", "")),
-            "instance": _label(resource.get("service.instance.id", ""))}
-
-
-def _dist_of(row: dict) -> Dist:
-    if row["exponential"] is not None:  # base-2 exponential buckets as explicit bounds
-        e = row["exponential"]
-        positive, offset = e["positive"]["counts"], e["positive"]["offset"]
-        below = e["zero_count"] + sum(e["negative"]["counts"])
-        counts = np.array([below, *positive, 0], dtype=np.int64)
-        return Dist(row["count"], row["sum"] or 0.0,
-                    exponential_bounds(e["scale"], offset, len(positive)), counts, e["scale"],
-                    offset)
-    return Dist(row["count"], row["sum"] or 0.0, tuple(row["bounds"]),
-                np.array(row["bucket_counts"], dtype=np.int64))
-
-
-def _value_of(row: dict, value_type: int):
-    if value_type == ValueType.DISTRIBUTION:
-        return _dist_of(row)
-    if value_type == ValueType.INT64 and row["int_value"] is not None:
-        return int(row["int_value"])
-    return float(row["value"])
-
-
-def _kind_of(descriptor: dict) -> int:
-    return Kind.Value(descriptor["metric_kind"])
-
-
-class Budget:
-    """The cost ceiling of one read: a deadline (the server's max_query_s, or the client's when
-    shorter), whether the client still waits, and how many points it may read."""
-
-    def __init__(self, limits, context=None):
-        remaining = context.time_remaining() if context is not None else None
-        self.seconds = limits.max_query_s if remaining is None else min(limits.max_query_s,
-                                                                        max(remaining, 0.0))
-        self.deadline = time.monotonic() + self.seconds
-        self.context, self.max_rows, self.rows = context, limits.max_rows_scanned, 0
-        self.max_series_periods = limits.max_series_periods
-        self.max_bytes, self.bytes = limits.max_read_bytes, 0
-        self.cancelled = False
-
-    def stopped(self) -> bool:
-        """True once the deadline passed or the client went away (also SQLite's progress
-        handler: a true answer interrupts the running statement)."""
-        if self.context is not None and not self.context.is_active():
-            self.cancelled = True
-        return self.cancelled or time.monotonic() > self.deadline
-
-    def refusal(self) -> Refused:
-        if getattr(self.context, "interrupted", False):
-            return Refused(grpc.StatusCode.UNAVAILABLE, WAL_RESTART)
-        if self.cancelled:
-            return Refused(grpc.StatusCode.CANCELLED, "the client stopped waiting")
-        return Refused(grpc.StatusCode.DEADLINE_EXCEEDED,
-                       f"the query ran past its deadline of {self.seconds:.1f} s; narrow the "
-                       "interval or the filter, or align over longer periods")
-
-    def check(self) -> None:
-        if self.stopped():
-            raise self.refusal()
-
-    def row(self, held: int = 0) -> None:
-        """One point read; held: the bytes it holds while the read runs (0: dropped)."""
-        self.rows += 1
-        self.hold(held)
-        if self.rows > self.max_rows:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the query reads more than {self.max_rows:,} points; narrow the "
-                          "interval or the filter")
-        if self.rows % 4096 == 0:
-            self.check()
-
-    def hold(self, size: int) -> None:
-        self.bytes += size
-        if self.bytes > self.max_bytes:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"the query would hold more than {self.max_bytes / 2**20:g} MiB of "
-                          "series and points; narrow the interval or the filter")
-
-    def cells(self, series: int, periods: int) -> None:
-        if series * periods > self.max_series_periods:
-            raise Refused(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                          f"{series:,} series x {periods:,} alignment periods is more than "
-                          f"{self.max_series_periods:,}; align over longer periods, narrow "
-                          "the interval, or filter or group the series")
-
-
-# What read_series uses of a point (not its id, min or max).
 POINT_COLUMNS = ", ".join(f"p.{c}" for c in (
     "resource_id", "attributes", "temporality", "start_ns", "time_ns", "value", "int_value",
     "count", "sum", "bounds", "bucket_counts", "exponential", "scope"))
@@ -373,7 +124,7 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
     """The descriptor's series that match the filter terms, with their points up to end_ns
     (for a gauge, only those after since_ns), in the descriptor's kind (delta points of a
     cumulative metric are summed up, cumulative points of a delta metric differenced)."""
-    kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
+    kind, value_type = kind_of(descriptor), ValueType.Value(descriptor["value_type"])
     sql = (f"SELECT {POINT_COLUMNS}, r.attributes AS resource FROM points p JOIN resources r "
            "ON r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
     params: tuple = (descriptor["metric_type"], _sql_int(end_ns))
@@ -429,11 +180,11 @@ def read_headers(store, descriptor: dict, project: str, terms: list[Term], start
     points: what the HEADERS view shows of a read without aggregation (a one-hour read of 200
     histogram series was refused for the points it never showed). Each has one point, a
     placeholder at end_ns."""
-    kind, value_type = _kind_of(descriptor), ValueType.Value(descriptor["value_type"])
+    kind, value_type = kind_of(descriptor), ValueType.Value(descriptor["value_type"])
     sql = ("SELECT DISTINCT p.resource_id, p.scope, p.attributes, r.attributes AS resource "
            "FROM points p JOIN resources r ON r.id = p.resource_id "
            "WHERE metric_type = ? AND time_ns <= ? AND time_ns > ?")
-    since_ns = end_ns - 1 if start_ns == end_ns else start_ns  # _in_interval's rule
+    since_ns = end_ns - 1 if start_ns == end_ns else start_ns  # in_interval's rule
     series: dict = {}
     resources: dict = {}
     rows = store.rows(sql, (descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns)),
@@ -459,7 +210,7 @@ def _series_of(series: dict, resources: dict, row: dict, project: str, terms: li
     """The series of a row (made when new); None when the filter drops it."""
     key = (row["resource_id"], row["scope"], row["attributes"])
     if key not in series:  # a new series: decide once whether the filter keeps it
-        labels = {k: _label(v) for k, v in json.loads(row["attributes"]).items()}
+        labels = {k: label_text(v) for k, v in json.loads(row["attributes"]).items()}
         if row["scope"]:
             labels.setdefault("otel_scope_name", row["scope"])
         if row["resource_id"] not in resources:
@@ -481,7 +232,7 @@ def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list
     for name in ("bounds", "bucket_counts", "exponential"):
         if row[name] is not None:
             row[name] = json.loads(row[name])
-    s.points.append((row["start_ns"], row["time_ns"], _value_of(row, value_type)))
+    s.points.append((row["start_ns"], row["time_ns"], value_of(row, value_type)))
     s.temporalities.append(row["temporality"])
     return True
 
@@ -520,292 +271,8 @@ def _as_kind(points: list, temporalities: list, kind: int) -> list:
     return out
 
 
-# ---- alignment and reduction ----
-
-_ALIGNERS = {
-    Aligner.ALIGN_DELTA: "delta", Aligner.ALIGN_RATE: "rate", Aligner.ALIGN_MEAN: "mean",
-    Aligner.ALIGN_MIN: "min", Aligner.ALIGN_MAX: "max", Aligner.ALIGN_SUM: "sum",
-    Aligner.ALIGN_COUNT: "count", Aligner.ALIGN_PERCENTILE_99: 0.99,
-    Aligner.ALIGN_PERCENTILE_95: 0.95, Aligner.ALIGN_PERCENTILE_50: 0.50,
-    Aligner.ALIGN_PERCENTILE_05: 0.05}
-_REDUCERS = {
-    Reducer.REDUCE_MEAN: "mean", Reducer.REDUCE_SUM: "sum", Reducer.REDUCE_MIN: "min",
-    Reducer.REDUCE_MAX: "max", Reducer.REDUCE_COUNT: "count",
-    Reducer.REDUCE_PERCENTILE_99: 0.99, Reducer.REDUCE_PERCENTILE_95: 0.95,
-    Reducer.REDUCE_PERCENTILE_50: 0.50, Reducer.REDUCE_PERCENTILE_05: 0.05}
-
-
-def _check_aligner(aligner: int, kind: int, value_type: int, metric_type: str) -> None:
-    name = Aligner.Name(aligner)
-    op = _ALIGNERS[aligner]
-    dist = value_type == ValueType.DISTRIBUTION
-    what = f"{Kind.Name(kind)} {ValueType.Name(value_type)} metric {metric_type}"
-    if op in ("delta", "rate"):
-        ok = kind in (Kind.CUMULATIVE, Kind.DELTA) and (op == "delta" or not dist)
-    elif isinstance(op, float):
-        ok = kind in (Kind.GAUGE, Kind.DELTA) and dist
-    else:
-        ok = kind in (Kind.GAUGE, Kind.DELTA) and (op == "sum" or not dist)
-    if not ok:
-        hint = ""
-        if isinstance(op, float) and kind == Kind.CUMULATIVE:
-            hint = (f"; for a percentile of a cumulative histogram use ALIGN_DELTA with "
-                    f"REDUCE_PERCENTILE_{round(op * 100):02d}")
-        elif kind == Kind.CUMULATIVE:
-            hint = "; for a counter use ALIGN_DELTA or ALIGN_RATE"
-        raise invalid(f"per_series_aligner {name} is not valid for the {what}{hint}")
-
-
-def _period_value(s: Series, op, lo: int, hi: int):
-    """The aligned value of series s for the period (lo, hi], or None without data there."""
-    ends = s.ends
-    first, last = bisect.bisect_right(ends, lo), bisect.bisect_right(ends, hi)
-    if first == last:
-        return None
-    inside = s.points[first:last]
-    values = [p[2] for p in inside]
-    if s.kind == Kind.CUMULATIVE:  # delta / rate: the increments from lo to hi
-        previous = s.points[first - 1] if first else None
-        delta = None
-        for point in inside:
-            # Across a restart (a new start time) the new value counts from zero.
-            step = point[2] - previous[2] if previous and previous[0] == point[0] else point[2]
-            delta = step if delta is None else delta + step
-            previous = point
-        return delta if op == "delta" else delta / ((hi - lo) / 1e9)
-    if op == "delta" or op == "sum":
-        return _total(values)
-    if op == "rate":
-        return sum(values) / ((hi - lo) / 1e9)
-    if op == "count":
-        return len(values)
-    if isinstance(op, float):
-        return _percentile_of(values, op)
-    return {"mean": lambda: float(np.mean(values)), "min": lambda: min(values),
-            "max": lambda: max(values)}[op]()
-
-
-def _aligned_types(op, kind: int, value_type: int) -> tuple[int, int]:
-    if op == "delta":
-        return Kind.DELTA, value_type
-    if op == "sum":
-        return (Kind.DELTA if kind == Kind.DELTA else Kind.GAUGE), value_type
-    if op == "count":
-        return Kind.GAUGE, ValueType.INT64
-    if op in ("min", "max"):
-        return Kind.GAUGE, value_type
-    return Kind.GAUGE, ValueType.DOUBLE  # rate, mean, percentiles
-
-
-def _total(values: list):
-    """The sum of numbers or the merge of distributions (Dist has no zero to start from)."""
-    return functools.reduce(operator.add, values)
-
-
-def _percentile_of(dists: list[Dist], q: float) -> float | None:
-    """The q-quantile of distributions together (None: no values). With one set of bounds,
-    that of their sum. Otherwise over the union of their bounds, each bucket's count spread
-    evenly across the finer buckets it covers (bucket_percentile's own assumption inside a
-    bucket): summing onto the bounds they share lost the buckets, and with none shared
-    answered 0."""
-    if sum(d.count for d in dists) == 0:
-        return None
-    if all(d.bounds == dists[0].bounds for d in dists):
-        return _total(dists).percentile(q)
-    grid = sorted(set().union(*(d.bounds for d in dists)))
-    edges = np.array([0.0, *grid])  # grid bucket j is [edges[j], edges[j + 1]); the last open
-    counts = np.zeros(len(grid) + 1)
-    for d in dists:
-        lows = [0.0, *d.bounds]
-        for i, count in enumerate(d.counts):
-            if not count:
-                continue
-            if i == len(d.bounds):  # the overflow bucket, reported at its lower bound
-                counts[grid.index(d.bounds[-1]) + 1 if d.bounds else 0] += count
-                continue
-            lo, hi = lows[i], d.bounds[i]
-            if hi <= lo:  # a first bound at or below 0: no width to spread over
-                counts[grid.index(hi)] += count
-                continue
-            overlap = np.clip(np.minimum(np.append(edges[1:], np.inf), hi)
-                              - np.maximum(edges, lo), 0.0, None)
-            counts += count * overlap / (hi - lo)
-    return bucket_percentile(grid, list(counts), q)
-
-
-def _reduce(op, values: list):
-    if op == "count":
-        return len(values)
-    if isinstance(values[0], Dist):  # MIN and MAX were refused by check_aggregation
-        merged = _total(values)
-        if op == "sum":
-            return merged
-        if op == "mean":
-            return merged.sum / merged.count if merged.count else math.nan
-        percentile = _percentile_of(values, op)
-        return math.nan if percentile is None else percentile
-    if op == "sum":
-        return sum(values)
-    if op == "mean":
-        return float(np.mean(values))
-    if op == "min":
-        return min(values)
-    if op == "max":
-        return max(values)
-    return float(np.percentile(values, op * 100))  # linear interpolation between values
-
-
-# Metric types users define (OTLP's Prometheus ones, custom and external metrics): one that
-# does not exist is NOT_FOUND. A built-in type (compute.googleapis.com/...) always exists in
-# Cloud Monitoring, and with no data its list is empty.
-USER_DEFINED_PREFIXES = ("prometheus.googleapis.com/", "custom.googleapis.com/",
-                         "external.googleapis.com/", "workload.googleapis.com/")
-
-
-def _group_field(text: str) -> tuple[str, str]:
-    if text == "resource.type":
-        return "resource.type", ""
-    head, _, key = text.partition(".")
-    if head == "resource" and key and "." not in key and key not in ("label", "labels"):
-        # resource.KEY, as Google's own samples group ("resource.zone"): a resource label
-        return "resource.label", key
-    scope, key = selector(text)
-    if key is None:
-        raise invalid(f"group_by_fields entry {excerpt(text)}: expected metric.labels.KEY, "
-                       "resource.labels.KEY or resource.type")
-    return scope, key
-
-
-def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
-                      kind: int | None, value_type: int | None) -> None:
-    """Refuse what aggregate() does not answer, whether or not there is data (kind None: the
-    metric type is unknown, so only the kind-independent rules apply)."""
-    aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
-    # proto3 enums are open: a client can send any number, which .Name() cannot name.
-    for name, value, enum in (("per_series_aligner", aligner, Aligner),
-                              ("cross_series_reducer", reducer, Reducer)):
-        if value not in enum.names:
-            raise invalid(f"{name} {value} is not a {enum.type_name}: expected one of "
-                           f"{', '.join(enum.names.values())}")
-    if reducer != Reducer.REDUCE_NONE and reducer not in _REDUCERS:
-        raise unimplemented(f"cross_series_reducer {Reducer.Name(reducer)} is not supported")
-    if aligner == Aligner.ALIGN_NONE:
-        if reducer != Reducer.REDUCE_NONE:
-            raise invalid(f"cross_series_reducer {Reducer.Name(reducer)} needs a "
-                           "per_series_aligner other than ALIGN_NONE and an alignment_period")
-        return
-    if aligner not in _ALIGNERS:
-        raise unimplemented(f"per_series_aligner {Aligner.Name(aligner)} is not supported")
-    period_ns = _ns(aggregation.alignment_period)
-    if not aggregation.HasField("alignment_period") or period_ns <= 0:
-        raise invalid(f"per_series_aligner {Aligner.Name(aligner)} needs an alignment_period")
-    if period_ns < 10**9:
-        raise invalid(f"alignment_period {period_ns / 1e9}s is too short: expected at least "
-                       "1 s (Cloud Monitoring: at least 60 s)")
-    if (end_ns - start_ns) // period_ns > MAX_PERIODS:
-        raise invalid(f"the interval holds more than {MAX_PERIODS} alignment periods; "
-                       "use a longer alignment_period or a shorter interval")
-    if reducer != Reducer.REDUCE_NONE:
-        for field_name in aggregation.group_by_fields:
-            _group_field(field_name)
-    if kind is not None:
-        _check_aligner(aligner, kind, value_type, metric_type)
-        _, aligned_type = _aligned_types(_ALIGNERS[aligner], kind, value_type)
-        if aligned_type == ValueType.DISTRIBUTION and reducer in (Reducer.REDUCE_MIN,
-                                                                   Reducer.REDUCE_MAX):
-            raise invalid(f"cross_series_reducer {Reducer.Name(reducer)} is not valid for "
-                           "distribution values")
-
-
-def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
-              budget: Budget | None = None) -> list[Series]:
-    """Cloud Monitoring's Aggregation, checked by check_aggregation(), applied to the series
-    (see the module docstring): each series aligned, then the groups reduced; the budget's
-    deadline is checked as it goes."""
-    check = budget.check if budget else (lambda: None)
-    aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
-    if aligner == Aligner.ALIGN_NONE:
-        for s in series:
-            s.points = [p for p in s.points if _in_interval(p[1], start_ns, end_ns)]
-        return series
-    if not series:
-        return []
-    aligned = _align(series, _ALIGNERS[aligner], _ns(aggregation.alignment_period), start_ns,
-                     end_ns, check)
-    if reducer == Reducer.REDUCE_NONE:
-        return aligned
-    return _reduce_groups(aligned, _REDUCERS[reducer], aggregation.group_by_fields, check)
-
-
-def _align(series: list[Series], op, period_ns: int, start_ns: int, end_ns: int,
-           check) -> list[Series]:
-    """Each series as one point a period, the periods ending at end_ns and back to start_ns."""
-    out_kind, out_type = _aligned_types(op, series[0].kind, series[0].value_type)
-    ends = []
-    hi = end_ns
-    while hi > start_ns or (hi == end_ns == start_ns):
-        ends.append(hi)
-        hi -= period_ns
-        if start_ns == end_ns:
-            break
-    aligned = []
-    for i, s in enumerate(series):
-        if i % 512 == 0:
-            check()
-        points = []
-        for hi in ends:
-            value = _period_value(s, op, hi - period_ns, hi)
-            if value is not None:
-                points.append((hi - period_ns if out_kind == Kind.DELTA else hi, hi, value))
-        points.reverse()
-        aligned.append(Series(s.metric_labels, s.resource_labels, out_kind, out_type, points))
-    return aligned
-
-
-def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[Series]:
-    """One series per group of the group_by fields' values, its points reduced across the
-    group's series period by period."""
-    fields = [_group_field(f) for f in group_by_fields]
-    groups: dict = {}
-    for s in aligned:
-        metric_labels, res_labels = {}, {}
-        for scope, key in fields:
-            if scope == "metric.label" and key in s.metric_labels:
-                metric_labels[key] = s.metric_labels[key]
-            elif scope == "resource.label" and key in s.resource_labels:
-                res_labels[key] = s.resource_labels[key]
-        group_key = (tuple(sorted(metric_labels.items())), tuple(sorted(res_labels.items())))
-        groups.setdefault(group_key, (metric_labels, res_labels, []))[2].append(s)
-    if rop == "count":
-        red_type = ValueType.INT64
-    elif rop == "mean" or isinstance(rop, float):
-        red_type = ValueType.DOUBLE
-    else:
-        red_type = aligned[0].value_type
-    reduced = []
-    for i, (metric_labels, res_labels, members) in enumerate(groups.values()):
-        if i % 512 == 0:
-            check()
-        by_end: dict = {}
-        for s in members:
-            for start, end, value in s.points:
-                by_end.setdefault((start, end), []).append(value)
-        points = [(start, end, _reduce(rop, values))
-                  for (start, end), values in sorted(by_end.items(), key=lambda kv: kv[0][1])]
-        if points:
-            reduced.append(Series(metric_labels, res_labels, aligned[0].kind, red_type, points))
-    return reduced
-
-
-def _in_interval(t: int, start_ns: int, end_ns: int) -> bool:
-    return t == end_ns if start_ns == end_ns else start_ns < t <= end_ns
-
-
 # ---- the service ----
 
-def _ns(message) -> int:
-    """A protobuf Timestamp or Duration in nanoseconds."""
-    return message.seconds * 10**9 + message.nanos
 
 
 def _time_ns(message, what: str) -> int:
@@ -814,7 +281,7 @@ def _time_ns(message, what: str) -> int:
     if message.seconds not in TIMESTAMP_SECONDS or not 0 <= message.nanos < 10**9:
         raise invalid(f"{what} {message.seconds} s + {message.nanos} ns is invalid: expected "
                        "a time from 0001-01-01 to 9999-12-31 (google.protobuf.Timestamp)")
-    return _ns(message)
+    return ns_of(message)
 
 
 def _timestamp(message, ns: int) -> None:
@@ -956,7 +423,7 @@ def _typed_value(message, value, value_type: int) -> None:
 
 
 def _header(s: Series, metric_type: str, unit: str):
-    ts = _pb["TimeSeries"]()
+    ts = PB["TimeSeries"]()
     ts.metric.type = metric_type
     ts.metric.labels.update(s.metric_labels)
     ts.resource.type = RESOURCE_TYPE
@@ -1086,7 +553,7 @@ class MetricService:
                                      "supported; filter on metric.type or resource.type")
         size = _page_size(request.page_size, MAX_DESCRIPTOR_PAGE_SIZE)
         offset = _page_offset(request)
-        response = _pb["ListMetricDescriptorsResponse"]()
+        response = PB["ListMetricDescriptorsResponse"]()
         matched, taken, used = 0, 0, 0
         for d in self._descriptors(budget):
             if not all(t.matches(d["metric_type"] if t.scope == "metric.type"
@@ -1147,9 +614,9 @@ class MetricService:
         offset, result_id = _page(request)
         descriptor = self._descriptor(metric_type)
         check_aggregation(request.aggregation, start_ns, end_ns, metric_type,
-                          _kind_of(descriptor) if descriptor else None,
+                          kind_of(descriptor) if descriptor else None,
                           ValueType.Value(descriptor["value_type"]) if descriptor else None)
-        response = _pb["ListTimeSeriesResponse"]()
+        response = PB["ListTimeSeriesResponse"]()
         hints = self._hints(metric_type, descriptor, terms)
         if descriptor is None and not metric_type.startswith(USER_DEFINED_PREFIXES):
             return response  # a built-in type with no data here: Cloud Monitoring lists nothing
@@ -1209,7 +676,7 @@ class MetricService:
         aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
         if request.view == HEADERS and not aligned:  # no aggregation: no point is shown
             return read_headers(self.store, descriptor, project, terms, start_ns, end_ns, budget)
-        period_ns = _ns(request.aggregation.alignment_period) if aligned else 0
+        period_ns = ns_of(request.aggregation.alignment_period) if aligned else 0
         # Nothing older than the first period (or the interval) can matter to a gauge.
         since_ns = start_ns - period_ns if aligned else min(start_ns, end_ns - 1)
         series = read_series(self.store, descriptor, project, terms, end_ns, since_ns, budget)
@@ -1269,7 +736,6 @@ def answer(service: MetricService, method: str, request, context):
 _READER: MetricService | None = None
 
 
-WAL_RESTART = "the collector is starting its write-ahead log again; retry"
 
 
 class _ReadDeadline:

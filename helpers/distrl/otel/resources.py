@@ -1,6 +1,6 @@
 """MetricService's monitored-resource calls (ListMonitoredResourceDescriptors,
 GetMonitoredResourceDescriptor), answered for the one resource type the local collector stores:
-`prometheus_target`, with the labels its series carry (monitoring.resource_labels). Cloud
+`prometheus_target`, with the labels its series carry (series.resource_labels). Cloud
 Monitoring lists every type it knows (gce_instance, pubsub_topic, ...); the collector lists
 the types it has series of, and a Get of any other type is NOT_FOUND, naming the one it has."""
 
