@@ -22,7 +22,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.otel.collector import CollectorStore, LocalCollector
+from distrl.otel.collector import LocalCollector
+from distrl.otel.store import CollectorStore
 
 EXPORT = "/opentelemetry.proto.collector.metrics.v1.MetricsService/Export"
 

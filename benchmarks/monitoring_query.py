@@ -30,7 +30,9 @@ from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard, explore
-from distrl.otel.collector import CollectorStore, Limits, LocalCollector
+from distrl.otel.collector import LocalCollector
+from distrl.otel.limits import Limits
+from distrl.otel.store import CollectorStore
 
 S = 10**9
 

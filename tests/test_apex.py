@@ -367,7 +367,7 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, in
 
 
 def _points(db, metric_type):
-    from distrl.otel.collector import CollectorStore
+    from distrl.otel.store import CollectorStore
 
     return CollectorStore(db).points(metric_type)
 

@@ -26,7 +26,9 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from distrl.otel import explore
-from distrl.otel.collector import CollectorServer, CollectorStore, Limits, LocalCollector, MiB, main
+from distrl.otel.collector import CollectorServer, LocalCollector, main
+from distrl.otel.limits import Limits, MiB
+from distrl.otel.store import CollectorStore
 
 PREFIX = "prometheus.googleapis.com/"
 
@@ -660,7 +662,7 @@ def test_every_limit_is_an_option_of_the_collector_command():
     import argparse
     import dataclasses
 
-    from distrl.otel.collector import add_limit_options, limit_argv, limits_from
+    from distrl.otel.limits import add_limit_options, limit_argv, limits_from
 
     assert all(getattr(ODD_LIMITS, f.name) != getattr(Limits(), f.name)
                for f in dataclasses.fields(Limits))
@@ -1028,7 +1030,7 @@ def test_stalled_calls_hold_no_slot_for_long(collector, stub):
     """Twelve calls that sent headers and never a message held every slot for minutes: every
     export and read got RESOURCE_EXHAUSTED. A call now takes a turn only once its message has
     arrived, and one whose message does not come within MESSAGE_WAIT_S is cancelled."""
-    from distrl.otel.collector import MESSAGE_WAIT_S
+    from distrl.otel.receivers import MESSAGE_WAIT_S
 
     stop = threading.Event()
     # a connection of their own (a channel shares one with `stub` otherwise): a connection's
@@ -1104,7 +1106,7 @@ def test_three_connections_of_stalled_calls_leave_other_clients_their_calls(coll
     again once the collector ended it) filled the server's call cap (74): gRPC exports 2 of 150
     accepted, reads 2 of 15. A connection now has STREAMS_PER_CONNECTION calls open at most
     (HTTP/2's limit: its others wait in the client), so other connections' calls go through."""
-    from distrl.otel.collector import MESSAGE_WAIT_S
+    from distrl.otel.receivers import MESSAGE_WAIT_S
 
     stop, ended = threading.Event(), []
     hostile = _stalling_connections(collector.endpoint.removeprefix("http://"), 3, 32, stop, ended)
@@ -1152,7 +1154,7 @@ def test_http_bodies_sent_a_trickle_at_a_time_hold_no_turn_for_long(tmp_path):
     for as long as the trickle lasted, then waited 4.9 s behind them. A body now has
     MESSAGE_WAIT_S to arrive in full, and asks for a turn only once it has: an export beside
     the trickles is stored before they time out."""
-    from distrl.otel.collector import MESSAGE_WAIT_S
+    from distrl.otel.receivers import MESSAGE_WAIT_S
 
     with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
         stop, answers = threading.Event(), []
@@ -1340,7 +1342,7 @@ def test_reads_run_in_reader_processes_below_ingestion_and_one_that_dies_is_repl
     loops had a p99 30 times their p99 alone. They now run in processes of their own, at a
     lower CPU priority; a reader that dies fails its read with UNAVAILABLE (clients retry it)
     and the next read gets a new one."""
-    from distrl.otel.collector import READ_NICE
+    from distrl.otel.receivers import READ_NICE
 
     stub.Export(_gauges("r", 10), timeout=10)
     mon = explore.Monitoring(endpoint=collector.endpoint)

@@ -30,7 +30,8 @@ from test_collector import (
 )
 
 from distrl.otel import explore
-from distrl.otel.collector import Limits, LocalCollector, MiB
+from distrl.otel.collector import LocalCollector
+from distrl.otel.limits import Limits, MiB
 
 LIST_TIME_SERIES = "/google.monitoring.v3.MetricService/ListTimeSeries"
 
@@ -101,7 +102,7 @@ def test_an_unforeseen_error_in_a_read_is_internal_and_the_reader_answers_the_ne
         tmp_path, monkeypatch):
     """answer_bytes, what a reader process runs for each call, with a fault no rule foresaw."""
     from distrl.otel import monitoring
-    from distrl.otel.collector import CollectorStore
+    from distrl.otel.store import CollectorStore
 
     store = CollectorStore(tmp_path / "otel.db", create=True)
     monkeypatch.setattr(monitoring, "_READER", monitoring.MetricService(store))
@@ -301,7 +302,7 @@ def test_caps_on_buckets_and_labels_are_refused_per_point(collector):
     attribute keys of 2.1 MB made every ListMetricDescriptors fail in the standard client.
     Buckets, label keys and values, and keys a metric type has are capped, each refused per
     point; the points beside them are stored."""
-    from distrl.otel.collector import MAX_BUCKETS, MAX_KEY_CHARS, MAX_LABEL_KEYS, MAX_VALUE_CHARS
+    from distrl.otel.points import MAX_BUCKETS, MAX_KEY_CHARS, MAX_LABEL_KEYS, MAX_VALUE_CHARS
 
     stub = metrics_service_pb2_grpc.MetricsServiceStub(
         grpc.insecure_channel(collector.endpoint.removeprefix("http://"),
@@ -352,7 +353,7 @@ def test_caps_on_buckets_and_labels_are_refused_per_point(collector):
 def test_every_read_response_stays_under_a_client_s_4_mib(collector):
     """Series whose labels are as large as the caps allow: a read of them all comes in pages,
     each under the standard client's 4 MiB receive limit."""
-    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
 
     stub = metrics_service_pb2_grpc.MetricsServiceStub(
         grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
@@ -401,7 +402,7 @@ def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
     answers in gRPC's buffers: +246 MB outside the printed bound. Answers not yet read are
     now capped (UNREAD_ANSWER_BYTES); past it reads are refused until they are taken,
     exports go on, and the collector with its reader stays under the bound it prints."""
-    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
 
     limits = Limits(max_message_bytes=MiB, max_exports=1, max_queries=1,
                     max_read_bytes=16 * MiB, cache_bytes=MiB, page_cache_bytes=MiB)
@@ -464,7 +465,7 @@ def test_a_connection_that_never_reads_leaves_other_clients_their_reads(tmp_path
     cap on unread answers alone: legitimate reads were answered 3 of 59 for 60 s. A connection
     now has 8 calls open and UNREAD_PER_CONNECTION of unread answers at most (its further
     reads are refused, naming it), so another client's reads are all answered beside two."""
-    from distrl.otel.collector import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
 
     limits = Limits(max_queries=1, max_read_bytes=16 * MiB, page_cache_bytes=MiB)
     with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
@@ -505,7 +506,7 @@ def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
     """A bucket was charged 24 bytes where a read holds about 77: reads of large histograms
     held three times their limit. 300 points of 1,000 buckets (about 25 MiB held) are now
     answered within a 32 MiB limit and 500 refused, where both had been answered."""
-    from distrl.otel.collector import MAX_BUCKETS
+    from distrl.otel.points import MAX_BUCKETS
 
     limits = Limits(max_queries=1, max_read_bytes=32 * MiB, page_cache_bytes=MiB)
     with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
@@ -694,7 +695,7 @@ def test_spans_stream_in_constant_memory(tmp_path):
     from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     from opentelemetry.proto.trace.v1 import trace_pb2
 
-    from distrl.otel.collector import CollectorStore
+    from distrl.otel.store import CollectorStore
 
     store = CollectorStore(tmp_path / "otel.db", create=True)
     try:

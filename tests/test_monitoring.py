@@ -15,7 +15,9 @@ from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from distrl.otel import dashboard, explore, monitoring, series
-from distrl.otel.collector import CollectorStore, Limits, LocalCollector
+from distrl.otel.collector import LocalCollector
+from distrl.otel.limits import Limits
+from distrl.otel.store import CollectorStore
 
 T0 = 1_700_000_000 * 10**9
 S = 10**9

@@ -311,7 +311,7 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
                                        r"at \d+ s", text).groups())
     assert first <= best / 2, (first, best)
     # The raw-SDK cell's instruments arrived under the seed's scope names.
-    from distrl.otel.collector import CollectorStore
+    from distrl.otel.store import CollectorStore
 
     store = CollectorStore(out_dir / "otel.db")
     demo = store.query("SELECT DISTINCT metric_type, scope FROM points WHERE json_extract("

@@ -42,7 +42,7 @@ Two deliberate differences: alignment periods may be as short as 1 s (Cloud Moni
 requires 60 s; local runs are short), and anything not listed above is refused with
 UNIMPLEMENTED (or INVALID_ARGUMENT where Cloud Monitoring also refuses it), naming it.
 
-Every read has a cost ceiling (collector.Limits): at most max_queries at once, a deadline (the
+Every read has a cost ceiling (limits.Limits): at most max_queries at once, a deadline (the
 client's, or max_query_s when shorter), max_rows_scanned points (or descriptors) read,
 max_read_bytes of series and points held, and max_series_periods aligned cells; past one it
 ends with DEADLINE_EXCEEDED or RESOURCE_EXHAUSTED. A response stays under 3.5 MiB (gRPC
@@ -334,7 +334,7 @@ def _page(request) -> tuple[int, str]:
     return offset, result
 
 
-# This reader process's number (collector._Readers): a page token of a kept result names it.
+# This reader process's number (receivers._Readers): a page token of a kept result names it.
 _READER_ID: int | None = None
 
 
@@ -503,7 +503,7 @@ class PagedResult:
 
 class MetricService:
     """Answers MetricService requests (protobuf messages) from a CollectorStore, within the
-    store's limits (collector.Limits)."""
+    store's limits (limits.Limits)."""
 
     def __init__(self, store):
         self.store = store
@@ -765,7 +765,7 @@ class _ReadDeadline:
 
 def reader_main(conn, open_store: Callable[[], Any], nice: int, interrupt=None,
                 reader_id: int | None = None) -> None:
-    """A reader process (collector._Readers): at a lower priority, answers the calls that
+    """A reader process (receivers._Readers): at a lower priority, answers the calls that
     come through conn with answer_bytes until it gets None or conn closes. open_store (picklable:
     the process is spawned) opens the collector's store read-only in this process. A "cancel"
     that arrives between reads was meant for the read before: it is dropped."""

@@ -1,7 +1,7 @@
 """What a MetricService read holds and what it may cost: the metric kinds, value types,
 aligners and reducers as plain enums, distributions (explicit and exponential buckets) and
 series as read from the store, their monitored-resource labels, and Budget, a read's ceiling
-(collector.Limits)."""
+(limits.Limits)."""
 
 from __future__ import annotations
 
