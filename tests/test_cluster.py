@@ -703,6 +703,13 @@ def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
     # after: from its first report on (5,000 steps to 17 s, less the 400 that report counted)
     assert effects["after"]["lost_env_steps_per_s"] == pytest.approx(920)
     assert effects["during"]["env_steps_per_s"] > effects["before"]["env_steps_per_s"]
+    # A machine that stalled every process for the last 2 s before the kill: the pace before
+    # is the lost actor's up to its last step, not the stall's 0.
+    stalled = [{**r, "actor_env_steps": [min(r["actor_env_steps"][0], 3000),
+                                         r["actor_env_steps"][1]]} for r in rows]
+    assert preemption_effects({**result, "throughput": stalled}, killed_at=105.0,
+                              node_id="abcdef12")["before"]["lost_env_steps_per_s"] == \
+        pytest.approx(1000)
     # The learner starting at 14 s (--learn-after-recovery) ends the stretch after: from then
     # on its start shares the cores and its rate limiter paces the actors (0 steps here).
     for r in rows[29:]:

@@ -217,11 +217,12 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
     """What a node killed under a run did to it, from the run's own record (results.json), on
     the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
     stepped again as a new process (`back`: actor -> time; `restarts`: new processes seen), the
-    env steps/s in the `window_s` before the kill, from the kill until the last lost actor
-    stepped again (or the run's end), and in the `window_s` after that (less if the learner
-    starts sooner), with the actors running in each; and the lost actors' own env steps/s in
-    each (`lost_env_steps_per_s`), which the remaining actors and the learner's start, sharing
-    the cores, do not blur. `killed_at`: the kill's run_clock.moment() (or wall clock)."""
+    env steps/s in the `window_s` before the kill (up to their last step), from the kill until
+    the last lost actor stepped again (or the run's end), and in the `window_s` after that
+    (less if the learner starts sooner), with the actors running in each; and the lost actors'
+    own env steps/s in each (`lost_env_steps_per_s`), which the remaining actors and the
+    learner's start, sharing the cores, do not blur. `killed_at`: the kill's
+    run_clock.moment() (or wall clock)."""
     import re
 
     kill_t = run_seconds(result, killed_at)
@@ -257,9 +258,16 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
                                    max(r["actors_running"] for r in rows)),
                 "lost_env_steps_per_s": lost_rate}
 
+    # before: the window_s up to the lost actors' last step before the kill (a machine that
+    # stalled every process for seconds just before it left no pace to lose in the window
+    # ending at the kill)
+    counted = [r for r in throughput if r["time_s"] <= kill_t and "actor_env_steps" in r]
+    stepped = [b["time_s"] for a, b in zip(counted, counted[1:])
+               if any(b["actor_env_steps"][i] > a["actor_env_steps"][i] for i in lost)]
+    before_t = stepped[-1] if stepped else kill_t
     return {"kill_t": kill_t, "lost": lost, "back": back,
             "restarts": {i: result["actor_restarts"][i] for i in lost},
-            "before": stretch(kill_t - window_s, kill_t),
+            "before": stretch(before_t - window_s, before_t),
             # until the lost actor is back: its first report, which counts its new life's steps
             "during": stretch(kill_t, back_t if back_t is not None else end, before_stop=True),
             "after": stretch(back_t, after_t) if back_t is not None else None}
