@@ -396,28 +396,35 @@ def _unread_calls(endpoint: str, path: str, message: bytes, calls: int) -> socke
     return sock
 
 
+def _fat_page(collector):
+    """34 gauge series of the largest labels the collector takes, one ListTimeSeries page of
+    about 3.5 MB: (an export stub, a MetricService client, the request that reads them)."""
+    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
+
+    stub = metrics_service_pb2_grpc.MetricsServiceStub(
+        grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
+    labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
+              for i in range(MAX_LABEL_KEYS - 1)]
+    for series in range(34):
+        point = number(10, 1.0, [*labels, kv("series", int_value=series)])
+        stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
+                    timeout=30)
+    fat = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
+           "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
+    return stub, explore.Monitoring(endpoint=collector.endpoint).client, fat
+
+
 @pytest.mark.slow
 def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
     """200 ListTimeSeries calls on 8 connections whose clients never read held their 3.5-MB
     answers in gRPC's buffers: +246 MB outside the printed bound. Answers not yet read are
     now capped (UNREAD_ANSWER_BYTES); past it reads are refused until they are taken,
     exports go on, and the collector with its reader stays under the bound it prints."""
-    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
-
     limits = Limits(max_message_bytes=MiB, max_exports=1, max_queries=1,
                     max_read_bytes=16 * MiB, cache_bytes=MiB, page_cache_bytes=MiB)
     with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
-        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
-        labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
-                  for i in range(MAX_LABEL_KEYS - 1)]
-        for series in range(34):  # one page of about 3.5 MB
-            point = number(10, 1.0, [*labels, kv("series", int_value=series)])
-            stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
-                        timeout=30)
-        client = explore.Monitoring(endpoint=collector.endpoint).client
-        fat = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
-               "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
+        stub, client, fat = _fat_page(collector)
         page = next(iter(client.list_time_series(request=fat, timeout=60).pages))
         assert 3 * MiB < type(page).pb(page).ByteSize() < 4 * MiB
         threading.Event().wait(1.0)
@@ -465,21 +472,10 @@ def test_a_connection_that_never_reads_leaves_other_clients_their_reads(tmp_path
     cap on unread answers alone: legitimate reads were answered 3 of 59 for 60 s. A connection
     now has 8 calls open and UNREAD_PER_CONNECTION of unread answers at most (its further
     reads are refused, naming it), so another client's reads are all answered beside two."""
-    from distrl.otel.points import MAX_LABEL_KEYS, MAX_VALUE_CHARS
-
     limits = Limits(max_queries=1, max_read_bytes=16 * MiB, page_cache_bytes=MiB)
     with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
-        stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
-        labels = [kv(f"{'k' * 90}{i:03d}", string_value="v" * (MAX_VALUE_CHARS - 4))
-                  for i in range(MAX_LABEL_KEYS - 1)]
-        for series in range(34):  # one page of about 3.5 MB
-            point = number(10, 1.0, [*labels, kv("series", int_value=series)])
-            stub.Export(request(metrics_pb2.Metric(name="fat", gauge={"data_points": [point]})),
-                        timeout=30)
-        client = explore.Monitoring(endpoint=collector.endpoint).client
-        fat = {"name": "projects/local", "filter": f'metric.type = "{PREFIX}fat/gauge"',
-               "interval": {"start_time": {"seconds": 0}, "end_time": {"seconds": 60}}}
+        _, client, fat = _fat_page(collector)
         message = monitoring_v3.ListTimeSeriesRequest(**fat)._pb.SerializeToString()
         # two connections of 25 calls (87 MB of answers each), the second opened once the
         # first's answers wait: either alone filled the cap before

@@ -119,6 +119,19 @@ def _sql_int(ns: int) -> int:
     return min(max(ns, INT64_MIN), INT64_MAX)  # SQLite integers are signed 64-bit
 
 
+def _read_rows(store, sql: str, params: tuple, budget: Budget | None):
+    """A read's rows; the store's errors as refusals (the budget's, where it stopped the read)."""
+    rows = store.rows(sql, params, budget.stopped if budget else None)
+    try:
+        yield from rows
+    except sqlite3.OperationalError as err:
+        if budget and budget.stopped():
+            raise budget.refusal() from None
+        raise Refused(grpc.StatusCode.UNAVAILABLE, f"the store could not be read: {err}") from None
+    finally:
+        rows.close()
+
+
 def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns: int,
                 since_ns: int | None = None, budget: Budget | None = None) -> list[Series]:
     """The descriptor's series that match the filter terms, with their points up to end_ns
@@ -133,19 +146,10 @@ def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns
         params += (_sql_int(since_ns),)
     series: dict = {}
     resources: dict = {}  # a process's resource is the same on each of its series
-    rows = store.rows(sql + " ORDER BY time_ns, p.id", params,
-                      budget.stopped if budget else None)
-    try:
-        for row in rows:
-            kept = _add_row(series, resources, row, project, terms, kind, value_type, budget)
-            if budget:
-                budget.row(_point_bytes(row) if kept else 0)
-    except sqlite3.OperationalError as err:
-        if budget and budget.stopped():
-            raise budget.refusal() from None
-        raise Refused(grpc.StatusCode.UNAVAILABLE, f"the store could not be read: {err}") from None
-    finally:
-        rows.close()
+    for row in _read_rows(store, sql + " ORDER BY time_ns, p.id", params, budget):
+        kept = _add_row(series, resources, row, project, terms, kind, value_type, budget)
+        if budget:
+            budget.row(_point_bytes(row) if kept else 0)
     out = [s for s in series.values() if s is not None]
     for s in out:
         s.points = _as_kind(s.points, s.temporalities, kind)
@@ -187,21 +191,13 @@ def read_headers(store, descriptor: dict, project: str, terms: list[Term], start
     since_ns = end_ns - 1 if start_ns == end_ns else start_ns  # in_interval's rule
     series: dict = {}
     resources: dict = {}
-    rows = store.rows(sql, (descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns)),
-                      budget.stopped if budget else None)
-    try:
-        for row in rows:
-            if _series_of(series, resources, row, project, terms, kind, value_type, budget):
-                series[(row["resource_id"], row["scope"], row["attributes"])].points.append(
-                    (end_ns, end_ns, None))
-            if budget:
-                budget.row(0)
-    except sqlite3.OperationalError as err:
-        if budget and budget.stopped():
-            raise budget.refusal() from None
-        raise Refused(grpc.StatusCode.UNAVAILABLE, f"the store could not be read: {err}") from None
-    finally:
-        rows.close()
+    params = (descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns))
+    for row in _read_rows(store, sql, params, budget):
+        if _series_of(series, resources, row, project, terms, kind, value_type, budget):
+            series[(row["resource_id"], row["scope"], row["attributes"])].points.append(
+                (end_ns, end_ns, None))
+        if budget:
+            budget.row(0)
     return [s for s in series.values() if s is not None]
 
 
@@ -512,20 +508,11 @@ class MetricService:
 
     def _descriptors(self, budget: Budget | None = None):
         """Every descriptor, in metric type order, streamed (a store may hold many)."""
-        rows = self.store.rows("SELECT * FROM metric_descriptors ORDER BY metric_type", (),
-                               budget.stopped if budget else None)
-        try:
-            for row in rows:
-                if budget:
-                    budget.row()
-                yield row
-        except sqlite3.OperationalError as err:
-            if budget and budget.stopped():
-                raise budget.refusal() from None
-            raise Refused(grpc.StatusCode.UNAVAILABLE,
-                          f"the store could not be read: {err}") from None
-        finally:
-            rows.close()
+        for row in _read_rows(self.store, "SELECT * FROM metric_descriptors ORDER BY "
+                              "metric_type", (), budget):
+            if budget:
+                budget.row()
+            yield row
 
     def _descriptor(self, metric_type: str) -> dict | None:
         rows = self.store.query("SELECT * FROM metric_descriptors WHERE metric_type = ?",
