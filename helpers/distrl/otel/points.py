@@ -9,6 +9,7 @@ import functools
 import json
 import math
 import time
+from typing import NamedTuple
 
 METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 
@@ -179,7 +180,19 @@ def _check_buckets(buckets: int) -> None:
         raise InvalidPoint(f"the histogram point has {buckets:,} buckets; at most {MAX_BUCKETS}")
 
 
-def histogram_fields(p) -> tuple:
+class HistogramColumns(NamedTuple):
+    """A histogram point's columns of the points table (store.SCHEMA)."""
+
+    count: int
+    sum: float | None
+    min: float | None
+    max: float | None
+    bounds: str | None         # explicit buckets: JSON arrays
+    bucket_counts: str | None
+    exponential: str | None    # exponential buckets: JSON
+
+
+def histogram_fields(p) -> HistogramColumns:
     _check_buckets(max(len(p.bucket_counts), len(p.explicit_bounds) + 1))
     bounds, counts = list(p.explicit_bounds), list(p.bucket_counts)
     check_point(p, ("count", p.count), *(("bucket count", c) for c in counts),
@@ -195,9 +208,8 @@ def histogram_fields(p) -> tuple:
         raise InvalidPoint(f"histogram point count {p.count} != sum of bucket counts {sum(counts)}")
     if any(lo >= hi for lo, hi in zip(bounds, bounds[1:])):
         raise InvalidPoint(f"histogram bounds {str(bounds)[:120]} are not strictly increasing")
-    return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
-            p.max if p.HasField("max") else None, _bounds_json(tuple(bounds)), json.dumps(counts),
-            None)
+    return HistogramColumns(p.count, *_sum_min_max(p), _bounds_json(tuple(bounds)),
+                            json.dumps(counts), None)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -205,7 +217,11 @@ def _bounds_json(bounds: tuple) -> str:
     return json.dumps(list(bounds))
 
 
-def exponential_fields(p) -> tuple:
+def _sum_min_max(p) -> tuple:
+    return tuple(getattr(p, f) if p.HasField(f) else None for f in ("sum", "min", "max"))
+
+
+def exponential_fields(p) -> HistogramColumns:
     if p.scale not in EXPONENTIAL_SCALES:
         raise InvalidPoint(f"exponential histogram scale {p.scale} is outside [-10, 20]")
     _check_buckets(len(p.positive.bucket_counts) + len(p.negative.bucket_counts) + 1)
@@ -229,5 +245,4 @@ def exponential_fields(p) -> tuple:
                    "zero_threshold": p.zero_threshold,
                    "positive": {"offset": p.positive.offset, "counts": list(p.positive.bucket_counts)},
                    "negative": {"offset": p.negative.offset, "counts": list(p.negative.bucket_counts)}}
-    return (p.count, p.sum if p.HasField("sum") else None, p.min if p.HasField("min") else None,
-            p.max if p.HasField("max") else None, None, None, json.dumps(exponential))
+    return HistogramColumns(p.count, *_sum_min_max(p), None, None, json.dumps(exponential))

@@ -14,6 +14,7 @@ import threading
 import time
 from concurrent import futures
 from pathlib import Path
+from typing import NamedTuple
 
 from distrl.otel.limits import Limits, MiB
 from distrl.otel.points import (
@@ -160,6 +161,36 @@ def _lock_writer(path: Path):
     lock.write(str(os.getpid()))
     lock.flush()
     return lock
+
+
+class SeriesKey(NamedTuple):
+    """What tells a stored series apart: the points table's unique key without the times."""
+
+    metric_type: str
+    resource_id: int
+    scope: str
+    attributes: str            # JSON object, sorted keys
+
+
+class PointRow(NamedTuple):
+    """A row of the points table, in its columns' order (SCHEMA)."""
+
+    metric_type: str
+    resource_id: int
+    attributes: str
+    temporality: int
+    start_ns: int
+    time_ns: int
+    value: float | None
+    int_value: int | None
+    count: int | None
+    sum: float | None
+    min: float | None
+    max: float | None
+    bounds: str | None
+    bucket_counts: str | None
+    exponential: str | None
+    scope: str
 
 
 class CollectorStore:
@@ -566,10 +597,9 @@ class CollectorStore:
         rejected, error = 0, ""
         for i, p in enumerate(points):
             try:
-                attributes = attributes_json(p.attributes)
-                row = self._point_row(metric_type, data, value_type, temporality, rid, scope,
-                                      attributes, p)
-                self._labels(metric_type, attributes)  # last: only a stored point's keys
+                series = SeriesKey(metric_type, rid, scope, attributes_json(p.attributes))
+                row = self._point_row(series, data, value_type, temporality, p)
+                self._labels(metric_type, series.attributes)  # last: only a stored point's keys
             except (InvalidPoint, ValueError, OverflowError, TypeError) as err:
                 rejected += 1
                 error = error or refusal(name, i, p, err)
@@ -577,35 +607,35 @@ class CollectorStore:
             rows.append(row)  # only a point every check passed
         return rejected, error
 
-    def _point_row(self, metric_type, data, value_type, temporality, rid, scope, attributes,
-                   p) -> tuple:
+    def _point_row(self, series: SeriesKey, data: str, value_type: str, temporality: int,
+                   p) -> PointRow:
         """The points row of one data point, or InvalidPoint saying why it cannot be one."""
+        times = (temporality, p.start_time_unix_nano, p.time_unix_nano)
         if data in ("histogram", "exponential_histogram"):
-            extra = histogram_fields(p) if data == "histogram" else exponential_fields(p)
+            columns = histogram_fields(p) if data == "histogram" else exponential_fields(p)
             if data == "histogram" and temporality == 2:
-                self._check_life_bounds(metric_type, rid, scope, attributes, p, extra[4])
-            return (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
-                    p.time_unix_nano, None, None, *extra, scope)
+                self._check_life_bounds(series, p.start_time_unix_nano, columns.bounds)
+            return PointRow(series.metric_type, series.resource_id, series.attributes, *times,
+                            None, None, *columns, series.scope)
         which = p.WhichOneof("value")
         if which != "as_int" and value_type == "INT64":
             raise InvalidPoint(f"a double value ({p.as_double!r}) on a metric whose points are "
                                "integers (INT64, from its first point)")
         check_point(p, ("value", None if which == "as_int" else p.as_double))
-        return (metric_type, rid, attributes, temporality, p.start_time_unix_nano,
-                p.time_unix_nano, float(p.as_int) if which == "as_int" else p.as_double,
-                p.as_int if which == "as_int" else None,
-                None, None, None, None, None, None, None, scope)
+        value = float(p.as_int) if which == "as_int" else p.as_double
+        return PointRow(series.metric_type, series.resource_id, series.attributes, *times, value,
+                        p.as_int if which == "as_int" else None, *(None,) * 7, series.scope)
 
-    def _check_life_bounds(self, metric_type, rid, scope, attributes, p, bounds: str) -> None:
+    def _check_life_bounds(self, series: SeriesKey, start_ns: int, bounds: str) -> None:
         """A cumulative series keeps its bucket bounds while its start time stays: its
         points are differenced, and counts of other buckets cannot be."""
-        key = f"{metric_type}\n{rid}\n{scope}\n{attributes}\n{p.start_time_unix_nano}"
+        key = "\n".join(map(str, (*series, start_ns)))
         known = self._life_bounds.get(key)
         if known is None:
             row = self.conn.execute(
                 "SELECT bounds FROM points WHERE metric_type = ? AND resource_id = ? AND "
                 "scope = ? AND attributes = ? AND start_ns = ? LIMIT 1",
-                (metric_type, rid, scope, attributes, p.start_time_unix_nano)).fetchone()
+                (*series, start_ns)).fetchone()
             known = row[0] if row else bounds
             self._life_bounds.put(key, known)
         if known != bounds:
