@@ -31,7 +31,7 @@ PRICES = {
     "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing, "
               "/compute/disks-image-pricing, /kubernetes-engine/pricing, /spot-vms/pricing, "
               "/vpc/network-pricing and /products/observability/pricing, us-central1 list "
-              "prices (approximate; Spot prices move daily)",
+              "prices (approximate; Spot prices may change once every 30 days)",
     "currency": "USD",
     "cluster_fee": 0.10,
     # "$74.40 in monthly credits per billing account ... applied to zonal and Autopilot
@@ -59,7 +59,8 @@ PRICES = {
         "gpu": {"nvidia-l4": [0.5600, 0.2240], "nvidia-tesla-t4": [0.3500, 0.1400],
                 "nvidia-tesla-p4": [0.6000, 0.2400]},
     },
-    # Spot prices "can change up to once every day" (cloud.google.com/spot-vms/pricing): the
+    # "Spot prices can change up to once every 30 days and don't appear in most pricing tables"
+    # (cloud.google.com/compute/vm-instance-pricing; /spot-vms/pricing says the same): the
     # highest E2 Spot rates seen in copies of that page, per vCPU-hour and GiB-hour (us-central1;
     # an older, undated copy $0.00872 and $0.001169, which make e2-standard-8 $0.107/h; another
     # undated copy $0.01007 and $0.00135, $0.124/h). The machines' Spot column above is the
