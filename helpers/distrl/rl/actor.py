@@ -11,6 +11,7 @@ numpy forward pass of the learner's weights.
 from __future__ import annotations
 
 import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,10 +73,8 @@ class NStepFolder:
         self.n, self.gamma, self.num_slots = n, gamma, num_slots
         self.obs_shape = tuple(obs_shape)
         self.framed = len(self.obs_shape) == 3
-        self._steps: list[tuple] = []
-        # Rows carried over from the last pop: the last n - 1 steps and which are still pending.
-        self._carry: tuple | None = None
-        self._carry_pending = np.zeros((0, num_slots), dtype=bool)
+        self._steps: list[_Steps] = []
+        self._carry: _Steps | None = None  # the last n - 1 steps of the last pop
 
     def push(self, obs, action, reward, next_obs, terminated, truncated, q_values=None,
              valid=None) -> None:
@@ -88,10 +87,11 @@ class NStepFolder:
         if q_values is None:
             q_values = np.full((len(action), 0), np.nan, np.float32)
         valid = np.ones(len(action), bool) if valid is None else np.asarray(valid, bool)
-        self._steps.append((as_observation(obs), np.asarray(action, np.int64),
-                            np.asarray(reward, np.float64), as_observation(next_obs),
-                            np.asarray(terminated, bool), np.asarray(truncated, bool),
-                            np.asarray(q_values, np.float32), valid))
+        self._steps.append(_Steps(
+            obs=as_observation(obs), action=np.asarray(action, np.int64),
+            reward=np.asarray(reward, np.float64), next_obs=as_observation(next_obs),
+            terminated=np.asarray(terminated, bool), truncated=np.asarray(truncated, bool),
+            q=np.asarray(q_values, np.float32), pending=valid))
 
     def pop(self, q_fn=None) -> Transitions:
         """Fold every recorded step; return the transitions that are complete.
@@ -101,15 +101,16 @@ class NStepFolder:
         """
         if not self._steps:
             return _empty_transitions(self.obs_shape, self.framed)
-        obs, action, reward, next_obs, terminated, truncated, q, pending = self._recorded()
+        steps = self._recorded()
+        obs, action, next_obs, q = steps.obs, steps.action, steps.next_obs, steps.q
         length = len(action)
-        ret, ended, last, folded = fold_windows(reward, terminated | truncated, self.n,
-                                                self.gamma)
-        emit = pending & (ended | (np.arange(length)[:, None] + self.n - 1 < length))
+        ret, ended, last, folded = fold_windows(steps.reward, steps.terminated | steps.truncated,
+                                                self.n, self.gamma)
+        emit = steps.pending & (ended | (np.arange(length)[:, None] + self.n - 1 < length))
         rows, slots = np.nonzero(emit)
         last_rows, row_ended = last[rows, slots], ended[rows, slots]
         discount = (self.gamma ** folded[rows, slots]).astype(np.float32)
-        discount[row_ended & terminated[last_rows, slots]] = 0.0
+        discount[row_ended & steps.terminated[last_rows, slots]] = 0.0
         reward_n, taken = ret[rows, slots].astype(np.float32), action[rows, slots]
         # Where the transition bootstraps from an observation the actor acted on, that is the
         # next step's obs, and Q(s') is already known; else next_obs holds it (an episode's end,
@@ -132,23 +133,29 @@ class NStepFolder:
                                 discount=discount, next_obs=next_obs[last_rows, slots],
                                 priority=priority)
         tail = slice(length - min(self.n - 1, length), length)
-        self._carry = tuple(a[tail] for a in (obs, action, reward, next_obs, terminated, truncated,
-                                             q))
-        self._carry_pending = (pending & ~emit)[tail]
+        self._carry = _Steps._make(field[tail] for field in steps._replace(
+            pending=steps.pending & ~emit))
         return block
 
-    def _recorded(self) -> tuple[np.ndarray, ...]:
-        """The steps recorded since the last pop, after the n - 1 carried over: obs, action,
-        reward, next_obs, terminated, truncated, q, pending (length x slots each)."""
-        obs, action, reward, next_obs, terminated, truncated, q, pending = (
-            np.stack(column) for column in zip(*self._steps))
+    def _recorded(self) -> _Steps:
+        """The steps recorded since the last pop, after the n - 1 carried over."""
+        steps = _Steps._make(np.stack(field) for field in zip(*self._steps))
         self._steps = []
         if self._carry is not None:
-            obs, action, reward, next_obs, terminated, truncated, q = (
-                np.concatenate([old, new]) for old, new in
-                zip(self._carry, (obs, action, reward, next_obs, terminated, truncated, q)))
-            pending = np.concatenate([self._carry_pending, pending])
-        return obs, action, reward, next_obs, terminated, truncated, q, pending
+            steps = _Steps._make(np.concatenate(pair) for pair in zip(self._carry, steps))
+        return steps
+
+
+class _Steps(NamedTuple):
+    """Steps as NStepFolder records them: per step (a row), per env slot (a column)."""
+    obs: np.ndarray
+    action: np.ndarray
+    reward: np.ndarray
+    next_obs: np.ndarray  # the final observation where an episode ended
+    terminated: np.ndarray
+    truncated: np.ndarray
+    q: np.ndarray  # Q(obs) the actor acted on, x actions (no columns when not given)
+    pending: np.ndarray  # the step starts a transition not emitted yet
 
 
 def fold_windows(reward: np.ndarray, done: np.ndarray, n: int, gamma: float
