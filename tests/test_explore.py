@@ -142,7 +142,8 @@ def test_monitoring_requests_reject_bad_query_values():
 
 # A TensorBoard log as the learner's tf.summary.scalar writes it (a float tensor with the
 # scalars plugin's metadata) and as TF 1 did (simple_value), by TensorBoard's own writer (on its
-# stub too: the real TensorFlow would cost this test 5 s), out of order.
+# stub too: the real TensorFlow would cost this test 5 s), out of order, and more points than
+# TensorBoard's reader keeps of a tag by default (10 tensors: a notebook's loss curve lost 22 of 32).
 TENSORBOARD_WRITE = """
 import sys, types
 sys.modules["tensorboard.compat.notf"] = types.ModuleType("tensorboard.compat.notf")
@@ -150,7 +151,7 @@ from tensorboard.compat.proto import event_pb2, summary_pb2, tensor_pb2
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
 writer = EventFileWriter(sys.argv[1])
-for step in (300, 100, 200):
+for step in [*range(300, 4100, 100), 100, 200]:
     tensor = tensor_pb2.TensorProto(dtype=1, float_val=[step / 100])  # DT_FLOAT
     meta = summary_pb2.SummaryMetadata(plugin_data=summary_pb2.SummaryMetadata.PluginData(
         plugin_name="scalars"))
@@ -183,8 +184,9 @@ def test_tensorboard_scalars_are_read_by_step_without_tensorflow(tmp_path):
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr[-3000:]
     read = json.loads(out.stdout.strip().splitlines()[-1])
-    assert read == {"loss": [[100, 1.0], [200, 2.0], [300, 3.0]],
-                    "simple": [[100, -100.0], [200, -200.0], [300, -300.0]],
+    steps = range(100, 4100, 100)
+    assert read == {"loss": [[step, step / 100] for step in steps],
+                    "simple": [[step, -float(step)] for step in steps],
                     "missing": [], "tensorflow": False}
     with pytest.raises(FileNotFoundError, match="logdir='.*nowhere'"):
         explore.tensorboard_scalars(tmp_path / "nowhere", "learner/loss")

@@ -407,7 +407,8 @@ def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
     from tensorboard.util.tensor_util import make_ndarray
 
-    acc = EventAccumulator(str(logdir)).Reload()
+    # Every point: by default the reader keeps a sample of 10 tensors a tag (size_guidance; 0 is all).
+    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0}).Reload()
     tags = acc.Tags()
     if tag in tags.get("tensors", []):  # tf.summary.scalar (TF 2) writes tensors
         return sorted((e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag))
