@@ -75,6 +75,11 @@ def test_counter_rate_sums_increments_over_series():
     rate = explore.counter_rate(FakeStore({p: flushed}), "rl.sample.samples", bin_s=1.0,
                                 t0_ns=int(-10 * 1e9))
     assert rate["time_s"].tolist() == [11.0, 12.0, 13.0] and rate["rate"].max() == 100.0
+    # A series that says when its counting began (start_ns) has a rate from its first point:
+    # the actors' steps before their first export show (02's panel started at the second).
+    started = [point("a", t, value=v, start_ns=int(2e9)) for t, v in [(3, 50.0), (4, 150.0)]]
+    rate = explore.counter_rate(FakeStore({p: started}), "rl.sample.samples", t0_ns=0)
+    assert rate["time_s"].tolist() == [3.0, 4.0] and rate["rate"].tolist() == [50.0, 100.0]
     gauge = explore.gauge_series(FakeStore({"prometheus.googleapis.com/rl.train.loss/gauge": [
         point("a", 4, value=1.0)]}), "rl.train.loss", t0_ns=int(1e9))
     assert gauge["time_s"].tolist() == [3.0]

@@ -207,9 +207,10 @@ class LocalAutoscaler:
             self.on_event(f"[autoscaler] {detail}")
 
 
-# Kinds of event the preemption story tells, from the driver's and the autoscaler's records.
+# Kinds of event the preemption story tells, from the driver's and the autoscaler's records
+# (and a drain the notebook sent).
 STORY_KINDS = {"actor_lost", "actor_silent", "actor_back", "actor_running", "node_lost",
-               "node_starting", "node_ready", "steady", "stop"}
+               "node_starting", "node_ready", "steady", "stop", "drain"}
 
 
 def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
@@ -274,11 +275,12 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
 
 
 def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_name: str,
-                     scaler_events: list[dict], max_nodes: int) -> list[str]:
+                     beside: list[dict], max_nodes: int) -> list[str]:
     """A node killed under a run, told from the run's own events on one clock (seconds since the
     run's train()): the kill and the actors it took, then what the driver and the autoscaler
     recorded after it, and what became of each lost actor. `result` is the run's results.json,
-    `killed_at` the kill's run_clock.moment(), `scaler_events` LocalAutoscaler.events."""
+    `killed_at` the kill's run_clock.moment(), `beside` events recorded beside the run, each
+    {"at": a moment, "kind", "detail"}: LocalAutoscaler.events, a drain the caller sent."""
     import re
 
     kill_t = run_seconds(result, killed_at)
@@ -286,8 +288,8 @@ def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_n
     lost = sorted({int(m.group(1)) for t, _, d in driver if t <= kill_t
                    if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
                                       d))})
-    scaler = [(run_seconds(result, e["at"]), e["kind"], e["detail"]) for e in scaler_events]
-    after = sorted(event for event in driver + scaler
+    others = [(run_seconds(result, e["at"]), e["kind"], e["detail"]) for e in beside]
+    after = sorted(event for event in driver + others
                    if event[0] >= kill_t - 0.5 and event[1] in STORY_KINDS)
     lines = [f"{kill_t:6.1f} s  {node_name} killed, with actor(s) {lost} on it"]
     lines += [f"{t:6.1f} s  (+{t - kill_t:4.1f} s)  {detail}" for t, _, detail in after]

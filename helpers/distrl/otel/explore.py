@@ -84,11 +84,13 @@ def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None
     """Per-second rate of a cumulative counter, summed over its series, in time bins; time_s
     counts from t0_ns (a run's start, so that panels share one clock) or the first point.
 
-    Each series' rate comes from consecutive points (increase / time between them), so the
-    first point of a series, which carries everything counted before it, is not a spike. A
-    point less than half the series' usual spacing after the previous one (a flush at
-    shutdown, right after a periodic export) is merged into the next one, or left out at the
-    end: over a few milliseconds, one block of steps reads as a burst.
+    Each series' rate comes from consecutive points (increase / time between them); its first
+    point's from the series' start (a cumulative point's start_ns, when its counting began), so
+    the first interval shows, as an average rather than a spike, and a series whose start is not
+    known starts at its second point. A point less than half the series' usual spacing after
+    the previous one (a flush at shutdown, right after a periodic export) is merged into the
+    next one, or left out at the end: over a few milliseconds, one block of steps reads as a
+    burst.
     """
     import pandas as pd
 
@@ -98,9 +100,11 @@ def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None
     t0 = min(p["time_ns"] for p in points) if t0_ns is None else t0_ns
     frames = []
     for series, group in enumerate(_by_series(points).values()):
-        times = np.array([p["time_ns"] for p in group], dtype=np.float64)
-        values = np.array([p["value"] for p in group])
-        if len(group) < 2:
+        start = group[0].get("start_ns") or 0
+        started = [start] if 0 < start < group[0]["time_ns"] else []
+        times = np.array(started + [p["time_ns"] for p in group], dtype=np.float64)
+        values = np.array([0.0] * len(started) + [p["value"] for p in group])
+        if len(times) < 2:
             continue
         kept, min_gap = [0], 0.5 * np.median(np.diff(times))
         for i in range(1, len(times)):
