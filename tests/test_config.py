@@ -8,7 +8,8 @@ import pytest
 
 from distrl.apex.driver import ApeX
 from distrl.apex.train import build_parser, main
-from distrl.rl.config import ApexConfig, field_help
+from distrl.field_docs import field_help
+from distrl.rl.config import ApexConfig
 
 
 @pytest.mark.parametrize("field, value, accepted", [
@@ -58,7 +59,7 @@ def test_replace_validates_again_and_round_trips():
 
 
 def test_every_field_is_documented():
-    docs = field_help()
+    docs = field_help(ApexConfig)
     missing = [f.name for f in dataclasses.fields(ApexConfig) if not docs.get(f.name)]
     assert missing == []
 

@@ -12,9 +12,10 @@ import sys
 import typing
 
 from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
+from distrl.field_docs import field_help
 from distrl.gke.settings import IMAGE_PYTHON_ENV
 from distrl.rl.checkpoints import find_resume
-from distrl.rl.config import ApexConfig, field_help
+from distrl.rl.config import ApexConfig
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -51,7 +52,7 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
                     "checkpoints to --output-dir.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     hints = typing.get_type_hints(ApexConfig)
-    docs = field_help()
+    docs = field_help(ApexConfig)
     for f in dataclasses.fields(ApexConfig):
         hint = hints[f.name]
         kwargs: dict = {"default": f.default if defaults else argparse.SUPPRESS,

@@ -8,7 +8,7 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 
-from distrl.rl.config import field_help
+from distrl.field_docs import field_help
 
 MiB = 2**20
 

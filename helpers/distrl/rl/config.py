@@ -1,17 +1,14 @@
 """Every Ape-X hyperparameter in one validated dataclass.
 
-Each field carries a one-line docstring; `field_help()` reads them, so the command line's
-`--help` and this file never disagree.
+Each field carries a one-line docstring; `distrl.field_docs.field_help` reads them, so the
+command line's `--help` and this file never disagree.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
 import math
 from dataclasses import dataclass
-from functools import cache
 
 
 @dataclass(frozen=True)
@@ -324,17 +321,4 @@ def _check_replay_sizes(c: ApexConfig) -> None:
            "hold a batch)")
 
 
-@cache
-def field_help(cls: type | None = None) -> dict[str, str]:
-    """Map each field of a dataclass (ApexConfig by default) to the docstring written under it."""
-    tree = ast.parse(inspect.getsource(cls or ApexConfig))
-    body = tree.body[0].body
-    docs: dict[str, str] = {}
-    for stmt, nxt in zip(body, body[1:]):
-        if (isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name)
-                and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant)):
-            docs[stmt.target.id] = str(nxt.value.value).strip()
-    return docs
-
-
-__all__ = ["ApexConfig", "field_help"]
+__all__ = ["ApexConfig"]
