@@ -25,7 +25,7 @@ import numpy as np
 from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EnvBatch, env_spec, network_for
-from distrl.rl.frames import stacks_frames
+from distrl.rl.frames import is_atari
 from distrl.rl.network import init_weights
 
 
@@ -86,7 +86,7 @@ def main() -> None:
         print(f"{args.env}, {k:>3} envs: raw random-action steps {raw:>10,.0f}/s; actor "
               f"(inference + n-step + priorities) {rate:>10,.0f}/s = {rate / raw:.0%} of raw "
               f"(target 50%), {rate / ways['sync']:.2f}x gymnasium's SyncVectorEnv"
-              + (" (issue 51's goal for Atari: 0.8x)" if stacks_frames(args.env) else ""),
+              + (" (issue 51's goal for Atari: 0.8x)" if is_atari(args.env) else ""),
               flush=True)
         print(f"{args.env}, {k:>3} envs, random actions: EnvBatch {raw:,.0f}/s; single envs in a "
               f"loop {ways['single']:,.0f}/s (EnvBatch {raw / ways['single']:.1f}x); "

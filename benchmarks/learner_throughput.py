@@ -28,8 +28,9 @@ from distrl.rl.envs import network_for
 from distrl.rl.frames import pack_frames
 from distrl.rl.learner import Learner
 from distrl.rl.network import NetworkSpec, init_weights
-from distrl.rl.replay import PrioritizedReplay, Transitions
+from distrl.rl.replay import PrioritizedReplay
 from distrl.rl.tf_runtime import XLA_CACHE_ENV, configure_tensorflow
+from distrl.rl.transitions import Transitions
 
 
 def random_replay(spec: NetworkSpec, rng) -> PrioritizedReplay:

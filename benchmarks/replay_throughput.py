@@ -11,7 +11,8 @@ import time
 
 import numpy as np
 
-from distrl.rl.replay import PrioritizedReplay, Transitions
+from distrl.rl.replay import PrioritizedReplay
+from distrl.rl.transitions import Transitions
 
 
 def block_of(n, rng, obs_size=4):

@@ -350,9 +350,9 @@ def test_atari_frames_are_preprocessed_stacked_and_packed_once_into_blocks():
     actor's blocks hold each plane once, and rebuild exactly the observations and priorities
     that the same steps folded as whole observations give."""
     from distrl.rl.envs import make_env
-    from distrl.rl.frames import frames_per_transition, stacks_frames
+    from distrl.rl.frames import frames_per_transition, is_atari
 
-    assert env_spec("ALE/Pong-v5") == ((84, 84, 4), 6) and stacks_frames("ALE/Pong-v5")
+    assert env_spec("ALE/Pong-v5") == ((84, 84, 4), 6) and is_atari("ALE/Pong-v5")
     env = make_env("ALE/Pong-v5")
     try:
         obs, _ = env.reset(seed=0)

@@ -379,7 +379,7 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
     from scipy import stats
 
     from distrl.apex.workers import ReplayShards, ReplayWorker
-    from distrl.rl.replay import Transitions
+    from distrl.rl.transitions import Transitions
 
     config = ApexConfig(replay_capacity=64, min_replay_size=8, samples_per_insert=0.0,
                         priority_alpha=1.0, priority_eps=1e-6, batch_size=8)

@@ -18,8 +18,8 @@ from distrl.rl.network import (
     get_keras_weights,
     init_weights,
 )
-from distrl.rl.replay import SampledBatch, Transitions
 from distrl.rl.tf_runtime import configure_tensorflow
+from distrl.rl.transitions import SampledBatch, Transitions
 
 configure_tensorflow(num_threads=1)
 
@@ -334,7 +334,7 @@ def test_a_lean_import_trains_without_pandas_and_matplotlib_and_leaves_them_impo
         from distrl.rl.tf_runtime import configure_tensorflow
         from distrl.rl.learner import Learner
         from distrl.rl.network import init_weights, NetworkSpec
-        from distrl.rl.replay import SampledBatch, Transitions
+        from distrl.rl.transitions import SampledBatch, Transitions
         configure_tensorflow(num_threads=1, lean=True)
         spec = NetworkSpec((4,), 2, (8,), True)
         learner = Learner(ApexConfig(), spec, init_weights(spec, 0))
@@ -366,7 +366,7 @@ FIRST_UPDATE = """if True:
     from distrl.rl.tf_runtime import configure_tensorflow
     from distrl.rl.learner import Learner
     from distrl.rl.network import init_weights, NetworkSpec
-    from distrl.rl.replay import SampledBatch, Transitions
+    from distrl.rl.transitions import SampledBatch, Transitions
     configure_tensorflow(num_threads=1, xla_cache=sys.argv[1] == "on")
     spec = NetworkSpec((4,), 2, (8,), True)
     learner = Learner(ApexConfig(jit_compile=True), spec, init_weights(spec, 0))

@@ -14,10 +14,10 @@ from distrl.rl.replay import (
     RateLimiter,
     ReplayService,
     SumTree,
-    Transitions,
     available_memory,
     sized_capacity,
 )
+from distrl.rl.transitions import Transitions
 
 
 def make_block(n, start=0, obs_size=3, priority=None, rng=None):

@@ -19,7 +19,7 @@ from distrl.rl import frames
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EnvBatch, as_observation, env_spec, network_for
 from distrl.rl.network import NetworkSpec
-from distrl.rl.replay import Transitions
+from distrl.rl.transitions import Transitions
 
 
 def epsilons(num_slots: int, base: float = 0.4, alpha: float = 7.0):

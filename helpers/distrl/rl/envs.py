@@ -21,7 +21,7 @@ import gymnasium as gym
 import numpy as np
 
 from distrl.rl.config import ApexConfig
-from distrl.rl.frames import FRAME_STACK, stacks_frames
+from distrl.rl.frames import FRAME_STACK, is_atari
 from distrl.rl.network import NATURE_TORSO, SMALL_TORSO, NetworkSpec
 
 # gym.make imports an env's module on its first use. Two threads importing a package and one
@@ -41,7 +41,7 @@ def register_env(env_id: str) -> None:
         from minatar.gym import register_envs
 
         register_envs()
-    elif stacks_frames(env_id):
+    elif is_atari(env_id):
         import ale_py
 
         gym.register_envs(ale_py)
@@ -52,7 +52,7 @@ def register_env(env_id: str) -> None:
 # 4 stacked, up to 30 no-op actions at the start of an episode, rewards clipped to [-1, 1] in
 # training (FRAME_STACK: frames.py). gymnasium's AtariPreprocessing does all but the stack and
 # the clip, with these defaults (gymnasium/wrappers/atari_preprocessing.py).
-NOOP_MAX = 30
+NOOP_MAX, FRAME_SKIP, SCREEN_SIZE = 30, 4, 84
 
 
 def make_env(env_id: str, training: bool = True, render_mode: str | None = None) -> gym.Env:
@@ -65,17 +65,17 @@ def make_env(env_id: str, training: bool = True, render_mode: str | None = None)
     not made terminal: the reset that follows restarts the whole game in AtariPreprocessing
     (it calls env.reset), so an agent would never play past its first life. Pong has none."""
     register_env(env_id)
-    if not stacks_frames(env_id):
+    if not is_atari(env_id):
         return gym.make(env_id) if render_mode is None else gym.make(env_id, render_mode=render_mode)
     from gymnasium.wrappers import AtariPreprocessing, ClipReward, FrameStackObservation, TransformObservation
 
     env = gym.make(env_id, frameskip=1, repeat_action_probability=0.0, render_mode=render_mode)
-    env = AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=4, screen_size=84,
+    env = AtariPreprocessing(env, noop_max=NOOP_MAX, frame_skip=FRAME_SKIP, screen_size=SCREEN_SIZE,
                              terminal_on_life_loss=False, grayscale_obs=True)
     # (4, 84, 84); an episode's first observation has zero planes before its first frame, as
     # ale_py's AtariVectorEnv stacks them (EnvBatch steps Atari through that one).
     env = FrameStackObservation(env, FRAME_STACK, padding_type="zero")
-    space = gym.spaces.Box(0, 255, (84, 84, FRAME_STACK), np.uint8)
+    space = gym.spaces.Box(0, 255, (SCREEN_SIZE, SCREEN_SIZE, FRAME_STACK), np.uint8)
     env = TransformObservation(env, lambda obs: np.moveaxis(obs, 0, -1), space)
     return ClipReward(env, -1.0, 1.0) if training else env
 
@@ -180,7 +180,7 @@ class EnvBatch:
                              "preprocesses it)")
         self.envs = [] if self.vector is not None else [make_env(env_id, training)
                                                         for _ in range(num_envs)]
-        self.channels_first = self.vector is not None and stacks_frames(env_id)
+        self.channels_first = self.vector is not None and is_atari(env_id)
         self.obs = None
         self.resetting = np.zeros(num_envs, dtype=bool)  # vectorised: slots its next step resets
 
@@ -263,7 +263,7 @@ def _vector_env(env_id: str, num_envs: int, training: bool = True):
     """A vectorised env for env_id, or None where there is none: ale_py's AtariVectorEnv for
     Atari, else gymnasium's own (a `vector_entry_point`, as CartPole-v1 has; None where its
     dependencies are missing, as JAX is for phys2d/CartPole)."""
-    if stacks_frames(env_id):
+    if is_atari(env_id):
         return _atari_vector_env(env_id, num_envs, training)
     if gym.spec(env_id).vector_entry_point is None:
         return None
@@ -283,10 +283,10 @@ def _atari_vector_env(env_id: str, num_envs: int, training: bool):
     spec = gym.spec(env_id)
     return AtariVectorEnv(spec.kwargs["game"], num_envs, num_threads=1,
                           max_num_frames_per_episode=spec.kwargs["max_num_frames_per_episode"],
-                          repeat_action_probability=0.0, frameskip=4, stack_num=FRAME_STACK,
-                          img_height=84, img_width=84, grayscale=True, maxpool=True,
-                          noop_max=NOOP_MAX, episodic_life=False, use_fire_reset=False,
-                          reward_clipping=training)
+                          repeat_action_probability=0.0, frameskip=FRAME_SKIP,
+                          stack_num=FRAME_STACK, img_height=SCREEN_SIZE, img_width=SCREEN_SIZE,
+                          grayscale=True, maxpool=True, noop_max=NOOP_MAX, episodic_life=False,
+                          use_fire_reset=False, reward_clipping=training)
 
 
 # An evaluation episode ends here at the latest: ALE's own cap, 108,000 frames (ale_py's
@@ -306,7 +306,7 @@ EVAL_EPSILON_ATARI = 0.05
 
 def eval_epsilon(env_id: str) -> float:
     """The evaluation's epsilon: EVAL_EPSILON_ATARI for Atari, 0 (greedy) elsewhere."""
-    return EVAL_EPSILON_ATARI if stacks_frames(env_id) else 0.0
+    return EVAL_EPSILON_ATARI if is_atari(env_id) else 0.0
 
 
 def evaluate_greedy(env_id: str, weights: list[np.ndarray], episodes: int, seed: int,

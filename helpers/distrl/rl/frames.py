@@ -22,7 +22,7 @@ import numpy as np
 FRAME_STACK = 4
 
 
-def stacks_frames(env_id: str) -> bool:
+def is_atari(env_id: str) -> bool:
     """The Atari games (ALE/...), which envs.make_env preprocesses and stacks FRAME_STACK deep."""
     return env_id.startswith("ALE/")
 
@@ -37,7 +37,7 @@ def frames_per_transition(config, obs_shape: tuple[int, ...]) -> float | None:
     if len(obs_shape) != 3:
         return None
     channels, steps, n = obs_shape[2], config.actor_block_steps, config.n_step
-    if stacks_frames(config.env_id):
+    if is_atari(config.env_id):
         return (channels + steps + n - 1) / steps
     return channels * (steps + n) / steps
 

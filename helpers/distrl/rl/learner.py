@@ -25,7 +25,7 @@ from distrl.rl.checkpoints import read_checkpoint, write_checkpoint
 from distrl.rl.config import ApexConfig
 from distrl.rl.frames import channels_first
 from distrl.rl.network import NetworkSpec, build_keras_model, get_keras_weights, set_keras_weights
-from distrl.rl.replay import SampledBatch
+from distrl.rl.transitions import SampledBatch
 
 
 class Learner:
