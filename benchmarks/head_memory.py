@@ -32,13 +32,13 @@ from learner_feed import GPU_TARGETS  # noqa: E402
 from pong_pool import pong_actor_rate, pong_config, real_blocks, uss_of  # noqa: E402
 
 from distrl.apex.driver import replay_settings  # noqa: E402
+from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity  # noqa: E402
 from distrl.apex.workers import ReplayShards, ReplayWorker  # noqa: E402
 from distrl.gke import manifests  # noqa: E402
 from distrl.gke.settings import GkeSettings  # noqa: E402
 from distrl.ray_runtime import init_local_ray  # noqa: E402
 from distrl.rl.envs import network_for
 from distrl.rl.frames import replay_sizing
-from distrl.rl.replay import MEMORY_SHARE, sized_capacity  # noqa: E402
 
 GIB = 2**30
 OBJECT_STORE_SHARE = 0.3  # Ray's default object store: 30% of the memory it sees (the pod's)

@@ -134,8 +134,8 @@ def in_process_rate(config, blocks, capacity: int, batch: int, seconds: float) -
 
 
 def frame_capacity(config, capacity: int) -> int:
+    from distrl.apex.replay_memory import sized_capacity
     from distrl.rl.frames import replay_sizing
-    from distrl.rl.replay import sized_capacity
 
     shape = network_for(config).obs_shape
     return sized_capacity(capacity, shape, obs_dtype=np.uint8, available=64 * GIB,

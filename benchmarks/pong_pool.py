@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
 from distrl.apex.train import build_parser
 from distrl.gke import manifests
 from distrl.gke.settings import WORKLOADS, GkeSettings
@@ -36,7 +37,7 @@ from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.frames import replay_sizing
 from distrl.rl.network import init_weights
-from distrl.rl.replay import MEMORY_SHARE, PrioritizedReplay, sized_capacity
+from distrl.rl.replay import PrioritizedReplay
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SHARD_BUSY = 0.8  # a shard's time the pool may take: the rest absorbs bursts and checkpoints

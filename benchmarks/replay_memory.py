@@ -15,12 +15,13 @@ import time
 
 import numpy as np
 
+from distrl.apex.replay_memory import sized_capacity
 from distrl.rl.actor import Actor
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.frames import replay_sizing
 from distrl.rl.network import init_weights
-from distrl.rl.replay import PrioritizedReplay, sized_capacity
+from distrl.rl.replay import PrioritizedReplay
 
 KIB = 1024
 

@@ -1107,6 +1107,7 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     its replay fits the head pod's memory, and its cost covers the run's whole budget."""
     import numpy as np
 
+    from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
     from distrl.apex.train import build_parser
     from distrl.gke import manifests
     from distrl.gke.cost import estimate_run_cost
@@ -1115,7 +1116,6 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     from distrl.rl.envs import network_for
     from distrl.rl.frames import replay_sizing
     from distrl.rl.network import NATURE_TORSO
-    from distrl.rl.replay import MEMORY_SHARE, sized_capacity
 
     pong = GkeSettings.for_workload("pong", project_id=PROJECT)
     assert (pong.actor_machine_type, pong.max_actor_nodes) == ("e2-standard-8", 2)

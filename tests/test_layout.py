@@ -24,11 +24,12 @@ LAYERS = {
         "distrl.gke.cost", "distrl.gke.preflight", "distrl.otel.points", "distrl.otel.store",
         "distrl.otel.receivers", "distrl.otel.collector",
         "distrl.otel.dashboard", "distrl.cluster.local"],
-    3: ["distrl.apex.workers", "distrl.gke.create", "distrl.otel.explore",
+    3: ["distrl.apex.replay_memory", "distrl.gke.create", "distrl.otel.explore",
         "distrl.cluster.rehearsal"],
-    4: ["distrl.apex.driver"],
-    5: ["distrl.apex.train"],
-    6: ["distrl.cli", "distrl.tutorial"],
+    4: ["distrl.apex.workers"],
+    5: ["distrl.apex.driver"],
+    6: ["distrl.apex.train"],
+    7: ["distrl.cli", "distrl.tutorial"],
 }
 LAYER = {module: layer for layer, modules in LAYERS.items() for module in modules}
 SUBPACKAGES = {"distrl.rl", "distrl.apex", "distrl.otel", "distrl.gke", "distrl.cluster"}

@@ -7,15 +7,13 @@ import numpy as np
 import pytest
 from scipy import stats
 
+from distrl.apex.replay_memory import APEX_CAPACITY, available_memory, sized_capacity
 from distrl.rl.frames import images, pack_frames
 from distrl.rl.replay import (
-    APEX_CAPACITY,
     PrioritizedReplay,
     RateLimiter,
     ReplayService,
     SumTree,
-    available_memory,
-    sized_capacity,
 )
 from distrl.rl.transitions import Transitions
 

@@ -27,6 +27,7 @@ from distrl.apex.process_telemetry import (
     step_sample,
     traced,
 )
+from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
 from distrl.otel import conventions as otel
 from distrl.rl.actor import Actor
 from distrl.rl.checkpoints import write_checkpoint
@@ -35,7 +36,7 @@ from distrl.rl.envs import EVAL_MAX_STEPS, eval_epsilon, evaluate_greedy, networ
 from distrl.rl.frames import replay_sizing
 from distrl.rl.learner import Learner
 from distrl.rl.network import NetworkSpec, init_weights
-from distrl.rl.replay import MEMORY_SHARE, ReplayService, SampledBatch, sized_capacity
+from distrl.rl.replay import ReplayService, SampledBatch
 from distrl.rl.tf_runtime import configure_tensorflow
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).

@@ -49,7 +49,7 @@ def frames_per_block(config, obs_shape: tuple[int, ...]) -> int:
 
 
 def replay_sizing(config, obs_shape: tuple[int, ...]) -> dict:
-    """What replay.sized_capacity needs to know of the frames: planes per transition, and one
+    """What apex.replay_memory.sized_capacity needs to know of the frames: planes per transition, and one
     block's planes of headroom (the ring evicts a block whole once its first plane goes)."""
     return {"frames_per_transition": frames_per_transition(config, obs_shape),
             "frame_headroom": frames_per_block(config, obs_shape)}
