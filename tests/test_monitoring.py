@@ -712,9 +712,10 @@ def test_later_pages_come_from_the_first_pages_result_or_are_read_again(tmp_path
             tracemalloc.start()
             try:
                 before = tracemalloc.get_traced_memory()[0]
-                series = service._series(request, descriptor, "local",
-                                         monitoring.parse_filter(request.filter), 0,
-                                         T0 + 130 * S, monitoring.Budget(store.limits))
+                selection = monitoring.Selection(descriptor, "local",
+                                                 monitoring.parse_filter(request.filter))
+                series = service._series(request, selection, 0, T0 + 130 * S,
+                                         monitoring.Budget(store.limits))
                 result = monitoring.PagedResult(series, PREFIX + "rl.train.loss/gauge", "",
                                                 headers_only=False)
                 del series

@@ -67,6 +67,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -132,27 +133,35 @@ def _read_rows(store, sql: str, params: tuple, budget: Budget | None):
         rows.close()
 
 
-def read_series(store, descriptor: dict, project: str, terms: list[Term], end_ns: int,
-                since_ns: int | None = None, budget: Budget | None = None) -> list[Series]:
-    """The descriptor's series that match the filter terms, with their points up to end_ns
-    (for a gauge, only those after since_ns), in the descriptor's kind (delta points of a
-    cumulative metric are summed up, cumulative points of a delta metric differenced)."""
-    kind, value_type = kind_of(descriptor), ValueType.Value(descriptor["value_type"])
+@dataclass(frozen=True)
+class Selection:
+    """What a read selects: the metric's descriptor, the project its series are labelled with,
+    and the filter's terms."""
+
+    descriptor: dict
+    project: str
+    terms: list[Term]
+
+
+def read_series(store, selection: Selection, end_ns: int, since_ns: int | None = None,
+                budget: Budget | None = None) -> list[Series]:
+    """The selection's series with their points up to end_ns (for a gauge, only those after
+    since_ns), in the descriptor's kind (delta points of a cumulative metric are summed up,
+    cumulative points of a delta metric differenced)."""
+    found = _Found(selection, budget)
     sql = (f"SELECT {POINT_COLUMNS}, r.attributes AS resource FROM points p JOIN resources r "
            "ON r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
-    params: tuple = (descriptor["metric_type"], _sql_int(end_ns))
-    if kind == Kind.GAUGE and since_ns is not None:  # counters need the points before, too
+    params: tuple = (selection.descriptor["metric_type"], _sql_int(end_ns))
+    if found.kind == Kind.GAUGE and since_ns is not None:  # counters need the points before
         sql += " AND time_ns > ?"
         params += (_sql_int(since_ns),)
-    series: dict = {}
-    resources: dict = {}  # a process's resource is the same on each of its series
     for row in _read_rows(store, sql + " ORDER BY time_ns, p.id", params, budget):
-        kept = _add_row(series, resources, row, project, terms, kind, value_type, budget)
+        kept = found.add(row)
         if budget:
             budget.row(_point_bytes(row) if kept else 0)
-    out = [s for s in series.values() if s is not None]
+    out = found.kept()
     for s in out:
-        s.points = _as_kind(s.points, s.temporalities, kind)
+        s.points = _as_kind(s.points, s.temporalities, found.kind)
     return out
 
 
@@ -178,59 +187,71 @@ def _point_bytes(row: dict) -> int:
     return POINT_BYTES
 
 
-def read_headers(store, descriptor: dict, project: str, terms: list[Term], start_ns: int,
-                 end_ns: int, budget: Budget | None = None) -> list[Series]:
-    """The series that match the filter terms and have a point in the interval, without their
-    points: what the HEADERS view shows of a read without aggregation (a one-hour read of 200
-    histogram series was refused for the points it never showed). Each has one point, a
-    placeholder at end_ns."""
-    kind, value_type = kind_of(descriptor), ValueType.Value(descriptor["value_type"])
+def read_headers(store, selection: Selection, start_ns: int, end_ns: int,
+                 budget: Budget | None = None) -> list[Series]:
+    """The selection's series that have a point in the interval, without their points: what
+    the HEADERS view shows of a read without aggregation (a one-hour read of 200 histogram
+    series was refused for the points it never showed). Each has one point, a placeholder at
+    end_ns."""
+    found = _Found(selection, budget)
     sql = ("SELECT DISTINCT p.resource_id, p.scope, p.attributes, r.attributes AS resource "
            "FROM points p JOIN resources r ON r.id = p.resource_id "
            "WHERE metric_type = ? AND time_ns <= ? AND time_ns > ?")
     since_ns = end_ns - 1 if start_ns == end_ns else start_ns  # in_interval's rule
-    series: dict = {}
-    resources: dict = {}
-    params = (descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns))
+    params = (selection.descriptor["metric_type"], _sql_int(end_ns), _sql_int(since_ns))
     for row in _read_rows(store, sql, params, budget):
-        if _series_of(series, resources, row, project, terms, kind, value_type, budget):
-            series[(row["resource_id"], row["scope"], row["attributes"])].points.append(
-                (end_ns, end_ns, None))
+        s = found.series_of(row)
+        if s is not None:
+            s.points.append((end_ns, end_ns, None))
         if budget:
             budget.row(0)
-    return [s for s in series.values() if s is not None]
+    return found.kept()
 
 
-def _series_of(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
-               kind: int, value_type: int, budget: Budget | None = None) -> Series | None:
-    """The series of a row (made when new); None when the filter drops it."""
-    key = (row["resource_id"], row["scope"], row["attributes"])
-    if key not in series:  # a new series: decide once whether the filter keeps it
-        labels = {k: label_text(v) for k, v in json.loads(row["attributes"]).items()}
-        if row["scope"]:
-            labels.setdefault("otel_scope_name", row["scope"])
-        if row["resource_id"] not in resources:
-            resources[row["resource_id"]] = resource_labels(json.loads(row["resource"]), project)
-        s = Series(labels, resources[row["resource_id"]], kind, value_type)  # read-only, shared
-        series[key] = s if _matches(terms, s) else None
-        if budget:  # charged for what it keeps: a dropped series leaves only its key
-            budget.hold((SERIES_BYTES if series[key] else DROPPED_BYTES)
-                        + 3 * len(row["attributes"]))
-    return series[key]
+class _Found:
+    """A read's series as its rows arrive, by (resource, scope, attributes): each kept or
+    dropped (None) by the filter once, when first seen; a process's resource labels made once,
+    as they are the same on each of its series."""
 
+    def __init__(self, selection: Selection, budget: Budget | None):
+        self.selection, self.budget = selection, budget
+        self.kind = kind_of(selection.descriptor)
+        self.value_type = ValueType.Value(selection.descriptor["value_type"])
+        self.series: dict = {}
+        self.resources: dict = {}
 
-def _add_row(series: dict, resources: dict, row: dict, project: str, terms: list[Term],
-             kind: int, value_type: int, budget: Budget | None = None) -> bool:
-    """Add a row to its series (made when new); False when the filter drops the series."""
-    s = _series_of(series, resources, row, project, terms, kind, value_type, budget)
-    if s is None:
-        return False
-    for name in ("bounds", "bucket_counts", "exponential"):
-        if row[name] is not None:
-            row[name] = json.loads(row[name])
-    s.points.append((row["start_ns"], row["time_ns"], value_of(row, value_type)))
-    s.temporalities.append(row["temporality"])
-    return True
+    def series_of(self, row: dict) -> Series | None:
+        """The series of a row (made when new); None when the filter drops it."""
+        key = (row["resource_id"], row["scope"], row["attributes"])
+        if key not in self.series:  # a new series: decide once whether the filter keeps it
+            labels = {k: label_text(v) for k, v in json.loads(row["attributes"]).items()}
+            if row["scope"]:
+                labels.setdefault("otel_scope_name", row["scope"])
+            if row["resource_id"] not in self.resources:
+                self.resources[row["resource_id"]] = resource_labels(
+                    json.loads(row["resource"]), self.selection.project)
+            s = Series(labels, self.resources[row["resource_id"]], self.kind,
+                       self.value_type)  # the resource labels: read-only, shared
+            self.series[key] = s if _matches(self.selection.terms, s) else None
+            if self.budget:  # charged for what it keeps: a dropped series leaves only its key
+                self.budget.hold((SERIES_BYTES if self.series[key] else DROPPED_BYTES)
+                                 + 3 * len(row["attributes"]))
+        return self.series[key]
+
+    def add(self, row: dict) -> bool:
+        """Add a row's point to its series; False when the filter drops the series."""
+        s = self.series_of(row)
+        if s is None:
+            return False
+        for name in ("bounds", "bucket_counts", "exponential"):
+            if row[name] is not None:
+                row[name] = json.loads(row[name])
+        s.points.append((row["start_ns"], row["time_ns"], value_of(row, self.value_type)))
+        s.temporalities.append(row["temporality"])
+        return True
+
+    def kept(self) -> list[Series]:
+        return [s for s in self.series.values() if s is not None]
 
 
 def _matches(terms: list[Term], s: Series) -> bool:
@@ -622,8 +643,9 @@ class MetricService:
             unit = f"{unit}/s" if unit else "1/s"
         result = self.pages.get(result_id) if result_id else None
         if result is None:  # the first page, or a page whose result left the cache
-            result = PagedResult(self._series(request, descriptor, project, terms, start_ns,
-                                              end_ns, budget), metric_type, unit, headers_only)
+            selection = Selection(descriptor, project, terms)
+            result = PagedResult(self._series(request, selection, start_ns, end_ns, budget),
+                                 metric_type, unit, headers_only)
         taken = result.page(response, offset, size, MAX_RESPONSE_BYTES)
         if offset + taken < result.total:
             if not result_id:
@@ -658,15 +680,15 @@ class MetricService:
                                  f'{dotted[0]!r}: metric.labels."{dotted[0]}"')
         return hints
 
-    def _series(self, request, descriptor, project, terms, start_ns, end_ns, budget):
+    def _series(self, request, selection: Selection, start_ns: int, end_ns: int, budget):
         """The request's series after aggregation, those with points."""
         aligned = request.aggregation.per_series_aligner != Aligner.ALIGN_NONE
         if request.view == HEADERS and not aligned:  # no aggregation: no point is shown
-            return read_headers(self.store, descriptor, project, terms, start_ns, end_ns, budget)
+            return read_headers(self.store, selection, start_ns, end_ns, budget)
         period_ns = ns_of(request.aggregation.alignment_period) if aligned else 0
         # Nothing older than the first period (or the interval) can matter to a gauge.
         since_ns = start_ns - period_ns if aligned else min(start_ns, end_ns - 1)
-        series = read_series(self.store, descriptor, project, terms, end_ns, since_ns, budget)
+        series = read_series(self.store, selection, end_ns, since_ns, budget)
         if aligned:
             budget.cells(len(series), max(1, -(-(end_ns - start_ns) // period_ns)))
         budget.check()
