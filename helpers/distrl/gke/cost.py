@@ -5,7 +5,7 @@
                                          # alerting conditions
 
 Prices come from a table (PRICES, or your own JSON with the same keys): list prices of one
-date and region, approximate. Spot prices move up to once a day; pass your own table when the
+date and region, approximate. Spot prices move up to once every 30 days; pass your own table when the
 number matters.
 """
 
