@@ -783,18 +783,20 @@ class _Run:
         def per_actor(key: str) -> list:
             return [actor_finals[i][key] if i in actor_finals else None for i in range(n)]
 
-        return self._result(
-            env_steps=self.steps_before + fleet.env_steps(), updates=updates,
-            replay=replay, checkpoint=checkpoint, weights=final_weights,
-            replay_check=merged_check(checks),
+        return self._result(dict(
+            env_steps=self.steps_before + fleet.env_steps(), learner_updates=updates,
+            transitions_inserted=replay["inserted"], transitions_sampled=replay["sampled"],
+            checkpoint=checkpoint, weights=final_weights, replay_check=merged_check(checks),
             cpu_seconds={"driver": time.process_time() - self.driver_cpu_start,
                          "learner": (learner_final or {}).get("cpu_s", 0.0),
                          "replay": replay["cpu_s"], "evaluator": evaluator_cpu_s,
                          "actors": sum(f["cpu_s"] for f in actor_finals.values())},
-            weights_versions=per_actor("weights_version"), epsilons=per_actor("epsilons"),
-            actor_steps=[fleet.base[i] + fleet.last[i]["env_steps"] for i in range(n)],
-            restarts=list(fleet.restarts), nodes=list(fleet.nodes),
-            states=fleet.states(time.monotonic()), sent=per_actor("transitions_sent"))
+            actor_weights_versions=per_actor("weights_version"),
+            actor_epsilons=per_actor("epsilons"),
+            actor_env_steps=[fleet.base[i] + fleet.last[i]["env_steps"] for i in range(n)],
+            actor_restarts=list(fleet.restarts), actor_nodes=list(fleet.nodes),
+            actor_states=fleet.states(time.monotonic()),
+            actor_transitions_sent=per_actor("transitions_sent")))
 
     def _add_learner_events(self, learner_final: dict | None) -> None:
         """The learner's own events (checkpoints, holds), on the run's clock, in order."""
@@ -807,14 +809,14 @@ class _Run:
         self.stop(reason, detail)
         self.say("stop", detail)
         n = self.config.num_actors
-        return self._result(
-            env_steps=self.steps_before, updates=(self.resumed or {}).get("updates", 0),
-            replay={"size": 0, "inserted": 0, "sampled": 0, "cpu_s": 0.0}, checkpoint=None,
-            weights=None, replay_check={"ok": True, "problems": [], "size": 0, "inserted": 0,
-                                        "shards": 0},
+        return self._result(dict(
+            env_steps=self.steps_before, learner_updates=(self.resumed or {}).get("updates", 0),
+            transitions_inserted=0, transitions_sampled=0, checkpoint=None, weights=None,
+            replay_check={"ok": True, "problems": [], "size": 0, "inserted": 0, "shards": 0},
             cpu_seconds={"driver": time.process_time() - self.driver_cpu_start},
-            weights_versions=[None] * n, epsilons=[None] * n, actor_steps=[0] * n,
-            restarts=[0] * n, nodes=[None] * n, states=["never created"] * n)
+            actor_weights_versions=[None] * n, actor_epsilons=[None] * n,
+            actor_env_steps=[0] * n, actor_restarts=[0] * n, actor_nodes=[None] * n,
+            actor_states=["never created"] * n, actor_transitions_sent=[]))
 
     def _since_start(self, wall_clock: float | None) -> float | None:
         """Seconds since train() began of a time.time() stamp from a worker's own clock."""
@@ -846,12 +848,12 @@ class _Run:
         reached = sorted((t, name) for name, t in marks.items() if t is not None)
         return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
 
-    def _result(self, env_steps, updates, replay, checkpoint, weights, replay_check,
-                cpu_seconds, weights_versions, epsilons, actor_steps, restarts, nodes,
-                states, sent=()) -> TrainingResult:
+    def _result(self, ended: dict) -> TrainingResult:
+        """The run's TrainingResult, saved: `ended` holds what the processes reported as it
+        ended, under TrainingResult's own field names; the rest is the driver's record."""
         c = self.config
         now, wall = time.time(), time.monotonic() - self.t_start
-        updates_this_run = updates - (self.resumed or {}).get("updates", 0)
+        updates_this_run = ended["learner_updates"] - (self.resumed or {}).get("updates", 0)
 
         def per_second(count: float, since: float | None) -> float:
             """count over the time from a milestone (before which there was none) to the end;
@@ -865,23 +867,17 @@ class _Run:
         result = TrainingResult(
             env_id=c.env_id, reached_target=self.time_to_target is not None,
             target_return=c.target_return, time_to_target_s=self.time_to_target,
-            wall_time_s=wall, startup_s=self.startup_s or wall, env_steps=env_steps,
-            learner_updates=updates, transitions_inserted=replay["inserted"],
-            transitions_sampled=replay["sampled"],
-            env_steps_per_s=per_second(env_steps - self.steps_before, first_step),
+            wall_time_s=wall, startup_s=self.startup_s or wall,
+            env_steps_per_s=per_second(ended["env_steps"] - self.steps_before, first_step),
             learner_updates_per_s=per_second(updates_this_run, first_update),
-            samples_per_insert=replay["sampled"] / max(replay["inserted"], 1),
+            samples_per_insert=ended["transitions_sampled"] / max(ended["transitions_inserted"], 1),
             final_eval_return=self.evals[-1]["mean_return"] if self.evals else None,
             best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
             stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
-            actor_epsilons=epsilons, actor_weights_versions=weights_versions,
-            actor_env_steps=actor_steps, actor_transitions_sent=list(sent),
-            actor_restarts=restarts, actor_nodes=nodes, actor_states=states,
             throughput=self.throughput, output_dir=str(self.apex.output_dir),
-            checkpoint=checkpoint, cpu_seconds=cpu_seconds, replay_check=replay_check,
             events=self.events, timeline=self.timeline(), resumed_from=self.resume_path,
             started_at=now - wall, started_monotonic=self.t_start, boot_id=BOOT_ID,
-            config=c.to_dict(), weights=weights)
+            config=c.to_dict(), **ended)
         result.save(self.apex.output_dir / "results.json")
         return result
 
