@@ -24,9 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import re
-import sys
-import types
-from pathlib import Path
 
 import numpy as np
 
@@ -34,391 +31,37 @@ from distrl.gke.settings import check_project_id
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard as dash
 from distrl.otel.dashboard import PREFIX
-from distrl.otel.series import bucket_percentile
 
 LOCAL_PROJECT = "local"
 
 
-def _series_key(point: dict) -> tuple:
-    return (point["resource"].get("service.instance.id"),
-            tuple(sorted((k, str(v)) for k, v in point["attributes"].items())))
-
-
-def latest_per_series(points: list[dict]) -> list[dict]:
-    """The newest point of every series (cumulative points carry the series' totals)."""
-    latest: dict = {}
-    for p in points:
-        key = _series_key(p)
-        if key not in latest or p["time_ns"] >= latest[key]["time_ns"]:
-            latest[key] = p
-    return list(latest.values())
-
-
-def latency_percentiles(store, name: str, by: str = "rl.loop", quantiles=(0.5, 0.95, 0.99),
-                        where: dict | None = None):
-    """A DataFrame of count, mean and percentiles (ms) of a latency histogram, grouped by an
-    attribute, from the newest cumulative point of each series; `where` filters on exact
-    attribute values, e.g. {"rl.run.id": run_id}."""
-    import pandas as pd
-
-    rows = {}
-    for p in latest_per_series(store.points(f"{PREFIX}{name}/histogram", where)):
-        group = p["attributes"].get(by, "")
-        bounds, counts = p["bounds"], p["bucket_counts"]
-        entry = rows.setdefault(group, {"bounds": bounds, "counts": np.zeros(len(counts)),
-                                        "sum": 0.0})
-        entry["counts"] += counts
-        entry["sum"] += p["sum"] or 0.0
-    out = []
-    for group, e in sorted(rows.items()):
-        n = int(e["counts"].sum())
-        row = {by: group, "count": n, "mean_ms": e["sum"] / n if n else float("nan")}
-        for q in quantiles:
-            row[f"p{round(q * 100)}_ms"] = bucket_percentile(e["bounds"], list(e["counts"]), q)
-        out.append(row)
-    return pd.DataFrame(out).set_index(by) if out else pd.DataFrame()
-
-
-def counter_rate(store, name: str, bin_s: float = 1.0, where: dict | None = None,
-                 t0_ns: int | None = None):
-    """Per-second rate of a cumulative counter, summed over its series, in time bins; time_s
-    counts from t0_ns (a run's start, so that panels share one clock) or the first point.
-
-    Each series' rate comes from consecutive points (increase / time between them); its first
-    point's from the series' start (a cumulative point's start_ns, when its counting began), so
-    the first interval shows, as an average rather than a spike, and a series whose start is not
-    known starts at its second point. A point less than half the series' usual spacing after
-    the previous one (a flush at shutdown, right after a periodic export) is merged into the
-    next one, or left out at the end: over a few milliseconds, one block of steps reads as a
-    burst.
-    """
-    import pandas as pd
-
-    points = store.points(f"{PREFIX}{name}/counter", where)
-    if not points:
-        return pd.DataFrame(columns=["time_s", "rate"])
-    t0 = min(p["time_ns"] for p in points) if t0_ns is None else t0_ns
-    frames = []
-    for series, group in enumerate(_by_series(points).values()):
-        start = group[0].get("start_ns") or 0
-        started = [start] if 0 < start < group[0]["time_ns"] else []
-        times = np.array(started + [p["time_ns"] for p in group], dtype=np.float64)
-        values = np.array([0.0] * len(started) + [p["value"] for p in group])
-        if len(times) < 2:
-            continue
-        kept, min_gap = [0], 0.5 * np.median(np.diff(times))
-        for i in range(1, len(times)):
-            if times[i] - times[kept[-1]] >= min_gap:
-                kept.append(i)
-        times, values = times[kept], values[kept]
-        if len(times) < 2:
-            continue
-        rate = np.diff(values) / np.maximum(np.diff(times) / 1e9, 1e-9)
-        frames.append(pd.DataFrame({"time_s": (times[1:] - t0) / 1e9, "rate": rate,
-                                    "series": series}))
-    if not frames:
-        return pd.DataFrame(columns=["time_s", "rate"])
-    df = pd.concat(frames)
-    df["bin"] = (df["time_s"] // bin_s) * bin_s
-    per_series = df.groupby(["bin", "series"])["rate"].mean()
-    return per_series.groupby("bin").sum().rename("rate").reset_index().rename(
-        columns={"bin": "time_s"})
-
-
-def gauge_series(store, name: str, by: str = "rl.loop", where: dict | None = None,
-                 t0_ns: int | None = None):
-    """A gauge's points as a DataFrame: time (s from t0_ns, or from the first point), group,
-    value."""
-    import pandas as pd
-
-    points = store.points(f"{PREFIX}{name}/gauge", where)
-    if not points:
-        return pd.DataFrame(columns=["time_s", by, "value"])
-    start = min(p["time_ns"] for p in points) if t0_ns is None else t0_ns
-    return pd.DataFrame([{"time_s": (p["time_ns"] - start) / 1e9,
-                          by: p["attributes"].get(by, ""), "value": p["value"]}
-                         for p in points])
-
-
-def _by_series(points: list[dict]) -> dict:
-    out: dict = {}
-    for p in points:
-        out.setdefault(_series_key(p), []).append(p)
-    return out
-
-
-def process_of(span: dict) -> str:
-    """Which process made a span: the series' service.component (driver, learner, ...), or for
-    spans of your own that set none, their service.name."""
-    resource = span["resource"]
-    return resource.get("service.component") or resource.get("service.name", "?")
-
-
-def traces(store):
-    """One row per trace: root span, start, duration, span count and the processes involved."""
-    import pandas as pd
-
-    rows: dict = {}
-    for s in store.iter_spans():
-        entry = rows.setdefault(s["trace_id"], {"trace_id": s["trace_id"], "spans": 0,
-                                                "components": set(), "root": None})
-        entry["spans"] += 1
-        entry["components"].add(process_of(s))
-        if s["parent_span_id"] is None:
-            entry["root"] = s
-    out = []
-    for entry in rows.values():
-        root = entry.pop("root")
-        if root is None:
-            continue
-        out.append({**entry, "iteration": root["attributes"].get("rl.loop.iteration"),
-                    "start_ns": root["start_ns"],
-                    "duration_ms": (root["end_ns"] - root["start_ns"]) / 1e6,
-                    "components": ",".join(sorted(entry["components"]))})
-    return pd.DataFrame(out).sort_values("start_ns") if out else pd.DataFrame()
-
-
-def plot_trace_waterfall(spans: list[dict], ax=None):
-    """Horizontal bars, one per span, from the root's start, coloured by process."""
-    import matplotlib.pyplot as plt
-
-    if not spans:
-        raise ValueError("no spans to draw: pick a trace id from traces(store)")
-    spans = sorted(spans, key=lambda s: s["start_ns"])
-    t0 = min(s["start_ns"] for s in spans)
-    components = sorted({process_of(s) for s in spans})
-    colours = {c: f"C{i}" for i, c in enumerate(components)}
-    if ax is None:
-        _, ax = plt.subplots(figsize=(9, 0.35 * len(spans) + 1))
-    for row, s in enumerate(spans):
-        start = (s["start_ns"] - t0) / 1e6
-        width = max((s["end_ns"] - s["start_ns"]) / 1e6, 0.01)
-        component = process_of(s)
-        ax.barh(row, width, left=start, color=colours[component])
-        label = f"{s['name']}  [{s['resource'].get('service.instance.id', '?').split('@')[0]}]"
-        ax.text(start + width, row, f" {label} {width:.2f} ms", va="center", fontsize=8)
-    ax.set_yticks([])
-    ax.invert_yaxis()
-    end = max((s["end_ns"] - t0) / 1e6 for s in spans)
-    ax.set_xlim(0, end * 1.45)  # room for the labels right of the bars
-    ax.set_xlabel("ms since the iteration's rl.loop span started")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=colours[c]) for c in components]
-    ax.legend(handles, components, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8)
-    return ax
-
-
-def slowest_iterations(store, n: int = 5):
-    """The n slowest loop iterations (root rl.loop spans), slowest first."""
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected a positive integer")
-    table = traces(store)
-    if table.empty:
-        return table
-    return table.sort_values("duration_ms", ascending=False).head(n).reset_index(drop=True)
-
-
-WORK_SPANS = ("rl.train", "rl.sample")  # a learner's fetch of batches, an actor's block
-
-
-def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
-    """The n slowest spans of real work (by default the learner's rl.train and the actors'
-    rl.sample), slowest first, with the trace each belongs to, and `first`: whether it is its
-    process's first span of that name (a learner's first update traces and compiles its graph).
-    The root rl.loop spans are the driver's polls, which last as long as the poll interval
-    whatever the work."""
-    import pandas as pd
-
-    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"n={n!r} is invalid: expected a positive integer")
-    rows = [{"name": s["name"], "process": process_of(s),
-             "instance": s["resource"].get("service.instance.id", "?"),
-             "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
-             "span_id": s["span_id"], "start_ns": s["start_ns"], "end_ns": s["end_ns"]}
-            for s in store.iter_spans() if s["name"] in names]
-    if not rows:
-        return pd.DataFrame()
-    frame = pd.DataFrame(rows)
-    frame["first"] = frame["start_ns"] == frame.groupby(["name", "instance"])["start_ns"].transform("min")
-    return (frame.drop(columns="instance").sort_values("duration_ms", ascending=False).head(n)
-            .reset_index(drop=True))
-
-
-def outside_root(spans: list[dict]) -> list[dict]:
-    """The spans of a trace that start before its root span or end after it. A driver's
-    rl.loop span ends once it has sent its calls; work it started can run on past it."""
-    roots = [s for s in spans if s["parent_span_id"] is None]
-    if not roots:
-        return []
-    root = roots[0]
-    return [s for s in spans if s is not root
-            and (s["start_ns"] < root["start_ns"] or s["end_ns"] > root["end_ns"])]
-
-
-def reward_drops(frame, fraction: float = 0.3, by: str = otel.RL_RUN_ID):
-    """Where a reward series fell below its own best so far by more than `fraction` of that
-    best (the reward-drop alert's condition, k8s/monitoring/alerts/reward-drop.json), per
-    series of `frame` (time, value and a `by` column). Returns the rows that met it, with the
-    best so far and the drop."""
-    import pandas as pd
-
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction={fraction!r} is invalid: expected 0 < fraction < 1")
-    if frame.empty:
-        return frame
-    parts = []
-    for _, series in (frame.groupby(by) if by in frame.columns else [(None, frame)]):
-        series = series.sort_values("time")
-        best = series["value"].cummax()
-        drop = best - series["value"]
-        parts.append(series.assign(best_so_far=best, drop=drop)[drop > fraction * best.abs()])
-    return pd.concat(parts) if parts else frame.iloc[:0]
-
-
-def firing_windows(frame, comparison: str, threshold: float, duration_s: float,
-                   alignment_s: float, by: tuple[str, ...] = ()):
-    """When a threshold condition held for at least duration_s, per series: frame is the
-    condition's aligned query (time, value and the `by` columns); each aligned point stands
-    for the period it ends. Returns one row per window: the series, start, end, and the
-    value at its worst. Nothing is inferred for periods without points, as in Cloud
-    Monitoring's threshold conditions."""
-    import pandas as pd
-
-    if comparison not in ("COMPARISON_GT", "COMPARISON_LT"):
-        raise ValueError(f"comparison={comparison!r}: expected COMPARISON_GT or COMPARISON_LT")
-    rows = []
-    keys = [k for k in by if k in frame.columns]
-    groups = frame.groupby(keys) if keys else [((), frame)]
-    for group, series in groups:
-        series = series.sort_values("time")
-        held = series["value"] > threshold if comparison == "COMPARISON_GT" \
-            else series["value"] < threshold
-        run_start = previous = None
-        worst = []
-        for (t, value), ok in zip(series[["time", "value"]].itertuples(index=False), held):
-            gap = previous is not None and (t - previous).total_seconds() > 1.5 * alignment_s
-            if run_start is not None and (not ok or gap):
-                rows.append(_window(group, keys, run_start, previous, worst, alignment_s,
-                                    duration_s, comparison))
-                run_start, worst = None, []
-            if ok:
-                run_start = t if run_start is None else run_start
-                worst.append(value)
-            previous = t
-        if run_start is not None:
-            rows.append(_window(group, keys, run_start, previous, worst, alignment_s, duration_s,
-                                comparison))
-    rows = [r for r in rows if r is not None]
-    return pd.DataFrame(rows, columns=[*keys, "start", "end", "worst"])
-
-
-def _window(group, keys, first, last, values, alignment_s, duration_s, comparison):
-    start = first - dt.timedelta(seconds=alignment_s)  # a point ends its period
-    if (last - start).total_seconds() < duration_s:
-        return None
-    group = group if isinstance(group, tuple) else (group,)
-    worst = max(values) if comparison == "COMPARISON_GT" else min(values)
-    return {**dict(zip(keys, group)), "start": start, "end": last, "worst": worst}
-
-
-def evaluate_alert(monitoring: Monitoring, policy: dict, *, minutes: float = 60.0,
-                   time_scale: float = 1.0, end: dt.datetime | None = None):
-    """Evaluate an alert policy's threshold condition on the data `monitoring` holds: its
-    filter and aggregation run as a query, and firing_windows says when the condition held
-    for its duration. time_scale shortens the policy's alignment period and duration alike,
-    for runs of seconds on the local collector (Cloud Monitoring takes the policy as
-    written: time_scale 1). Returns (query frame, firing windows, the scaled alignment and
-    duration in seconds). A PromQL condition is not evaluated here: ValueError."""
-    if not 0 < time_scale <= 1:
-        raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
-    condition = policy["conditions"][0]
-    threshold = condition.get("conditionThreshold")
-    if threshold is None:
-        raise ValueError(f"policy {policy.get('displayName')!r}: only threshold conditions are "
-                         "evaluated here (its condition is "
-                         f"{next(iter(condition.keys() - {'displayName'}))})")
-    aggregation = dict(threshold["aggregations"][0])
-    alignment_s = max(1, round(_seconds(aggregation["alignmentPeriod"]) * time_scale))
-    duration_s = _seconds(threshold.get("duration", "0s")) * time_scale
-    aggregation["alignmentPeriod"] = f"{alignment_s}s"
-    frame = monitoring.query(threshold["filter"], aggregation, minutes=minutes, end=end)
-    by = tuple(re.sub(r'^metric\.labels?\."?([^"]+)"?$', r"\1", field)
-               for field in aggregation.get("groupByFields", []))
-    windows = firing_windows(frame, threshold["comparison"], threshold["thresholdValue"],
-                             duration_s, alignment_s, by) if not frame.empty else frame
-    return frame, windows, alignment_s, duration_s
-
-
-def sample_rate_drops(monitoring: Monitoring, *, minutes: float = 60.0,
-                      time_scale: float = 1.0, end: dt.datetime | None = None,
-                      where: dict | None = None):
-    """The sample-rate-drop policy (dashboard.SAMPLE_RATE_DROP_PROMQL) on the data `monitoring`
-    holds, the way evaluate_alert runs a threshold condition: each run's env steps/s over
-    periods of the PromQL rate window (5 min, scaled by time_scale) below
-    dashboard.SAMPLE_RATE_FLOOR for the policy's duration, counted only after the first period
-    in which the run's learner trained (a run still starting is not a drop). Returns (the
-    runs' sample rates, firing windows, alignment and duration in seconds)."""
-    import pandas as pd
-
-    if not 0 < time_scale <= 1:
-        raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
-    condition = dash.alert_policies()["sample-rate-drop"]["conditions"][0]
-    duration_s = _seconds(condition["conditionPrometheusQueryLanguage"]["duration"]) * time_scale
-    alignment_s = max(1, round(dash.SAMPLE_RATE_WINDOW_S * time_scale))
-    query = dict(where=where, minutes=minutes, end=end, aligner="ALIGN_RATE",
-                 reducer="REDUCE_SUM", group_by=(otel.RL_RUN_ID,), alignment_s=alignment_s)
-    samples = monitoring.time_series("rl.sample.samples", **query)
-    trained = monitoring.time_series("rl.train.steps", **query)
-    kept = samples.iloc[:0]
-    if not samples.empty and not trained.empty:
-        first_trained = trained[trained["value"] > 0].groupby(otel.RL_RUN_ID)["time"].min()
-        after = samples["time"] > samples[otel.RL_RUN_ID].map(first_trained)
-        kept = samples[after.fillna(False).astype(bool)]
-    by = (otel.RL_RUN_ID,)
-    windows = (firing_windows(kept, "COMPARISON_LT", dash.SAMPLE_RATE_FLOOR, duration_s,
-                              alignment_s, by) if not kept.empty
-               else pd.DataFrame(columns=[*by, "start", "end", "worst"]))
-    return samples, windows, alignment_s, duration_s
-
-
-def _seconds(duration: str) -> float:
-    """'300s' -> 300.0 (the JSON form of a google.protobuf.Duration)."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)s", duration)
-    if match is None:
-        raise ValueError(f"duration={duration!r} is invalid: expected seconds such as '300s'")
-    return float(match.group(1))
-
+# The store's views and the alerts' evaluation live in their own modules; explore offers them
+# too, as the one module a notebook imports to look at a run.
+from distrl.otel.alerts import (  # noqa: E402, F401
+    evaluate_alert,
+    firing_windows,
+    reward_drops,
+    sample_rate_drops,
+)
+from distrl.otel.store_views import (  # noqa: E402, F401
+    counter_rate,
+    gauge_series,
+    latency_percentiles,
+    latest_per_series,
+    outside_root,
+    plot_trace_waterfall,
+    process_of,
+    slowest_iterations,
+    slowest_work,
+    tensorboard_scalars,
+    traces,
+)
 
 # ---- Cloud Monitoring's API: the local collector or a project ----
 
 _KINDS = {**{name: "histogram" for name in otel.LATENCY_HISTOGRAMS},
           **{name: "counter" for name in otel.COUNTERS},
           **{name: "gauge" for name in otel.GAUGES}}
-
-
-def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
-    """(step, value) of one scalar in a TensorBoard log directory, by step; [] without it.
-
-    Read with TensorBoard's own reader on its TensorFlow-free stub: it would otherwise import
-    TensorFlow, a slow import in a notebook's kernel whose C++ start-up lines print to its
-    stderr (`python benchmarks/process_startup.py` times TensorFlow's import).
-    The stub is taken when a `tensorboard.compat.notf` module imports (the marker of
-    TensorBoard's own build without TensorFlow, tensorboard/compat/__init__.py); a process that
-    has imported TensorFlow already keeps reading with it.
-    """
-    if not Path(logdir).is_dir():
-        raise FileNotFoundError(f"logdir={str(logdir)!r}: no such directory")
-    sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
-    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from tensorboard.util.tensor_util import make_ndarray
-
-    # Every point: by default the reader keeps a sample of 10 tensors a tag (size_guidance; 0 is all).
-    acc = EventAccumulator(str(logdir), size_guidance={"tensors": 0, "scalars": 0}).Reload()
-    tags = acc.Tags()
-    if tag in tags.get("tensors", []):  # tf.summary.scalar (TF 2) writes tensors
-        return sorted((e.step, float(make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag))
-    if tag in tags.get("scalars", []):
-        return sorted((e.step, float(e.value)) for e in acc.Scalars(tag))
-    return []
 
 
 # What an OTLP instrument becomes in Cloud Monitoring (Managed Service for Prometheus' naming):
@@ -729,7 +372,6 @@ def _group_origins(panels: list) -> tuple[list[str], dict[tuple, object]]:
 def _usual_step(panels: list) -> float | None:
     """The figure's usual spacing of points in seconds (its alignment period), from all its
     series: a single series of a few points cannot tell its own gaps."""
-    import numpy as np
 
     steps = [part["time"].sort_values().diff().dt.total_seconds().dropna().to_numpy()
              for _, _, df, keys in panels if not df.empty
@@ -742,7 +384,6 @@ def _usual_step(panels: list) -> float | None:
 def _broken_at_gaps(x, y, step: float | None):
     """x and y with a gap (NaN) where more than one `step` of points is missing: a line drawn
     across a stretch with no data would show values nobody reported."""
-    import numpy as np
 
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if step is None or len(x) < 2:
