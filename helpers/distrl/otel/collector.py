@@ -18,7 +18,7 @@ No client takes the exports' capacity: the gRPC receiver runs on one asyncio loo
 call waiting for its message or a reader holds no thread; a call has MESSAGE_WAIT_S to send its
 message before it takes a turn (exports and reads each have their own), a caller without the
 token (when one is set) is refused at its headers, and a failed commit (a full disk) is
-answered UNAVAILABLE, which exporters retry. One collector writes a database (_lock_writer).
+answered UNAVAILABLE, which exporters retry. One collector writes a database (store_file.lock_writer).
 
 With http_port, the same store also takes OTLP/HTTP with protobuf bodies (POST /v1/metrics,
 /v1/traces: what GKE's managed collector documents on its port 4318).

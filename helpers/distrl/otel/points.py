@@ -181,7 +181,7 @@ def _check_buckets(buckets: int) -> None:
 
 
 class HistogramColumns(NamedTuple):
-    """A histogram point's columns of the points table (store.SCHEMA)."""
+    """A histogram point's columns of the points table (store_file.SCHEMA)."""
 
     count: int
     sum: float | None
