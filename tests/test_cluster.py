@@ -343,16 +343,23 @@ print(json.dumps({"started": started, "up": up, "restored": restored, "left": le
 """
 
 
-def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_started():
+def test_a_local_ray_starts_no_dashboard_and_shutdown_ray_ends_every_process_it_started(
+        tmp_path):
     """init_local_ray(include_dashboard=False) listens on loopback only and starts no
     dashboard process, which ray.init
     starts anyway (and waits for before the raylet), and leaves Ray's code as it was. Then
     shutdown_ray kills the autoscaler monitor before ray.shutdown() (which would wait 1 s on
     it): every process that ray.init started is gone afterwards, and the monitor reported no
-    failure on its way out."""
+    failure on its way out. With RAY_AUTH_TOKEN_PATH set, the token is made there and Ray
+    reads it there: nothing lands in the home folder's .ray (the README says so)."""
+    home, token = tmp_path / "home", tmp_path / "elsewhere" / "auth_token"
+    home.mkdir()
+    env = {**os.environ, "HOME": str(home), "RAY_AUTH_TOKEN_PATH": str(token)}
     run = subprocess.run([sys.executable, "-c", SHUTDOWN], capture_output=True, text=True,
-                         timeout=180)
+                         timeout=180, env=env)
     assert run.returncode == 0, run.stderr[-3000:]
+    assert token.is_file() and (token.stat().st_mode & 0o777) == 0o600
+    assert not (home / ".ray").exists(), sorted(str(p) for p in home.rglob("*"))
     out = json.loads(run.stdout.splitlines()[-1])
     started = out["started"]
     assert started["monitor"] and started["raylet"] and started["gcs_server"], started

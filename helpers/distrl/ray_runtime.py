@@ -38,7 +38,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-DEFAULT_TOKEN_FILE = Path.home() / ".ray" / "auth_token"
+# Ray's token file: RAY_AUTH_TOKEN_PATH where set, which Ray reads too (ray/exceptions.py, its
+# AuthenticationError's help: "~/.ray/auth_token or via RAY_AUTH_TOKEN_PATH"), else its default.
+DEFAULT_TOKEN_FILE = Path(os.environ.get("RAY_AUTH_TOKEN_PATH")
+                          or Path.home() / ".ray" / "auth_token").expanduser()
 
 
 def ensure_auth_token(path: str | Path = DEFAULT_TOKEN_FILE) -> Path:

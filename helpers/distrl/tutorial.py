@@ -150,14 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("-p", "--parameter", action="append", type=_parse_parameter, default=[],
                         help="NAME=VALUE passed to every notebook's parameters cell")
     parser.add_argument("--output-dir", type=Path, default=None,
-                        help="default: runs/<timestamp>")
+                        help="default: runs/<timestamp>; a relative one is under the repository")
     parser.add_argument("--notebooks-dir", type=Path, default=NOTEBOOKS_DIR,
                         help="where the NN-*.ipynb notebooks are")
     args = parser.parse_args(argv)
     # The kernels inherit it: TensorFlow's C++ start-up lines (no CUDA driver, CPU features)
     # would otherwise print here from any kernel that imports it (tensorboard's readers do).
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    output_dir = args.output_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S")
+    output_dir = run_dir(args.output_dir or Path("runs") / datetime.now().strftime("%Y%m%d-%H%M%S"))
     notebooks = find_notebooks(args.notebooks_dir, only=args.only)
     if not notebooks:
         print(f"no notebooks matched {args.only} in {args.notebooks_dir}", file=sys.stderr)
