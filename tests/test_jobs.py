@@ -114,24 +114,49 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
     default = values["PONG"]
     assert default != "full"
     for cluster in ("local", "gke"):
-        args = jobs.pong_job_args(default, cluster, ["--num-actors", "56"])
+        args = jobs.pong_job_args(default, cluster)
         config = build_parser().parse_args(args)
         assert config.max_seconds <= jobs.PONG_SMOKE_SECONDS + NODE_READY_S
         assert config.max_learner_updates == 1 and config.num_actors == 1
-    # The full run goes only to the pool that notebook 03 makes (and prices) for Pong.
-    pool = jobs.pong_pool_args()
-    assert pool == {"--num-actors": "12", "--num-gpus": "1"}
-    live = ["--num-actors", "12", "--actor-cpus", "1", "--num-gpus", "1"]
+    # The full run goes only to the pool that notebook 03 makes (and prices) for Pong: the
+    # live RayCluster's spec, as kubectl gives it back (quantities written as the API server
+    # writes them), is compared part by part with the planned one.
+    import copy
+
+    from distrl.gke import manifests
+    from distrl.gke.settings import GkeSettings
+
+    planned = jobs.pong_pool_spec()
+    live = json.loads(json.dumps(planned))  # kubectl's JSON: strings for quantities
+    head = live["headGroupSpec"]["template"]["spec"]["containers"][0]["resources"]
+    head["requests"] = {k: str(v) for k, v in head.get("requests", {}).items()}
     full = jobs.pong_job_args("full", "gke", live)
     assert shlex.join(WORKLOADS["pong"].command_args()) in shlex.join(full)
-    assert full[full.index("--num-actors") + 1] == "12"
-    with pytest.raises(ValueError, match=r"live cluster's pool \(24 actors, 1 GPU\), and its "
-                                         r"price is the Pong pool's \(12 actors, 1 GPU\)"):
-        jobs.pong_job_args("full", "gke", ["--num-actors", "24", "--num-gpus", "1"])
-    with pytest.raises(ValueError, match=r"\(12 actors, 0 GPU\)"):
-        jobs.pong_job_args("full", "gke", ["--num-actors", "12", "--num-gpus", "0"])
+    assert full[full.index("--num-actors") + 1] == "12" and full[full.index("--num-gpus") + 1] == "1"
+    assert jobs.pool_differences(live, planned) == []
+    assert jobs._quantity("500m") == 0.5 and jobs._quantity("30Gi") == 30 * 2**30 == \
+        jobs._quantity(str(30 * 2**30)) and jobs._quantity(8) == jobs._quantity("8")
+
+    def cluster_of(workload: str, **settings) -> dict:
+        return manifests.ray_cluster_spec(GkeSettings.for_workload(
+            workload, project_id="any-project", **settings), autoscale=False)
+
+    # CartPole's pool (24 actors on 4 nodes), a T4 head, Autopilot: each refused, naming what
+    # differs; one changed node count too.
+    for other, words in [(cluster_of("cartpole"), "maxReplicas"),
+                         (cluster_of("pong", gpu_type="nvidia-tesla-t4"), "head requests.memory"),
+                         (cluster_of("pong", mode="autopilot"), "head")]:
+        with pytest.raises(ValueError, match=rf"differs: .*{words}.*create the cluster with "
+                                             r"WORKLOAD = 'pong'"):
+            jobs.pong_job_args("full", "gke", other)
+    more = copy.deepcopy(planned)
+    more["workerGroupSpecs"][0]["maxReplicas"] += 1
+    with pytest.raises(ValueError, match=r"maxReplicas: live 3, planned 2"):
+        jobs.pong_job_args("full", "gke", more)
     with pytest.raises(ValueError, match="PONG='full' is the workload's run on GKE"):
         jobs.pong_job_args("full", "local")
+    with pytest.raises(ValueError, match="PONG='full' is the workload's run on GKE"):
+        jobs.pong_job_args("full", "gke")  # no live spec to compare
     with pytest.raises(ValueError, match="PONG=True: expected one of 'smoke', 'full', 'off'"):
         jobs.pong_job_args(True, "local")
     with pytest.raises(ValueError, match="cluster='kind': expected 'local' or 'gke'"):

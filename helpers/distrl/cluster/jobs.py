@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from distrl.gke.settings import NODE_READY_S, WORKLOADS, option_values
+from distrl.gke.settings import NODE_READY_S, WORKLOADS
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 _shown: dict[str, int] = {}  # job id -> characters of its log already printed
@@ -50,10 +50,11 @@ PONG_SMOKE_ARGS = ("--hidden-sizes", "512", "--num-actors", "1", "--actor-cpus",
                    "none", "--eval-episodes", "1")
 
 
-def pong_job_args(mode: str, cluster: str, cluster_args: Sequence[str] = ()) -> list[str] | None:
+def pong_job_args(mode: str, cluster: str, live_spec: dict | None = None) -> list[str] | None:
     """The training options of notebook 04's Pong job (None for "off"). On GKE a smoke job
     waits for a Spot node (autoscaling), its budget longer by NODE_READY_S; the full run takes
-    its actors and GPU from the RayCluster (cluster_args)."""
+    its actors and GPU from the live RayCluster's spec (`kubectl get raycluster -o json`), and
+    only from the pool notebook 03 makes and prices for Pong."""
     if mode not in PONG_MODES:
         raise ValueError(f"PONG={mode!r}: expected one of {', '.join(map(repr, PONG_MODES))}")
     if cluster not in ("local", "gke"):
@@ -65,33 +66,78 @@ def pong_job_args(mode: str, cluster: str, cluster_args: Sequence[str] = ()) -> 
         seconds = PONG_SMOKE_SECONDS + (NODE_READY_S if cluster == "gke" else 0)
         wait = ["--autoscaling", "true"] if cluster == "gke" else []
         return ["--env", pong.env_id, *PONG_SMOKE_ARGS, "--max-seconds", f"{seconds:g}", *wait]
-    if cluster != "gke":
+    if cluster != "gke" or live_spec is None:
         raise ValueError("PONG='full' is the workload's run on GKE (hours, a GPU and "
-                         f"{pong.max_actor_nodes} Spot nodes); on this machine use 'smoke'")
-    pool, given = pong_pool_args(), option_values(cluster_args)
-    live = {flag: given.get(flag) for flag in pool}
-    if live != pool:
+                         f"{pong.max_actor_nodes} Spot nodes), from the live RayCluster's spec; "
+                         "on this machine use 'smoke'")
+    from distrl.gke import manifests
+
+    differences = pool_differences(live_spec, pong_pool_spec())
+    if differences:
         raise ValueError(
-            f"PONG='full' trains on the live cluster's pool ({_pool_words(live)}), and its price "
-            f"is the Pong pool's ({_pool_words(pool)}): create the cluster with "
+            "PONG='full' would train on the live cluster's pool, and its price is the Pong "
+            f"pool's, which differs: {'; '.join(differences[:4])}: create the cluster with "
             "WORKLOAD = 'pong' in notebook 03, or use PONG = 'smoke'")
-    return [*pong.command_args(), *cluster_args, "--autoscaling", "true"]
+    return [*pong.command_args(), *manifests.cluster_train_args(live_spec),
+            "--autoscaling", "true"]
 
 
-def pong_pool_args() -> dict[str, str]:
-    """The actors and GPU of the pool notebook 03 makes for WORKLOAD = 'pong' (the pool that
-    estimate_run_cost prices for it), as cluster_train_args gives them."""
+def pong_pool_spec() -> dict:
+    """The RayCluster spec notebook 03 makes for WORKLOAD = 'pong' (the pool that
+    estimate_run_cost prices for it)."""
     from distrl.gke import manifests
     from distrl.gke.settings import GkeSettings
 
-    spec = manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"),
+    return manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"),
                                       autoscale=False)
-    args = option_values(manifests.cluster_train_args(spec))
-    return {flag: args[flag] for flag in ("--num-actors", "--num-gpus")}
 
 
-def _pool_words(pool: dict[str, str | None]) -> str:
-    return f"{pool['--num-actors']} actors, {pool['--num-gpus']} GPU"
+def pool_shape(spec: dict) -> dict[str, object]:
+    """What of a RayCluster's spec decides the pool a run takes and bills, by name: each worker
+    group's size, Ray CPUs, pod resources and node selector (the Spot pool, the machine's
+    share), and the head's resources and node selector (its GPU, its pool)."""
+    def pod(prefix: str, template: dict) -> dict:
+        container = template["spec"]["containers"][0]
+        shape = {f"{prefix} nodeSelector": template["spec"].get("nodeSelector", {})}
+        for kind, amounts in container.get("resources", {}).items():
+            for name, amount in amounts.items():
+                shape[f"{prefix} {kind}.{name}"] = _quantity(amount)
+        return shape
+
+    shape = pod("head", spec["headGroupSpec"]["template"])
+    for group in spec.get("workerGroupSpecs", []):
+        name = f"worker group {group.get('groupName', '?')}"
+        shape |= {f"{name} maxReplicas": group.get("maxReplicas"),
+                  f"{name} num-cpus": _quantity(group.get("rayStartParams", {}).get("num-cpus")),
+                  **pod(name, group["template"])}
+    return shape
+
+
+def pool_differences(live_spec: dict, planned_spec: dict) -> list[str]:
+    """'name: live X, planned Y' for each part of the pool where the specs differ."""
+    live, planned = pool_shape(live_spec), pool_shape(planned_spec)
+    return [f"{key}: live {live.get(key)!r}, planned {planned.get(key)!r}"
+            for key in sorted(live.keys() | planned.keys()) if live.get(key) != planned.get(key)]
+
+
+def _quantity(amount) -> float | str | None:
+    """A Kubernetes quantity as a number ('500m' 0.5, '30Gi' 30 * 2**30, 8 and '8' 8.0), so
+    that the API server's way of writing it back does not read as a difference."""
+    if amount is None:
+        return None
+    text = str(amount)
+    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+    for suffix in sorted(units, key=len, reverse=True):
+        if text.endswith(suffix):
+            try:
+                return float(text[:-len(suffix)]) * units[suffix]
+            except ValueError:
+                return text
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def submit_training(client, train_args: Sequence[str], output_dir: str,
