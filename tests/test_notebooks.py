@@ -240,6 +240,34 @@ def test_a_kernel_that_ran_through_is_shut_down_without_an_interrupt(kernel, tmp
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
 
 
+# The copy runs in this test's environment (the whole lock): what it imported must come from
+# the box's pins or what they require (their extras aside), as in a project with only those.
+# Ray's own start imports what it finds of its extras (aiohttp, pydantic, ...) and does
+# without them: what it imported (BEFORE, kept after the first ray.init) and what that requires
+# is allowed too; the copied code's own imports come after.
+ONLY_THESE_PACKAGES = """
+import importlib.metadata as md, re, sys
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+owners = md.packages_distributions()
+started = [d for m in BEFORE if "." not in m and m != "distrl" for d in owners.get(m, [])]
+allowed, todo = set(), list(PINS) + started
+while todo:
+    name = norm(todo.pop())
+    if name in allowed:
+        continue
+    allowed.add(name)
+    try:
+        requires = md.requires(name) or []
+    except md.PackageNotFoundError:
+        continue
+    todo += [re.match(r"[A-Za-z0-9_.-]+", r)[0] for r in requires if "extra ==" not in r]
+used = {norm(d) for m in set(sys.modules) - BEFORE if "." not in m and m != "distrl"
+        for d in owners.get(m, [])}
+print("imported from outside the pins:", sorted(used - allowed))
+"""
+
+
 def test_01s_120_line_ape_x_runs_from_its_copy_box_alone(tmp_path: Path):
     """What a reader copies, as the box in notebook 01 says: the cells tagged `copy-path` (the
     120-line Ape-X, from ray.init() to its last figures) and the `parameters` cell, as a plain
@@ -274,11 +302,14 @@ def test_01s_120_line_ape_x_runs_from_its_copy_box_alone(tmp_path: Path):
         "MINIMAL_MAX_SECONDS, EVAL_EPISODES = 60.0, 5",
         *(part for env_id, target in runs for part in (
             f"ENV_ID, TARGET_RETURN = {env_id!r}, {target}\nprint('=== run of', ENV_ID)",
-            *("".join(c["source"]) for c in tagged))),
+            "".join(tagged[0]["source"]), "import sys\nBEFORE = globals().get('BEFORE') or "
+            "set(sys.modules)  # once, after the first ray.init",
+            *("".join(c["source"]) for c in tagged[1:]))),
         "import importlib.util, distrl\n"
         "print('distrl from', distrl.__file__)\n"
         "assert importlib.util.find_spec('distrl.apex') is None\n"
-        "ray.shutdown()"])
+        "ray.shutdown()",
+        ONLY_THESE_PACKAGES.replace("PINS", repr([p.split("==")[0] for p in pins]))])
     env = {**os.environ, "PYTHONPATH": str(package.parent)}
     env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # the copied __init__ sets it, as for a reader
     run = subprocess.run([sys.executable, "-c", script],
@@ -292,6 +323,8 @@ def test_01s_120_line_ape_x_runs_from_its_copy_box_alone(tmp_path: Path):
         assert re.search(rf"reached {target:.0f} in \d+ s, [\d,]+ transitions, [\d,]+ updates",
                          out), out[-2000:]
         assert re.search(r"halfway to the target \(-?\d+\) first at \d+ s", out), out[-2000:]
+    # Nothing it imported comes from a package the box's pip line does not bring.
+    assert "imported from outside the pins: []" in run.stdout, run.stdout[-2000:]
 
 
 def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
