@@ -59,12 +59,11 @@ def distrl_side(env_id: str, seed: int, launched_at: float, points: list[float],
 
     from distrl.apex.driver import ApeX
     from distrl.apex.faults import StopFlag
-    from distrl.apex.train import build_parser
-    from distrl.rl.config import ApexConfig
+    from distrl.apex.train import config_from_args
     from distrl.rl.envs import evaluate_greedy, network_for
 
-    config = ApexConfig(**vars(build_parser().parse_args(
-        ["--env", env_id, "--seed", str(seed), "--progress", "false", *train_args])))
+    config = config_from_args(
+        ["--env", env_id, "--seed", str(seed), "--progress", "false", *train_args])
     apex, stop = ApeX(config), StopFlag()
     taken: list[tuple[float, float, list]] = []
     failed: list[str] = []

@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
-from distrl.apex.train import build_parser
+from distrl.apex.train import config_from_args
 from distrl.gke import manifests
 from distrl.gke.settings import WORKLOADS, GkeSettings
 from distrl.rl.actor import Actor
@@ -105,7 +105,7 @@ def pong_config(smoke: bool) -> ApexConfig:
     """The Pong workload's config as its RayJob runs it (its pool: one actor a CPU)."""
     actors = manifests.num_actors(GkeSettings.for_workload("pong", project_id="my-project-id"))
     args = [*WORKLOADS["pong"].command_args(), "--num-actors", str(actors)]
-    config = ApexConfig(**vars(build_parser().parse_args(args)))
+    config = config_from_args(args)
     if smoke:
         from dataclasses import replace
         config = replace(config, envs_per_actor=2, actor_block_steps=50)

@@ -1,13 +1,14 @@
 """Bad configuration is refused before anything starts, with the field, value and what is accepted."""
 
 import dataclasses
+import re
 import subprocess
 import sys
 
 import pytest
 
 from distrl.apex.driver import ApeX
-from distrl.apex.train import build_parser, main
+from distrl.apex.train import build_parser, config_from_args, main
 from distrl.field_docs import field_help
 from distrl.rl.config import ApexConfig
 
@@ -84,16 +85,14 @@ def test_cli_help_documents_every_option():
 
 
 def test_cli_parses_types():
-    args = vars(build_parser().parse_args(
+    config = config_from_args(
         ["--env", "Acrobot-v1", "--num-actors", "4", "--hidden-sizes", "64", "32",
-         "--target-return", "none", "--dueling", "false", "--actor-cpus", "0.5"]))
-    config = ApexConfig(**args)
+         "--target-return", "none", "--dueling", "false", "--actor-cpus", "0.5"])
     assert (config.env_id, config.num_actors, config.hidden_sizes) == ("Acrobot-v1", 4, (64, 32))
     assert config.target_return is None and config.dueling is False and config.actor_cpus == 0.5
     assert config.hold_learner_within is None
     for given, held in [(["100", "400.5"], (100.0, 400.5)), (["none"], None)]:
-        args = vars(build_parser().parse_args(["--hold-learner-within", *given]))
-        assert ApexConfig(**args).hold_learner_within == held
+        assert config_from_args(["--hold-learner-within", *given]).hold_learner_within == held
     assert ApexConfig(hold_learner_within=[1, 2]).hold_learner_within == (1, 2)  # from JSON
 
 
@@ -119,3 +118,24 @@ def test_cli_help_runs_as_a_module():
 def test_replay_shards_are_checked(changes, message):
     with pytest.raises(ValueError, match=message):
         ApexConfig(**changes)
+
+
+def test_a_preset_gives_its_settings_and_options_beside_it_override_them(tmp_path, capsys):
+    """--preset pong: the Pong settings GKE's Pong workload runs (its RayJob passes the same
+    preset), valid as they are; an option given beside it wins; a resume keeps its
+    checkpoint's settings, so a preset with --resume is refused, as is an unknown name."""
+    from distrl.gke.settings import WORKLOADS
+    from distrl.rl.config import PRESETS
+
+    pong = config_from_args(["--preset", "pong"])
+    assert pong == ApexConfig(**PRESETS["pong"])
+    assert (pong.env_id, pong.batch_size, pong.replay_capacity) == ("ALE/Pong-v5", 512, None)
+    assert WORKLOADS["pong"].env_id == pong.env_id
+    assert WORKLOADS["pong"].train_args == ("--preset", "pong")
+    smaller = config_from_args(["--batch-size", "64", "--preset", "pong"])
+    assert smaller.batch_size == 64 and smaller.hidden_sizes == (512,)
+    with pytest.raises(ValueError, match="--preset pong with --resume"):
+        config_from_args(["--preset", "pong", "--resume", "auto", "--output-dir", str(tmp_path)])
+    with pytest.raises(SystemExit):
+        config_from_args(["--preset", "breakout"])
+    assert re.search(r"invalid choice: 'breakout' \(choose from '?pong'?\)", capsys.readouterr().err)

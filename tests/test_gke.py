@@ -1108,11 +1108,9 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     import numpy as np
 
     from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
-    from distrl.apex.train import build_parser
     from distrl.gke import manifests
     from distrl.gke.cost import estimate_run_cost
     from distrl.gke.settings import WORKLOADS
-    from distrl.rl.config import ApexConfig
     from distrl.rl.envs import network_for
     from distrl.rl.frames import replay_sizing
     from distrl.rl.network import NATURE_TORSO
@@ -1131,7 +1129,9 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
     job = next(d for _, d in manifests.load_dir(tmp_path / "manifests") if d["kind"] == "RayJob")
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:3] == ["python", "-m", "distrl.apex.train"]
-    config = ApexConfig(**vars(build_parser().parse_args(argv[3:])))
+    from distrl.apex.train import config_from_args
+
+    config = config_from_args(argv[3:])
     assert config.env_id == "ALE/Pong-v5" and config.replay_capacity is None
     assert config.num_gpus == 1 and config.num_actors == 2 * 6 and config.batch_size == 512
     # The pool is the one the measured rates ask for (benchmarks/pong_pool.py's record).
@@ -1227,16 +1227,15 @@ def test_the_free_trial_advice_fits_the_smallest_plan():
 def test_the_seed_s_scale_is_a_workload_planned_and_priced(tmp_path):
     """100 actors or more, as the seed ran: 4 Spot e2-standard-32 nodes of 30 actors each,
     within the quotas the plan checks for it, and priced."""
-    from distrl.apex.train import build_parser
     from distrl.gke import manifests
     from distrl.gke.cost import estimate_run_cost
     from distrl.gke.preflight import quota_needs
-    from distrl.rl.config import ApexConfig
 
     seed = GkeSettings.for_workload("seed-scale", project_id=PROJECT)
     job = manifests.ray_job(seed)
-    config = ApexConfig(**vars(build_parser().parse_args(shlex.split(
-        job["spec"]["entrypoint"])[3:])))
+    from distrl.apex.train import config_from_args
+
+    config = config_from_args(shlex.split(job["spec"]["entrypoint"])[3:])
     assert config.num_actors == 120 >= 100 and config.env_id == "CartPole-v1"
     assert config.envs_per_actor == 4
     cpus = {need.metric: need.amount for need in quota_needs(seed, {})}

@@ -15,7 +15,7 @@ from distrl.apex.faults import StopFlag, catch_sigterm, restore_sigterm
 from distrl.field_docs import field_help
 from distrl.gke.settings import IMAGE_PYTHON_ENV
 from distrl.rl.checkpoints import find_resume
-from distrl.rl.config import ApexConfig
+from distrl.rl.config import PRESETS, ApexConfig
 
 # Short spellings people expect, beside the field names.
 ALIASES = {"env_id": ["--env"]}
@@ -72,7 +72,29 @@ def build_parser(defaults: bool = True) -> argparse.ArgumentParser:
             kwargs["type"] = _none_or(base) if optional else base
         flags = [f"--{f.name.replace('_', '-')}", *ALIASES.get(f.name, [])]
         parser.add_argument(*flags, **kwargs)
+    parser.add_argument("--preset", choices=sorted(PRESETS), default=None if defaults
+                        else argparse.SUPPRESS,
+                        help="settings that suit one environment (rl.config.PRESETS) as the "
+                             "defaults; the options given beside it override them")
     return parser
+
+
+def config_from_args(argv: list[str] | None = None) -> ApexConfig:
+    """The ApexConfig a command line asks for: the defaults, or --preset's, with the options
+    given on top; with --resume, the checkpoint's config with the options given on top."""
+    args = vars(build_parser().parse_args(argv))
+    preset = args.pop("preset")
+    if args["resume"] is not None:
+        if preset is not None:
+            raise ValueError(f"--preset {preset} with --resume: a resumed run keeps its "
+                             "checkpoint's settings; give the options to change instead")
+        return resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
+    if preset is not None:
+        parser = build_parser()
+        parser.set_defaults(**PRESETS[preset])
+        args = vars(parser.parse_args(argv))
+        args.pop("preset")
+    return ApexConfig(**args)
 
 
 def resumed_config(explicit: dict) -> ApexConfig:
@@ -112,13 +134,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
-    args = vars(build_parser().parse_args(argv))
     try:
         check_image_python()
-        if args["resume"] is not None:
-            config = resumed_config(vars(build_parser(defaults=False).parse_args(argv)))
-        else:
-            config = ApexConfig(**args)
+        config = config_from_args(argv)
         from distrl.apex.driver import ApeX  # Ray and gymnasium load once the options are valid
 
         apex = ApeX(config)

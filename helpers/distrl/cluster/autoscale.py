@@ -292,7 +292,7 @@ def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_n
     after = sorted(event for event in driver + others
                    if event[0] >= kill_t - 0.5 and event[1] in STORY_KINDS)
     lines = [f"{kill_t:6.1f} s  {node_name} killed, with actor(s) {lost} on it"]
-    lines += [f"{t:6.1f} s  (+{t - kill_t:4.1f} s)  {detail}" for t, _, detail in after]
+    lines += [f"{t:6.1f} s  ({t - kill_t:+.1f} s)  {detail}" for t, _, detail in after]
 
     def actors_in(kinds: set[str]) -> list[int]:
         return [int(m.group(1)) for _, kind, d in after if kind in kinds

@@ -173,22 +173,9 @@ def option_values(args) -> dict[str, str]:
 # settings have not been run on GKE here; the first run is yours.
 WORKLOADS = {
     "cartpole": Workload("CartPole-v1", (), 600 / 3600),  # ApexConfig's default budget
-    "pong": Workload("ALE/Pong-v5", (
-        "--target-return", "20",            # Pong's scores run from -21 to 21
-        "--hidden-sizes", "512",            # the Nature DQN's dense layer after its convolutions
-        "--batch-size", "512", "--batches-per-fetch", "1",
-        "--learning-rate", "0.0001",        # Adam (JORLDY's Ape-X: centred RMSProp, 0.00025 / 4)
-        "--target-update-period", "2500",
-        "--samples-per-insert", "0",        # no rate limiter: the learner takes what it can
-        "--min-replay-size", "50000",
-        "--replay-capacity", "none",        # as many as the head pod's memory holds, at most 2 M
-        "--replay-shards", "2",             # 150 updates/s on the head (learner_feed.py)
-        "--fetches-in-flight", "2",         # a shard samples while a batch travels
-        "--envs-per-actor", "16",           # 8 or 16: the same rate (actor_throughput.py)
-        "--actor-block-steps", "200",       # 3.5% of planes sent twice (benchmarks/replay_memory.py)
-        "--eval-episodes", "4", "--eval-interval-s", "60",
-        "--checkpoint-interval-s", "300"),
-        4.0, actor_machine_type="e2-standard-8", max_actor_nodes=2),  # 6 actors a node: 12
+    # rl.config.PRESETS["pong"]: the settings above, also `distrl train --preset pong`
+    "pong": Workload("ALE/Pong-v5", ("--preset", "pong"), 4.0,
+                     actor_machine_type="e2-standard-8", max_actor_nodes=2),  # 6 a node: 12
     # The seed's own scale: its tutorial ran 100 actors on 128 vCPUs. CartPole on 4 Spot
     # e2-standard-32 nodes, 30 actors each: 120. `python benchmarks/hundred_actors.py`
     # rehearses 100 on this machine (results/hundred_actors.txt): every transition accounted

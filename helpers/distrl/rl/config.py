@@ -321,4 +321,28 @@ def _check_replay_sizes(c: ApexConfig) -> None:
            "hold a batch)")
 
 
-__all__ = ["ApexConfig"]
+# Settings that suit one environment, by name: `python -m distrl.apex.train --preset pong`
+# (options given beside it override them) and GKE's Pong workload (gke.settings.WORKLOADS,
+# whose comments say where each figure comes from).
+PRESETS: dict[str, dict] = {
+    "pong": {
+        "env_id": "ALE/Pong-v5",
+        "target_return": 20.0,            # Pong's scores run from -21 to 21
+        "hidden_sizes": (512,),           # the Nature DQN's dense layer after its convolutions
+        "batch_size": 512, "batches_per_fetch": 1,
+        "learning_rate": 1e-4,            # Adam (JORLDY's Ape-X: centred RMSProp, 0.00025 / 4)
+        "target_update_period": 2500,
+        "samples_per_insert": 0.0,        # no rate limiter: the learner takes what it can
+        "min_replay_size": 50_000,
+        "replay_capacity": None,          # as many as the replay's memory holds, at most 2 M
+        "replay_shards": 2,               # 150 updates/s on the head (learner_feed.py)
+        "fetches_in_flight": 2,           # a shard samples while a batch travels
+        "envs_per_actor": 16,             # 8 or 16: the same rate (actor_throughput.py)
+        "actor_block_steps": 200,         # 3.5% of planes sent twice (benchmarks/replay_memory.py)
+        "eval_episodes": 4, "eval_interval_s": 60.0,
+        "checkpoint_interval_s": 300.0,
+    },
+}
+
+
+__all__ = ["PRESETS", "ApexConfig"]
