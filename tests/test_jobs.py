@@ -134,8 +134,11 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
     assert shlex.join(WORKLOADS["pong"].command_args()) in shlex.join(full)
     assert full[full.index("--num-actors") + 1] == "12" and full[full.index("--num-gpus") + 1] == "1"
     assert jobs.pool_differences(live, planned) == []
-    assert jobs._quantity("500m") == 0.5 and jobs._quantity("30Gi") == 30 * 2**30 == \
-        jobs._quantity(str(30 * 2**30)) and jobs._quantity(8) == jobs._quantity("8")
+    from distrl.gke.settings import parse_quantity as q
+
+    assert q("500m") == 0.5 and q("30Gi") == 30 * 2**30 == q(str(30 * 2**30)) and q(8) == q("8")
+    with pytest.raises(ValueError, match=r"quantity '3 cores' is invalid: expected a number"):
+        q("3 cores")
 
     def cluster_of(workload: str, **settings) -> dict:
         return manifests.ray_cluster_spec(GkeSettings.for_workload(

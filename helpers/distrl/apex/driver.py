@@ -776,7 +776,7 @@ class _Run:
             self.say("shutdown", f"while stopping: {problems[0]}"
                      + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
         self._add_learner_events(learner_final)
-        replay = {k: sum(s[k] for s in shards) for k in ("size", "inserted", "sampled", "cpu_s")}
+        replay = {k: sum(s[k] for s in shards) for k in ("inserted", "sampled", "cpu_s")}
         updates = (learner_final or self.learner_stats or {}).get("updates", 0)
         n = len(t.actors)
 

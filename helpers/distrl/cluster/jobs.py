@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from distrl.gke.settings import NODE_READY_S, WORKLOADS
+from distrl.gke.settings import NODE_READY_S, WORKLOADS, parse_quantity
 
 TERMINAL = {"SUCCEEDED", "FAILED", "STOPPED"}
 _shown: dict[str, int] = {}  # job id -> characters of its log already printed
@@ -101,14 +101,15 @@ def pool_shape(spec: dict) -> dict[str, object]:
         shape = {f"{prefix} nodeSelector": template["spec"].get("nodeSelector", {})}
         for kind, amounts in container.get("resources", {}).items():
             for name, amount in amounts.items():
-                shape[f"{prefix} {kind}.{name}"] = _quantity(amount)
+                shape[f"{prefix} {kind}.{name}"] = parse_quantity(amount)
         return shape
 
     shape = pod("head", spec["headGroupSpec"]["template"])
     for group in spec.get("workerGroupSpecs", []):
         name = f"worker group {group.get('groupName', '?')}"
         shape |= {f"{name} maxReplicas": group.get("maxReplicas"),
-                  f"{name} num-cpus": _quantity(group.get("rayStartParams", {}).get("num-cpus")),
+                  f"{name} num-cpus": parse_quantity(group.get("rayStartParams", {})
+                                                    .get("num-cpus", 0)),
                   **pod(name, group["template"])}
     return shape
 
@@ -118,26 +119,6 @@ def pool_differences(live_spec: dict, planned_spec: dict) -> list[str]:
     live, planned = pool_shape(live_spec), pool_shape(planned_spec)
     return [f"{key}: live {live.get(key)!r}, planned {planned.get(key)!r}"
             for key in sorted(live.keys() | planned.keys()) if live.get(key) != planned.get(key)]
-
-
-def _quantity(amount) -> float | str | None:
-    """A Kubernetes quantity as a number ('500m' 0.5, '30Gi' 30 * 2**30, 8 and '8' 8.0), so
-    that the API server's way of writing it back does not read as a difference."""
-    if amount is None:
-        return None
-    text = str(amount)
-    units = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
-             "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
-    for suffix in sorted(units, key=len, reverse=True):
-        if text.endswith(suffix):
-            try:
-                return float(text[:-len(suffix)]) * units[suffix]
-            except ValueError:
-                return text
-    try:
-        return float(text)
-    except ValueError:
-        return text
 
 
 def submit_training(client, train_args: Sequence[str], output_dir: str,

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from distrl.cluster.local import LocalCluster, _node_ports, _start_reaper, pick_head_ports
 from distrl.gke.manifests import RUNS_DIR
+from distrl.gke.settings import parse_quantity
 from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ClusterError, ensure_auth_token, use_token_auth
 
 
@@ -41,12 +42,6 @@ def _limit(container: dict, key: str) -> str | None:
     return container.get("resources", {}).get("limits", {}).get(key)
 
 
-def _memory_bytes(quantity: str) -> int:
-    units = {"Ki": 2 ** 10, "Mi": 2 ** 20, "Gi": 2 ** 30, "Ti": 2 ** 40, "": 1}
-    number, unit = re.fullmatch(r"(\d+)([KMGT]i)?", quantity).groups()
-    return int(number) * units[unit or ""]
-
-
 def ray_start_argv(group: dict, head: bool, head_address: str = "") -> list[str]:
     """KubeRay's `ray start` for a group's Ray container (its first container): the
     rayStartParams as --key=value, --block, and num-cpus / num-gpus / memory from the container's
@@ -58,7 +53,7 @@ def ray_start_argv(group: dict, head: bool, head_address: str = "") -> list[str]
     if "num-gpus" not in params and _limit(container, "nvidia.com/gpu"):
         params["num-gpus"] = _limit(container, "nvidia.com/gpu")
     if "memory" not in params and _limit(container, "memory"):
-        params["memory"] = str(_memory_bytes(_limit(container, "memory")))
+        params["memory"] = str(int(parse_quantity(_limit(container, "memory"))))
     argv = ["ray", "start", "--head" if head else f"--address={head_address}", "--block"]
     return argv + [f"--{key}={value}" for key, value in params.items()]
 

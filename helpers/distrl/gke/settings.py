@@ -399,3 +399,20 @@ MACHINES = {
 def machine(name: str) -> MachineType:
     """The shape of a machine type the settings accept (KeyError for another)."""
     return MACHINES[name]
+
+
+# Kubernetes' quantity suffixes (k8s.io/apimachinery resource.Quantity): decimal and binary.
+QUANTITY_UNITS = {"m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+                  "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
+
+
+def parse_quantity(amount: str | float) -> float:
+    """A Kubernetes quantity as a number: '500m' 0.5, '30Gi' 30 * 2**30, 8 and '8' 8.0, so that
+    the API server's way of writing one back reads as the same amount."""
+    text = str(amount)
+    unit = next((u for u in sorted(QUANTITY_UNITS, key=len, reverse=True) if text.endswith(u)), "")
+    try:
+        return float(text[:len(text) - len(unit)]) * QUANTITY_UNITS.get(unit, 1)
+    except ValueError:
+        raise ValueError(f"quantity {amount!r} is invalid: expected a number with an optional "
+                         f"suffix ({', '.join(QUANTITY_UNITS)})") from None

@@ -30,20 +30,17 @@ import numpy as np
 from distrl.gke.settings import check_project_id
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard as dash
-from distrl.otel.dashboard import PREFIX
-
-LOCAL_PROJECT = "local"
-
 
 # The store's views and the alerts' evaluation live in their own modules; explore offers them
 # too, as the one module a notebook imports to look at a run.
-from distrl.otel.alerts import (  # noqa: E402, F401
+from distrl.otel.alerts import (  # noqa: F401
     evaluate_alert,
     firing_windows,
     reward_drops,
     sample_rate_drops,
 )
-from distrl.otel.store_views import (  # noqa: E402, F401
+from distrl.otel.dashboard import PREFIX
+from distrl.otel.store_views import (  # noqa: F401
     counter_rate,
     gauge_series,
     latency_percentiles,
@@ -56,6 +53,9 @@ from distrl.otel.store_views import (  # noqa: E402, F401
     tensorboard_scalars,
     traces,
 )
+
+LOCAL_PROJECT = "local"
+
 
 # ---- Cloud Monitoring's API: the local collector or a project ----
 
