@@ -593,12 +593,13 @@ def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):
                 thread.join(60)
         written = sum(len(c.store().points(PREFIX + f"wal{k}/gauge")) for k in range(3))
     assert codes == [] and written > 100_000, (codes, written)
-    # Bounded: 4 x the limit, and what the writer commits in the looks it takes to stop the
-    # reads and start the log again (each commit of these 2,000-point exports rewrites
-    # megabytes of index pages); cut back to 4 x the limit after. It grew without end before
-    # (177 MB in these 15 s with the first version of the fix, which did not stop reads).
+    # Bounded: 4 x the limit and one commit of these 2,000-point exports (each rewrites
+    # megabytes of index pages: up to 21 MiB here beside two busy loops); cut back to 4 x the
+    # limit after. It grew without end before (177 MB in these 15 s with the first version of
+    # the fix, which did not stop reads), and to 107 MiB on CI's loaded machine (67-69 MiB
+    # here beside two busy loops) while the writer went on committing until the reads stopped.
     print(f"WAL file sizes (MiB): {[s // MiB for s in sizes]}")
-    assert max(sizes) < 4 * limit + 64 * MiB, str([s // MiB for s in sizes])
+    assert max(sizes) < 4 * limit + 32 * MiB, str([s // MiB for s in sizes])
     assert min(sizes[len(sizes) // 2:]) <= 4 * limit, str([s // MiB for s in sizes])
     assert len(set(salts[len(salts) // 2:])) >= 5, salts  # it went on starting again
     answered = [r for r in reads if r == 3_000]

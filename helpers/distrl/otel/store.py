@@ -294,11 +294,8 @@ class CollectorStore:
         a 64-MiB disk the log grew to 59 MiB, and once full no export got through again, also
         after space was freed. So the writer then copies it back itself, between commits,
         without waiting for the checkpointer, and gives the file's space back."""
-        try:
-            wal = self._wal_path.stat().st_size
-        except OSError:
-            return False
-        return wal > self._disk_room(wal) // 4
+        wal = self._wal_bytes()
+        return wal > 0 and wal > self._disk_room(wal) // 4
 
     def _stop_reads(self, stop: bool) -> None:
         """Stops the reads, or lets them go on (under _checkpointing)."""
@@ -320,16 +317,34 @@ class CollectorStore:
         sqlite.org/pragma.html#pragma_wal_checkpoint; commits wait while it copies them). It
         waits RESTART_WAIT_MS at most for the reads on the log (short ones end meanwhile; new
         ones read the database); if one is still there, it tries again once the log has grown
-        by half. While reads are stopped (past 4 x max_wal_bytes) it tries after every
-        commit, waiting STOP_WAIT_MS for them."""
+        by half. While reads are stopped it tries after every commit, waiting STOP_WAIT_MS
+        for them. Past 4 x max_wal_bytes the writer stops the reads itself and commits nothing
+        more until the log starts again, STOP_READS_S at most: when it went on committing
+        while the checkpointer stopped the reads, the log reached 107 MiB of a 32-MiB bound
+        on CI's loaded machine (the reader processes, niced, took their time to stop)."""
+        over = self._wal_bytes() > 4 * self.limits.max_wal_bytes
+        until = time.monotonic() + STOP_READS_S
+        while not self._try_restart(over) and over and time.monotonic() < until:
+            pass
+
+    def _wal_bytes(self) -> int:
+        try:
+            return self._wal_path.stat().st_size
+        except OSError:
+            return 0
+
+    def _try_restart(self, over: bool) -> bool:
+        """One try of _restart_log's; whether the log starts again at the next commit."""
         log, limit = self._restartable, self.limits.max_wal_bytes
         tight = self._disk_tight()
-        stopping = self._stopping_since is not None or tight
+        stopping = self._stopping_since is not None or tight or over
         wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
         if ((not stopping and log <= max(limit // 2, min(self._retry_at, 4 * limit)))
                 or not self._checkpointing.acquire(timeout=wait_ms / 1e3 if stopping else 0)):
-            return
+            return False
         try:
+            if over:
+                self._stop_reads(True)
             self._restartable = 0  # until the next copy
             self.conn.execute(f"PRAGMA busy_timeout = {wait_ms}")
             try:
@@ -347,6 +362,7 @@ class CollectorStore:
             self._retry_at = 0 if restarted else log * 3 // 2
             if restarted:
                 self._stop_reads(False)
+            return restarted
         finally:
             self._checkpointing.release()
 
