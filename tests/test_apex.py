@@ -1,8 +1,10 @@
 """End to end with real Ray processes: replay, learner, actors and evaluator."""
 
+import io
 import json
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -10,6 +12,7 @@ import pytest
 import ray
 
 from distrl.apex.driver import ApeX, TrainingResult
+from distrl.apex.faults import StopFlag
 from distrl.ray_runtime import init_local_ray, shutdown_ray
 from distrl.rl.checkpoints import read_checkpoint
 from distrl.rl.config import ApexConfig
@@ -158,7 +161,7 @@ def test_pong_frames_go_through_actors_replay_and_a_learner_update(local_ray, tm
 
 
 def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_stop(
-        local_ray, tmp_path):
+        local_ray, tmp_path, monkeypatch):
     """hold_learner_within: the learner pauses for checks from its start and holds at the
     first weights that score within the window; they stay held until the run stops, and the
     checkpoint holds exactly them. Notebook 04's drain waits for this, so it lands
@@ -167,8 +170,20 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
     config = ApexConfig(hold_learner_within=window, target_return=None, max_seconds=45,
                         envs_per_actor=8, hidden_sizes=(32, 32), min_replay_size=500,
                         eval_interval_s=0.5, output_dir=str(tmp_path), progress=False)
-    result = ApeX(config).train()
-    assert result.stop_reason == "max_seconds", (result.stop_reason, result.stop_detail)
+    # The run stops 3 s after the hold (about 6 evaluations later), as a SIGTERM would stop
+    # it; it held at about 7 s of its 45 and ran the rest out before, 38 s of the same checks.
+    stop = StopFlag()
+
+    class StopAfterTheHold(io.StringIO):
+        def write(self, text: str) -> int:
+            if "learner held at" in text:
+                threading.Timer(3.0, stop.set, ("3 s after the hold",)).start()
+            return super().write(text)
+
+    monkeypatch.setattr(sys, "stdout", StopAfterTheHold())
+    result = ApeX(config).train(sigterm=stop)
+    assert result.stop_reason == "sigterm", (result.stop_reason, result.stop_detail)
+    assert result.stop_detail.startswith("3 s after the hold"), result.stop_detail
     held = [e for e in result.events if e["kind"] == "learner_held"]
     assert len(held) == 1, [e for e in result.events if "hold" in e["kind"]]
     version = result.learner_updates

@@ -5,8 +5,11 @@ import ast
 import importlib.metadata
 import json
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
+import threading
 import tomllib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -158,32 +161,65 @@ def test_make_test_versions_runs_the_unit_layer_on_every_other_supported_python(
     assert "test-fast PYTHON=python$$v VENV=.venv-$$v" in target
 
 
-@pytest.mark.slow
-@pytest.mark.waits  # on the package index: a second of CPU in a minute
-@pytest.mark.timeout(600)
-def test_the_lock_pins_everything_each_supported_python_installs(tmp_path):
-    """Resolved for each supported Python on Linux and macOS, requirements.lock brings no
-    package and no version it does not pin: one lock for every version, nothing left to the
-    day of the install."""
-    uv = str(Path(sys.executable).with_name("uv"))
-    pinned = _pins((ROOT / "requirements.lock").read_text())
-    floor = re.search(r">=\s*([\d.]+)", tomllib.loads((ROOT / "pyproject.toml").read_text())
-                      ["project"]["requires-python"]).group(1)
-    def resolve(version: str, platform: str) -> str:
-        out = tmp_path / f"{version}-{platform}.txt"
-        proc = subprocess.run([uv, "pip", "compile", "--quiet", "--cache-dir", str(cache),
+class LockResolutions:
+    """uv's resolutions of requirements.lock for each supported Python on Linux and macOS, in
+    a thread that waits on the package index (a second of CPU in a minute). conftest starts
+    them as the lane starts (pytest_collection_finish) and runs the test that reads them last,
+    so the minute of waiting passes beside the other tests rather than holding a lane."""
+
+    def __init__(self):
+        self.folder = Path(tempfile.mkdtemp(prefix="lock-resolutions-"))
+        self.problems: list[str] | None = None
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, daemon=True, name="lock-resolutions")
+        self.thread.start()
+
+    def _resolve(self, version: str, platform: str) -> str:
+        out = self.folder / f"{version}-{platform}.txt"
+        proc = subprocess.run([str(Path(sys.executable).with_name("uv")), "pip", "compile",
+                               "--quiet", "--cache-dir", str(self.folder / "uv-cache"),
                                "--python-version", version, "--python-platform", platform,
                                str(ROOT / "requirements.lock"), "-o", str(out)],
                               capture_output=True, text=True, timeout=240)
-        assert proc.returncode == 0, f"Python {version} on {platform}:\n{proc.stderr[-2000:]}"
-        unpinned = _pins(out.read_text()) - pinned
+        if proc.returncode != 0:
+            return f"Python {version} on {platform}:\n{proc.stderr[-2000:]}"
+        unpinned = _pins(out.read_text()) - _pins((ROOT / "requirements.lock").read_text())
         return f"Python {version} on {platform} installs, unpinned: {unpinned}" if unpinned else ""
 
-    targets = [(floor if floor.startswith(python + ".") else python, platform)
-               for python in _supported_pythons()
-               for platform in ("x86_64-manylinux_2_28", "aarch64-apple-darwin")]
-    cache = tmp_path / "uv-cache"  # the first resolution fetches the metadata, the rest reuse it
-    first = resolve(*targets[0])
-    with ThreadPoolExecutor(len(targets) - 1) as pool:  # each waits on the index, not the CPU
-        problems = [p for p in [first, *pool.map(lambda t: resolve(*t), targets[1:])] if p]
+    def _run(self) -> None:
+        try:
+            floor = re.search(r">=\s*([\d.]+)", tomllib.loads(
+                (ROOT / "pyproject.toml").read_text())["project"]["requires-python"]).group(1)
+            targets = [(floor if floor.startswith(python + ".") else python, platform)
+                       for python in _supported_pythons()
+                       for platform in ("x86_64-manylinux_2_28", "aarch64-apple-darwin")]
+            first = self._resolve(*targets[0])  # fetches the metadata; the rest reuse it
+            with ThreadPoolExecutor(len(targets) - 1) as pool:  # each waits on the index
+                self.problems = [p for p in [first, *pool.map(lambda t: self._resolve(*t),
+                                                               targets[1:])] if p]
+        except BaseException as err:  # noqa: BLE001 (the test reports it)
+            self.error = err
+
+    def result(self, timeout_s: float) -> list[str]:
+        self.thread.join(timeout_s)
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if self.thread.is_alive():
+            raise TimeoutError(f"uv's resolutions took over {timeout_s:g} s")
+        if self.error is not None:
+            raise self.error
+        return self.problems
+
+
+BACKGROUND: dict[str, LockResolutions] = {}  # conftest's early start, if it made one
+
+
+@pytest.mark.slow
+@pytest.mark.waits  # on the package index: a second of CPU in a minute
+@pytest.mark.timeout(600)
+def test_the_lock_pins_everything_each_supported_python_installs():
+    """Resolved for each supported Python on Linux and macOS, requirements.lock brings no
+    package and no version it does not pin: one lock for every version, nothing left to the
+    day of the install."""
+    resolutions = BACKGROUND.pop("lock", None) or LockResolutions()
+    problems = resolutions.result(timeout_s=500)
     assert not problems, "\n".join(problems)
