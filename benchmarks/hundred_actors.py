@@ -52,7 +52,7 @@ def main() -> None:
     parser.add_argument("--smoke", action="store_true", help="seconds: 4 actors")
     args = parser.parse_args()
     if args.smoke:
-        args.actors, args.seconds, args.startup_s = 4, 5.0, 20.0
+        args.actors, args.seconds, args.startup_s = 4, 4.0, 8.0
     cores = os.cpu_count() or 2
     # Ray starts as many worker processes at once as it has CPUs: with 2, a hundred take minutes.
     os.environ.setdefault("RAY_worker_maximum_startup_concurrency", str(max(cores, 8)))
