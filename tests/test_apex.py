@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import ray
 
-from distrl.apex.driver import ApeX, TrainingResult
+from distrl.apex.driver import ApeX
 from distrl.apex.faults import StopFlag
+from distrl.apex.record import TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
 from distrl.rl.checkpoints import read_checkpoint
 from distrl.rl.config import ApexConfig

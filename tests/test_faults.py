@@ -16,7 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from distrl.apex.driver import ApeX, TrainingResult
+from distrl.apex.driver import ApeX
+from distrl.apex.record import TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
 from distrl.rl.checkpoints import latest_checkpoint, read_checkpoint
 from distrl.rl.config import ApexConfig

@@ -13,7 +13,8 @@ The driver's loop waits with `ray.wait` on whatever it has asked and not yet hea
 actors' and learner's stats, an evaluation, each process's run()), asks again every
 REPORT_INTERVAL_S, and never waits without a deadline: start-up counts against max_seconds, and
 SIGTERM ends the run at any moment with a final checkpoint (if the learner exists) and
-results.json (always).
+results.json (always). What the loop hears, and the results it saves, are the run's RunRecord
+(distrl.apex.record).
 
 Nodes come and go (distrl.apex.faults): the processes are created at once, so actors that no node
 can host yet are the demand an autoscaler reacts to; training starts as soon as the learner and
@@ -25,17 +26,13 @@ newest checkpoint. With replay_shards > 1 several replay processes share the wor
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 import tempfile
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-
-import numpy as np
 
 from distrl.apex.faults import (
     ActorFleet,
@@ -50,6 +47,7 @@ from distrl.apex.faults import (
 )
 from distrl.apex.hold import LearnerHold
 from distrl.apex.process_telemetry import IterationTraces, ProcessTelemetry
+from distrl.apex.record import RunRecord, TrainingResult
 from distrl.apex.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker
 from distrl.ray_runtime import (
     DASHBOARD_FAILURES,
@@ -57,7 +55,6 @@ from distrl.ray_runtime import (
     init_local_ray,
     join_ray,
     node_groups,
-    process_age_s,
     shutdown_ray,
 )
 from distrl.rl.checkpoints import check_checkpoint_network, find_resume
@@ -65,77 +62,10 @@ from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.network import NetworkSpec, init_weights
 from distrl.rl.replay import merged_check
-from distrl.run_clock import BOOT_ID
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
-
-
-@dataclass
-class TrainingResult:
-    """What a run achieved; saved as results.json in the run's output directory."""
-
-    env_id: str
-    reached_target: bool
-    target_return: float | None
-    time_to_target_s: float | None
-    wall_time_s: float
-    startup_s: float
-    env_steps: int
-    learner_updates: int
-    transitions_inserted: int
-    transitions_sampled: int
-    env_steps_per_s: float  # this run's env steps over the time since its first env step
-    learner_updates_per_s: float  # this run's updates over the time since its first update
-    samples_per_insert: float
-    final_eval_return: float | None
-    best_eval_return: float | None
-    stop_reason: str
-    stop_detail: str = ""
-    evals: list[dict] = field(default_factory=list)
-    actor_epsilons: list[list[float] | None] = field(default_factory=list)  # as each used
-    actor_weights_versions: list[int | None] = field(default_factory=list)
-    actor_env_steps: list[int] = field(default_factory=list)  # each actor's, all its lives
-    # each actor's transitions that replay accepted, its last life's (None: it never reported)
-    actor_transitions_sent: list[int | None] = field(default_factory=list)
-    actor_restarts: list[int] = field(default_factory=list)
-    actor_nodes: list[str | None] = field(default_factory=list)
-    actor_states: list[str] = field(default_factory=list)
-    cpu_seconds: dict = field(default_factory=dict)
-    throughput: list[dict] = field(default_factory=list)
-    output_dir: str = ""
-    checkpoint: str | None = None
-    events: list[dict] = field(default_factory=list)
-    timeline: dict[str, float] = field(default_factory=dict)
-    resumed_from: str | None = None
-    started_at: float | None = None  # wall clock (time.time()) of train()'s start: events' zero
-    started_monotonic: float | None = None  # the same on time.monotonic(), of boot boot_id:
-    boot_id: str | None = None                # distrl.run_clock compares moments by them
-    replay_check: dict = field(default_factory=dict)
-    config: dict = field(default_factory=dict)
-    weights: list[np.ndarray] | None = field(default=None, repr=False)
-
-    def to_dict(self) -> dict:
-        out = asdict(self)
-        out.pop("weights")
-        return out
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Written whole or not at all (a rename): a reader never sees half a file."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        partial = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            partial.write_text(json.dumps(self.to_dict(), indent=2))
-            partial.replace(path)
-        finally:
-            partial.unlink(missing_ok=True)
-        return path
-
-    @classmethod
-    def load(cls, path: str | os.PathLike) -> TrainingResult:
-        return cls(**json.loads(Path(path).read_text()))
 
 
 # --------------------------------------------------------------------------- the topology
@@ -371,18 +301,20 @@ class ApeX:
         if self.resume is not None:
             resume_path, resumed = self.resume.path, self.resume.meta
             weights = [self.resume.arrays[f"online_{i}"] for i in range(len(weights))]
-        run = _Run(self, ray, t_start, resumed, resume_path)
-        run.resumed_weights = weights if resumed is not None else None
+        record = RunRecord(c, t_start, self.output_dir, self.marks, resume_path, resumed)
+        for note in self.startup_notes:
+            record.add(self.marks.get("Ray up", 0.0), "ray", note)
         for skipped in self.resume.skipped if self.resume else []:
-            run.events.append({"time_s": 0.0, "kind": "checkpoint skipped", "detail": skipped})
+            record.add(0.0, "checkpoint skipped", skipped)
         if self.sigterm.is_set() or plan is None:  # nothing created yet: nothing to stop
-            return run.stopped_before_start("sigterm", "SIGTERM during start-up")
+            return record.stopped_before_start("sigterm", "SIGTERM during start-up")
         topology = create_topology(ray, c, plan, self.spec, weights,
                                    str(self.output_dir), checkpoint_dir, resume_path)
         self.marks["processes created"] = time.monotonic() - t_start
         self.topology = topology  # the run's Ray actors, for a reader (or a fault) to reach
         try:
-            return run.drive(topology)
+            return _Run(self, ray, record, topology,
+                        weights if resumed is not None else None).drive()
         finally:
             for w in topology.all():
                 ray.kill(w, no_restart=True)
@@ -415,86 +347,52 @@ def _check_output_dir(path: Path) -> None:
 
 
 class _Run:
-    """One run's driver loop: what it has heard so far, and a handler for each kind of reply."""
+    """One run's driver loop: the processes it follows, what it has asked them and not yet
+    heard back, and a handler for each kind of reply. What it hears goes to its RunRecord."""
 
-    def __init__(self, apex: ApeX, ray, t_start: float, resumed: dict | None,
-                 resume_path: str | None):
-        self.apex, self.ray, self.config = apex, ray, apex.config
-        self.t_start, self.resume_path, self.resumed = t_start, resume_path, resumed
-        self.deadline = Deadline(None if self.config.max_seconds is None
-                                 else self.config.max_seconds - (time.monotonic() - t_start))
-        before = (resumed or {}).get("progress", {})  # what the resumed run had done
-        self.steps_before = before.get("env_steps", 0)
-        self.seconds_before = before.get("train_s", 0.0)
-        self.events: list[dict] = []
-        if resume_path is not None:
-            self.events.append({"time_s": 0.0, "kind": "resumed", "detail": resume_path})
-        self.events += [{"time_s": apex.marks.get("Ray up", 0.0), "kind": "ray", "detail": note}
-                        for note in apex.startup_notes]
-        self.evals: list[dict] = []
-        self.throughput: list[dict] = []
-        self.stop_reason, self.stop_detail = "", ""
-        self.time_to_target = None
-        self.startup_s = None
-        self.fleet: ActorFleet | None = None  # from drive() on
-        self.learner_stats: dict | None = None  # the learner's last stats, from drive() on
+    def __init__(self, apex: ApeX, ray, record: RunRecord, topology: Topology, resumed_weights):
+        self.apex, self.ray, self.config, self.record = apex, ray, apex.config, record
+        self.topology, c, now = topology, apex.config, time.monotonic()
+        self.deadline = Deadline(None if c.max_seconds is None
+                                 else c.max_seconds - (now - record.t_start))
+        self.fleet = ActorFleet(topology.actors, now)
+        self.learner_run = None  # run()'s reply, asked for as the loop starts
+        self.learner_since = now  # when the learner was created, or the loop started
+        self.learner_final: dict = {}  # what run() returned, once it has ended on its own
+        self.learner_stats: dict | None = None  # the learner's last stats
         self.said_first_update = False
-        window = self.config.hold_learner_within
-        self.hold = LearnerHold(window, self.say) if window else None
-        self.resumed_weights = None  # a resumed run's checkpoint: its first evaluation
+        self.learner_ref = None  # stats asked for and not yet heard, as each below
+        self.replay_refs: dict = {}
+        self.replay_stats: dict[int, dict] = {}
+        self.eval_ref, self.last_eval = None, now
+        self.next_waiting_report = now + WAITING_REPORT_S
+        window = c.hold_learner_within
+        self.hold = LearnerHold(window, record.say) if window else None
+        self.resumed_weights = resumed_weights  # a resumed run's checkpoint: its first evaluation
         # That first evaluation is the run's baseline: it shows where training resumes and
         # stops nothing (a resumed run trains on, even from a checkpoint at its target).
         self.baseline_pending = False
-        self.driver_cpu_start = time.process_time()
-        self.bar = None
-
-    def say(self, kind: str, detail: str, print_it: bool = True) -> None:
-        self.events.append({"time_s": time.monotonic() - self.t_start, "kind": kind,
-                            "detail": detail})
-        if not print_it:
-            return
-        line = f"[distrl] {self.config.env_id}: {detail}"  # which run, where runs share a log
-        if self.bar is not None and not self.bar.disable:
-            self.bar.write(line)  # above the bar, which redraws below it
-        else:
-            print(line)
-        # Flushed: a job's log (a pipe, a file) is read while the run goes on, and Python
-        # buffers a pipe unless PYTHONUNBUFFERED is set; tqdm.write does not flush.
-        sys.stdout.flush()
-
-    def stop(self, reason: str, detail: str) -> None:
-        if not self.stop_reason:
-            self.stop_reason, self.stop_detail = reason, detail
+        self.tel = ProcessTelemetry(c, "driver", apex.spec)
+        self.traces = IterationTraces(self.tel, c)
 
     # --- the loop ---
-    def drive(self, topology: Topology) -> TrainingResult:
+    def drive(self) -> TrainingResult:
         # Text, not a notebook widget: a widget saved by papermill (or opened without its
         # frontend) shows a stale state, while a text line ends on the last figures.
         from tqdm import tqdm
 
         ray, c = self.ray, self.config
-        self.topology = t = topology
-        now = time.monotonic()
-        self.fleet = ActorFleet(t.actors, now)
         self.fleet.start()
-        self.learner_run = t.learner.run.remote()
-        self.learner_since = now
-        self.learner_final: dict = {}  # what run() returned, once it has ended on its own
-        self.learner_ref = None
-        self.replay_refs: dict = {}
-        self.replay_stats: dict[int, dict] = {}
-        self.eval_ref, self.last_eval = None, now
-        self.next_waiting_report = now + WAITING_REPORT_S
-        self.tel = ProcessTelemetry(c, "driver", self.apex.spec)
-        self.traces = IterationTraces(self.tel, c)
-        self.say("start", f"{c.num_actors} actor{'s' * (c.num_actors != 1)}, learner and "
-                 f"{c.replay_shards} replay shard(s) created; training starts once the learner "
-                 "and one actor run")
-        self.bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
-                        desc=f"Ape-X {c.env_id}", dynamic_ncols=True, mininterval=1.0)
+        self.learner_run = self.topology.learner.run.remote()
+        self.learner_since = now = time.monotonic()
+        self.record.say("start", f"{c.num_actors} actor{'s' * (c.num_actors != 1)}, learner "
+                        f"and {c.replay_shards} replay shard(s) created; training starts once "
+                        "the learner and one actor run")
+        self.record.bar = tqdm(total=c.max_env_steps, unit="step", disable=not c.progress,
+                               desc=f"Ape-X {c.env_id}", dynamic_ncols=True, mininterval=1.0)
         next_tick = now
         try:
-            while not self.stop_reason:
+            while not self.record.stop_reason:
                 now = time.monotonic()
                 if now >= next_tick:
                     self.tick(now)
@@ -511,16 +409,17 @@ class _Run:
                 for ref in ready:
                     self.handle(ref)
         except KeyboardInterrupt:
-            self.stop("interrupted", "interrupted (Ctrl-C)")
+            self.record.stop("interrupted", "interrupted (Ctrl-C)")
         finally:  # (on an error the bar is closed as it is collected)
             self.traces.end()
-        if self.stop_detail:
-            self.say("stop", self.stop_detail)
+        if self.record.stop_detail:
+            self.record.say("stop", self.record.stop_detail)
         try:
             result = self.finish()
-            self.bar.update(result.env_steps - self.bar.n)  # the actors' final counts, as results say
+            # the actors' final counts, as the results say
+            self.record.bar.update(result.env_steps - self.record.bar.n)
         finally:
-            self.bar.close()
+            self.record.bar.close()
         return result
 
     def outstanding(self) -> list:
@@ -531,11 +430,11 @@ class _Run:
     def tick(self, now: float) -> None:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
         for kind, detail in self.fleet.tick(now):
-            self.say(kind, detail)
+            self.record.say(kind, detail)
             if kind == "steady" and self.config.learn_after_recovery and any(self.fleet.restarts):
                 self._start_learning()
         self._ask_for_stats()
-        env_steps = self.steps_before + self.fleet.env_steps()
+        env_steps = self.record.steps_before + self.fleet.env_steps()
         learner = self.learner_stats or {}
         updates = learner.get("updates", 0)
         self._note_learner(now, learner, env_steps)
@@ -546,13 +445,14 @@ class _Run:
     def _start_learning(self) -> None:
         """learn_after_recovery: the fleet is whole and steady again after a loss. Said once;
         the replay's last polled size, not a wait inside the driver's loop."""
-        if any(e["kind"] == "learning_starts" for e in self.events):
+        if any(e["kind"] == "learning_starts" for e in self.record.events):
             return
         for replay in self.topology.replays:
             replay.start_sampling.remote()
         size = sum(s.get("size", 0) for s in self.replay_stats.values())
-        self.say("learning_starts", f"the fleet recovered from the loss: learning starts, with "
-                 f"{size:,} transitions in replay, not {self.config.min_replay_size:,}")
+        self.record.say("learning_starts", f"the fleet recovered from the loss: learning starts, "
+                        f"with {size:,} transitions in replay, not "
+                        f"{self.config.min_replay_size:,}")
 
     def _ask_for_stats(self) -> None:
         """Every process's stats, asked for once at a time (a new iteration's trace)."""
@@ -572,19 +472,22 @@ class _Run:
         # This process's first update (a resumed learner's count starts above 0 before it).
         if not self.said_first_update and learner.get("first_update_time") is not None:
             self.said_first_update = True
-            at = self._since_start(learner["first_update_time"])  # its own stamp, not when heard
-            self.say("first_update", f"first learner update {at:.1f} s after start: training")
+            # its own stamp, not when it was heard
+            at = self.record.since_start(learner["first_update_time"])
+            self.record.say("first_update", f"first learner update {at:.1f} s after start: "
+                            "training")
         if self.learner_stats is not None:
             self.topology.learner.note_progress.remote(
-                {"env_steps": env_steps, "train_s": self.seconds_before + now - self.t_start})
+                {"env_steps": env_steps,
+                 "train_s": self.record.seconds_before + now - self.record.t_start})
 
     def _record_throughput(self, now: float, env_steps: int, updates: int) -> None:
         replays = self.replay_stats.values()
         inserted = sum(s["inserted"] for s in replays)
-        if self.startup_s is None and inserted > 0:
-            self.startup_s = now - self.t_start
-        self.throughput.append({
-            "time_s": now - self.t_start, "env_steps": env_steps, "learner_updates": updates,
+        if self.record.startup_s is None and inserted > 0:
+            self.record.startup_s = now - self.record.t_start
+        self.record.throughput.append({
+            "time_s": now - self.record.t_start, "env_steps": env_steps, "learner_updates": updates,
             "inserted": inserted, "replay_size": sum(s["size"] for s in replays),
             # the rate limiter's waits so far: actors held back (summed over actors), the
             # learner kept waiting for data
@@ -600,29 +503,31 @@ class _Run:
         c, t = self.config, self.topology
         if self.apex.sigterm.is_set():
             why = getattr(self.apex.sigterm, "why", "SIGTERM")  # a StopFlag's, or any flag's
-            return self.stop("sigterm", f"{why}: stopping after a final checkpoint"
-                             + self.not_running(now))
+            return self.record.stop("sigterm", f"{why}: stopping after a final checkpoint"
+                                    + self.not_running(now))
         if self.deadline.passed():
-            return self.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
-                             + self.not_running(now))
+            return self.record.stop("max_seconds", f"max_seconds={c.max_seconds:g} reached"
+                                    + self.not_running(now))
         if self.something_waits(now) and now >= self.next_waiting_report:
             self.next_waiting_report = now + WAITING_REPORT_S
-            self.say("waiting", self.waiting_line(now))
+            self.record.say("waiting", self.waiting_line(now))
         # updates > 0 comes with the learner's stats, when the evaluator has been created
         if self.eval_ref is None and updates > 0 and now - self.last_eval >= c.eval_interval_s:
             self.eval_ref = t.evaluator.evaluate.remote(t.learner.get_weights.remote(-1))
             self.last_eval = now
         if c.max_env_steps and env_steps >= c.max_env_steps:
-            self.stop("max_env_steps", f"max_env_steps={c.max_env_steps:,} reached")
+            self.record.stop("max_env_steps", f"max_env_steps={c.max_env_steps:,} reached")
         idle = self.fleet.none_running_since
         if idle is not None and now - idle >= c.actor_wait_s:
-            self.stop("no_actors", f"no actor has run for {now - idle:.0f} s (actor_wait_s="
-                      f"{c.actor_wait_s:g}): {self.waiting_line(now)}; the cluster has no free "
-                      "CPU for them (a node pool at its limit or quota?)")
+            self.record.stop("no_actors", f"no actor has run for {now - idle:.0f} s "
+                             f"(actor_wait_s={c.actor_wait_s:g}): {self.waiting_line(now)}; the "
+                             "cluster has no free CPU for them (a node pool at its limit or "
+                             "quota?)")
         if self.learner_stats is None and now - self.learner_since >= c.learner_wait_s:
-            self.stop("no_learner", f"the learner has not run for {now - self.learner_since:.0f} "
-                      f"s (learner_wait_s={c.learner_wait_s:g}): {self.waiting_line(now)}; no "
-                      "node can give it learner_cpus/num_gpus?")
+            self.record.stop("no_learner", "the learner has not run for "
+                             f"{now - self.learner_since:.0f} s (learner_wait_s="
+                             f"{c.learner_wait_s:g}): {self.waiting_line(now)}; no node can give "
+                             "it learner_cpus/num_gpus?")
 
     def something_waits(self, now: float) -> bool:
         """Whether an actor or the learner does not run (yet)."""
@@ -651,14 +556,14 @@ class _Run:
         return line
 
     def _show_progress(self, env_steps: int) -> None:
-        self.bar.update(env_steps - self.bar.n)
-        steps_per_s, updates_per_s = _rates(self.throughput)
+        self.record.bar.update(env_steps - self.record.bar.n)
+        steps_per_s, updates_per_s = _rates(self.record.throughput)
         self.traces.record_rates(steps_per_s)
         postfix = {"env/s": f"{steps_per_s:,.0f}", "upd/s": f"{updates_per_s:,.0f}",
                    "actors": f"{self.fleet.running()}/{self.fleet.expected}"}
-        if self.evals:
-            postfix["eval"] = f"{self.evals[-1]['mean_return']:.1f}"
-        self.bar.set_postfix(postfix, refresh=False)
+        if self.record.evals:
+            postfix["eval"] = f"{self.record.evals[-1]['mean_return']:.1f}"
+        self.record.bar.set_postfix(postfix, refresh=False)
 
     def handle(self, ref) -> None:
         """One reply that has arrived."""
@@ -668,15 +573,15 @@ class _Run:
         events = self.fleet.handle(ref, now)
         if events is not None:
             for kind, detail in events:
-                self.say(kind, detail)
+                self.record.say(kind, detail)
         elif ref == self.learner_run:  # run() ends on its own: max_learner_updates, or lost
             try:  # its final stats: the last poll's update count may lag behind them
                 self.learner_final = self.ray.get(ref, timeout=0) or {}
             except RayError as e:
                 raise self.apex.lost("learner", e) from e
             self.learner_run = None
-            self.stop("max_learner_updates",
-                      f"max_learner_updates={self.config.max_learner_updates:,} reached")
+            self.record.stop("max_learner_updates",
+                             f"max_learner_updates={self.config.max_learner_updates:,} reached")
         elif ref == self.learner_ref:
             self.learner_ref = None
             self._learner_stats(get_within(ref, 0), now)
@@ -701,30 +606,32 @@ class _Run:
         """The learner's stats; its first start the evaluator (which first evaluates the
         checkpoint a run resumed from)."""
         if stats is not None and self.learner_stats is None:
-            self.say("learner_running", f"learner running ({now - self.t_start:.1f} s after "
-                     "start)")
+            self.record.say("learner_running", "learner running "
+                            f"({now - self.record.t_start:.1f} s after start)")
             self.topology.start_evaluator(self.ray, self.config)
             if self.resumed_weights is not None:
                 self.eval_ref = self.topology.evaluator.evaluate.remote(
-                    (self.resumed["updates"], self.resumed_weights))
+                    (self.record.resumed["updates"], self.resumed_weights))
                 self.last_eval, self.baseline_pending = now, True
         self.learner_stats = stats or self.learner_stats
 
     def _evaluation(self, ev: dict, now: float) -> None:
         """An evaluation's result: kept, said when it is the best so far, logged to
         TensorBoard, and a stop when it reaches target_return."""
-        ev |= {"time_s": now - self.t_start, "env_steps": self.throughput[-1]["env_steps"],
-               "learner_updates": self.throughput[-1]["learner_updates"]}
-        best = max((e["mean_return"] for e in self.evals), default=None)
-        self.evals.append(ev)
+        last = self.record.throughput[-1]
+        ev |= {"time_s": now - self.record.t_start, "env_steps": last["env_steps"],
+               "learner_updates": last["learner_updates"]}
+        best = max((e["mean_return"] for e in self.record.evals), default=None)
+        self.record.evals.append(ev)
         # Atari is evaluated with a small epsilon (envs.eval_epsilon): the log says so.
         how = f"epsilon-{ev['epsilon']:g}" if ev.get("epsilon") else "greedy"
         if best is None or ev["mean_return"] > best:
             # A job's log shows learning as it happens (the progress bar, where there is
             # one, shows the latest return already).
-            self.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best so "
-                     f"far, after {ev['time_s']:.1f} s, weights of {ev['weights_version']:,} updates",
-                     print_it=not self.config.progress)
+            self.record.say("eval_best", f"{how} mean return {ev['mean_return']:.1f}, the best "
+                            f"so far, after {ev['time_s']:.1f} s, weights of "
+                            f"{ev['weights_version']:,} updates",
+                            print_it=not self.config.progress)
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
             ev["learner_updates"])
@@ -732,9 +639,9 @@ class _Run:
         baseline = self.baseline_pending and "hold_check" not in ev  # a resumed run's first
         self.baseline_pending = self.baseline_pending and not baseline
         if target is not None and ev["mean_return"] >= target and not baseline:
-            self.time_to_target = ev["time_s"]
-            self.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
-                      f"target {target:g} after {ev['time_s']:.1f} s")
+            self.record.time_to_target = ev["time_s"]
+            self.record.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
+                             f"target {target:g} after {ev['time_s']:.1f} s")
 
     # --- the end ---
     def finish(self) -> TrainingResult:
@@ -773,9 +680,9 @@ class _Run:
                            else get_within(evaluator_closing, deadline.left(), 0.0, problems))
         self.tel.shutdown()
         if problems:
-            self.say("shutdown", f"while stopping: {problems[0]}"
-                     + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
-        self._add_learner_events(learner_final)
+            self.record.say("shutdown", f"while stopping: {problems[0]}"
+                            + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
+        self.record.add_learner_events(learner_final)
         replay = {k: sum(s[k] for s in shards) for k in ("inserted", "sampled", "cpu_s")}
         updates = (learner_final or self.learner_stats or {}).get("updates", 0)
         n = len(t.actors)
@@ -783,11 +690,11 @@ class _Run:
         def per_actor(key: str) -> list:
             return [actor_finals[i][key] if i in actor_finals else None for i in range(n)]
 
-        return self._result(dict(
-            env_steps=self.steps_before + fleet.env_steps(), learner_updates=updates,
+        return self.record.result(self.fleet.first_step_time, self.learner_stats, dict(
+            env_steps=self.record.steps_before + fleet.env_steps(), learner_updates=updates,
             transitions_inserted=replay["inserted"], transitions_sampled=replay["sampled"],
             checkpoint=checkpoint, weights=final_weights, replay_check=merged_check(checks),
-            cpu_seconds={"driver": time.process_time() - self.driver_cpu_start,
+            cpu_seconds={"driver": time.process_time() - self.record.driver_cpu_start,
                          "learner": (learner_final or {}).get("cpu_s", 0.0),
                          "replay": replay["cpu_s"], "evaluator": evaluator_cpu_s,
                          "actors": sum(f["cpu_s"] for f in actor_finals.values())},
@@ -797,89 +704,6 @@ class _Run:
             actor_restarts=list(fleet.restarts), actor_nodes=list(fleet.nodes),
             actor_states=fleet.states(time.monotonic()),
             actor_transitions_sent=per_actor("transitions_sent")))
-
-    def _add_learner_events(self, learner_final: dict | None) -> None:
-        """The learner's own events (checkpoints, holds), on the run's clock, in order."""
-        for event in (learner_final or {}).get("events", []):
-            self.events.append({"time_s": self._since_start(event["time"]),
-                                "kind": event["kind"], "detail": event["detail"]})
-        self.events.sort(key=lambda e: e["time_s"])
-
-    def stopped_before_start(self, reason: str, detail: str) -> TrainingResult:
-        self.stop(reason, detail)
-        self.say("stop", detail)
-        n = self.config.num_actors
-        return self._result(dict(
-            env_steps=self.steps_before, learner_updates=(self.resumed or {}).get("updates", 0),
-            transitions_inserted=0, transitions_sampled=0, checkpoint=None, weights=None,
-            replay_check={"ok": True, "problems": [], "size": 0, "inserted": 0, "shards": 0},
-            cpu_seconds={"driver": time.process_time() - self.driver_cpu_start},
-            actor_weights_versions=[None] * n, actor_epsilons=[None] * n,
-            actor_env_steps=[0] * n, actor_restarts=[0] * n, actor_nodes=[None] * n,
-            actor_states=["never created"] * n, actor_transitions_sent=[]))
-
-    def _since_start(self, wall_clock: float | None) -> float | None:
-        """Seconds since train() began of a time.time() stamp from a worker's own clock."""
-        if wall_clock is None:
-            return None
-        return wall_clock - (time.time() - (time.monotonic() - self.t_start))
-
-    def timeline(self) -> dict[str, float]:
-        """When each start-up milestone came, in seconds since this process started (the
-        interpreter, imports and all), in the order they came; milestones never reached are
-        left out."""
-        since_process = process_age_s()
-        offset = since_process - (time.monotonic() - self.t_start)  # process start -> train()
-        actor_running = next((e["time_s"] for e in self.events if e["kind"] == "actor_running"),
-                             None)
-        # The actors' first env step, the learner's readiness and first update come from their
-        # own clocks (wall-clock: they may be on other machines, within their clocks' sync): the
-        # driver sees each up to one REPORT_INTERVAL_S and a call later, and the first
-        # transition in replay comes a block and a trip to replay after the first env step.
-        learner = self.learner_stats or {}
-        marks = {**self.apex.marks, "first actor running": actor_running,
-                 "first env step": self._since_start(None if self.fleet is None
-                                                     else self.fleet.first_step_time),
-                 "first transition": self.startup_s,
-                 "learner running": self._since_start(learner.get("ready_time")),
-                 "first update": self._since_start(learner.get("first_update_time")),
-                 "first evaluation": self.evals[0]["time_s"] if self.evals else None,
-                 "target": self.time_to_target}
-        reached = sorted((t, name) for name, t in marks.items() if t is not None)
-        return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
-
-    def _result(self, ended: dict) -> TrainingResult:
-        """The run's TrainingResult, saved: `ended` holds what the processes reported as it
-        ended, under TrainingResult's own field names; the rest is the driver's record."""
-        c = self.config
-        now, wall = time.time(), time.monotonic() - self.t_start
-        updates_this_run = ended["learner_updates"] - (self.resumed or {}).get("updates", 0)
-
-        def per_second(count: float, since: float | None) -> float:
-            """count over the time from a milestone (before which there was none) to the end;
-            0 where the milestone never came. Clamped to the run: workers' clocks may differ."""
-            if since is None or count <= 0:
-                return 0.0
-            return count / min(wall, max(wall - since, 1e-3))
-
-        first_step = self._since_start(None if self.fleet is None else self.fleet.first_step_time)
-        first_update = self._since_start((self.learner_stats or {}).get("first_update_time"))
-        result = TrainingResult(
-            env_id=c.env_id, reached_target=self.time_to_target is not None,
-            target_return=c.target_return, time_to_target_s=self.time_to_target,
-            wall_time_s=wall, startup_s=self.startup_s or wall,
-            env_steps_per_s=per_second(ended["env_steps"] - self.steps_before, first_step),
-            learner_updates_per_s=per_second(updates_this_run, first_update),
-            samples_per_insert=ended["transitions_sampled"] / max(ended["transitions_inserted"], 1),
-            final_eval_return=self.evals[-1]["mean_return"] if self.evals else None,
-            best_eval_return=max((e["mean_return"] for e in self.evals), default=None),
-            stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
-            throughput=self.throughput, output_dir=str(self.apex.output_dir),
-            events=self.events, timeline=self.timeline(), resumed_from=self.resume_path,
-            started_at=now - wall, started_monotonic=self.t_start, boot_id=BOOT_ID,
-            config=c.to_dict(), **ended)
-        result.save(self.apex.output_dir / "results.json")
-        return result
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:
