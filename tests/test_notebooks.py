@@ -402,12 +402,13 @@ def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):
     assert "--env ALE/Pong-v5" in job["spec"]["entrypoint"]
 
 
-@pytest.mark.parametrize("workload", ["cartpole", "seed-scale"])  # pong: the test above
+@pytest.mark.parametrize("workload", ["cartpole", "pong", "seed-scale"])
 def test_03_runs_to_the_end_for_every_workload_and_prints_its_own_pool(workload, kernel,
                                                                        tmp_path: Path):
-    """Each workload's dry run ends, and names only its own pool: the actor machine and node
-    count, the quotas it needs (with the smaller Spot shape where its machine is larger), and
-    a run price with the Spot nodes' tails and a total."""
+    """Each workload's dry run ends in Standard mode (the test above runs Pong on Autopilot),
+    and names only its own pool: the actor machine and node count, the quotas it needs (with
+    the smaller Spot shape where its machine is larger), and a run price with the Spot nodes'
+    tails and a total."""
     from distrl.gke.cost import estimate_run_cost
     from distrl.gke.settings import WORKLOADS, GkeSettings
 

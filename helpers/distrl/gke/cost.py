@@ -4,9 +4,9 @@
     monthly_costs(settings).table()      # metric samples, spans, builds, images, run volume,
                                          # alerting conditions
 
-Prices come from a table (PRICES, or your own JSON with the same keys): list prices of one
-date and region, approximate. Spot prices move up to once every 30 days; pass your own table when the
-number matters.
+Prices come from a table (PRICES, or your own JSON with the same keys): list prices of a
+dated source and one region, approximate. Spot prices move (PRICES' comments say how much);
+pass your own table when the number matters.
 """
 
 from __future__ import annotations
@@ -27,28 +27,35 @@ from distrl.gke.settings import (
 )
 
 PRICES = {
-    "date": "2026-11",
-    "source": "cloud.google.com/compute/vm-instance-pricing, /compute/gpus-pricing, "
-              "/compute/disks-image-pricing, /kubernetes-engine/pricing, /spot-vms/pricing, "
-              "/vpc/network-pricing and /products/observability/pricing, us-central1 list "
-              "prices (approximate; Spot prices may change once every 30 days)",
+    "date": "2026-08-20 (machines), 2026-11 (the rest)",
+    "source": "machines: the Cloud Billing Catalog via github.com/Cyclenerd/google-cloud-"
+              "pricing-cost-calculator; the rest: cloud.google.com's pricing pages; us-central1 "
+              "list prices (approximate; Spot prices move)",
     "currency": "USD",
     "cluster_fee": 0.10,
     # "$74.40 in monthly credits per billing account ... applied to zonal and Autopilot
     # clusters" (cloud.google.com/kubernetes-engine/pricing): 744 h x 0.10, the fee of one
     # cluster; nodes, disks and a regional cluster's fee are not covered.
     "free_tier_credit_per_month": 74.40,
-    "machines": {  # per node: on-demand, spot (shapes: settings.MACHINES)
-        "e2-standard-4": [0.134, 0.040],
-        "e2-standard-8": [0.268, 0.080],
-        "e2-standard-16": [0.536, 0.161],
-        "e2-standard-32": [1.072, 0.322],
-        "n2-standard-8": [0.389, 0.094],
-        "n2-standard-32": [1.554, 0.376],
-        "n1-standard-8": [0.380, 0.080],
-        "g2-standard-8": [0.854, 0.341],  # includes its L4
+    # Per node: on-demand, Spot (shapes: settings.MACHINES). us-central1's `hour` and
+    # `hour_spot` in pricing.yml at commit dac3128 of Cyclenerd/google-cloud-pricing-cost-
+    # calculator (generated 2026-08-20 from the Cloud Billing Catalog). Its on-demand prices are
+    # this table's earlier ones; its Spot prices are about twice them (e2-standard-8: $0.1608,
+    # was $0.080 here). n2-standard-32 was not read there: its Spot price is the n2-standard-8
+    # one times four, as the catalog prices vCPUs and memory linearly within a series.
+    "machines": {
+        "e2-standard-4": [0.134, 0.080424],
+        "e2-standard-8": [0.268, 0.160848],
+        "e2-standard-16": [0.536, 0.321696],
+        "e2-standard-32": [1.072, 0.643392],
+        "n2-standard-8": [0.389, 0.222944],
+        "n2-standard-32": [1.554, 0.891776],
+        "n1-standard-8": [0.380, 0.17836],
+        "g2-standard-8": [0.854, 0.512012],  # includes its L4
     },
-    "gpus": {  # per attached GPU: on-demand, spot (the L4 is in g2's price)
+    # Per attached GPU: on-demand, Spot (the L4 is in g2's price); pricing.yml has no GPU of its
+    # own, so these stay the 2026-11 figures of cloud.google.com/compute/gpus-pricing.
+    "gpus": {
         "nvidia-l4": [0.0, 0.0],
         "nvidia-tesla-t4": [0.350, 0.140],
         "nvidia-tesla-p4": [0.600, 0.240],
@@ -59,15 +66,14 @@ PRICES = {
         "gpu": {"nvidia-l4": [0.5600, 0.2240], "nvidia-tesla-t4": [0.3500, 0.1400],
                 "nvidia-tesla-p4": [0.6000, 0.2400]},
     },
-    # "Spot prices can change up to once every 30 days and don't appear in most pricing tables"
-    # (cloud.google.com/compute/vm-instance-pricing; /spot-vms/pricing says the same): the
-    # highest E2 Spot rates seen in copies of that page, per vCPU-hour and GiB-hour (us-central1;
-    # an older, undated copy $0.00872 and $0.001169, which make e2-standard-8 $0.107/h; another
-    # undated copy $0.01007 and $0.00135, $0.124/h). The machines' Spot column above is the
-    # table's 2026-11 figure; the current page could not be read from here (2026-12-06: the
-    # stored copies hold only its introduction), so a run's estimate goes up to these rates.
-    # The other series have one price seen, their table's.
-    "e2_spot_high": {"vcpu": 0.01007, "memory_gib": 0.00135},
+    # The highest E2 Spot rates seen, per vCPU-hour and GiB-hour (us-central1): a run's estimate
+    # goes up to them where they are above the machines' Spot column (spot_drift). Spot prices
+    # move: Google's pages say up to once every 30 days (cloud.google.com/skus), and the
+    # catalog's E2 Spot prices above are twice this table's earlier ones. The highest seen are
+    # those of 2026-08-20: these rates give the E2 column exactly (8 x 0.01309 + 32 x 0.001754
+    # = 0.160848 for e2-standard-8), so a run's estimate has no drift line until a table with
+    # higher rates is passed.
+    "e2_spot_high": {"vcpu": 0.01309, "memory_gib": 0.001754},
     # An external IPv4 address per node (Standard nodes get one unless the cluster has private
     # nodes), per hour: a standard VM's, a Spot VM's (cloud.google.com/vpc/network-pricing, as a
     # third-party copy dated 2026-10-16 quotes it; not read first-hand here).
@@ -208,9 +214,10 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
                       line.unit_price * hours) for line in hourly.lines]
     if s.mode == "standard":
         drift = spot_drift(s, prices)
-        i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
-        lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
-                                     0, s.max_actor_nodes, drift * hours))
+        if drift > 0:
+            i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
+            lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
+                                         0, s.max_actor_nodes, drift * hours))
         lines += tail_lines(s, prices)
     lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
@@ -223,8 +230,9 @@ def spot_drift(s, prices: dict) -> float:
     if not s.actor_machine_type.startswith("e2-"):
         return 0.0
     shape, high = machine(s.actor_machine_type), prices["e2_spot_high"]
-    return max(0.0, shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
-               - prices["machines"][s.actor_machine_type][1])
+    above = (shape.vcpus * high["vcpu"] + shape.memory_gib * high["memory_gib"]
+             - prices["machines"][s.actor_machine_type][1])
+    return above if above > 1e-9 else 0.0  # not a float's rounding of the same price
 
 
 # The Spot nodes' time outside the run's budget, each at most: the node's start and the image
