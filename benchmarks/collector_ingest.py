@@ -74,7 +74,7 @@ def main() -> None:
     count = max(100, int(150_000 * args.seconds / args.points_per_request))
     requests = [build_request(i, args.points_per_request) for i in range(count)]
     with tempfile.TemporaryDirectory() as tmp, \
-            LocalCollector(Path(tmp) / "bench.db", port=0) as collector:
+            LocalCollector(Path(tmp) / "bench.db", token_file=None, port=0) as collector:
         sent = [0] * args.clients
         stop = threading.Event()
 

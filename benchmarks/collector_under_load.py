@@ -230,7 +230,7 @@ def main() -> None:
     if args.smoke:
         args.series, args.exporters, args.seconds, args.descriptor_points = 2_000, 1, 1.0, 5_000
     with tempfile.TemporaryDirectory() as tmp, \
-            LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
+            LocalCollector(Path(tmp) / "otel.db", token_file=None, port=0) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
         t = time.time_ns() - 60 * S

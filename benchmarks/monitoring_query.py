@@ -93,7 +93,7 @@ def listing_in_pages(series: int) -> None:
         timings = {}
         for label, limits in [("result kept", Limits()),
                               ("read again", Limits(page_cache_bytes=1))]:
-            with LocalCollector(db, port=0, limits=limits) as collector:
+            with LocalCollector(db, token_file=None, port=0, limits=limits) as collector:
                 mon = explore.Monitoring(endpoint=collector.endpoint)
                 start = last = time.perf_counter()
                 pages = []
@@ -128,7 +128,7 @@ def main() -> None:
     end = dt.datetime.now(dt.UTC).replace(microsecond=0)
     t0 = int(end.timestamp()) * S - int(args.hours * 3600 * S)
     with tempfile.TemporaryDirectory() as tmp, \
-            LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
+            LocalCollector(Path(tmp) / "otel.db", token_file=None, port=0) as collector:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
         for k in range(1, exports + 1):

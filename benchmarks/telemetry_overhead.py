@@ -44,7 +44,8 @@ def direct_cost(seconds: float = 5.0, updates: int = 300) -> None:
     actor = Actor(config, 0, init_weights(spec, 0))
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
-        tel = otel.setup_telemetry(endpoint=collector.endpoint, export_interval_ms=1000)
+        tel = otel.setup_telemetry(endpoint=collector.endpoint, export_interval_ms=1000,
+                                   token_file=collector.token_file)
         rl = otel.RLInstruments(tel.meter, otel.common_attributes(
             run_id="bench", algorithm="apex-dqn", environment="CartPole-v1", model="m"))
         attrs = rl.attrs({otel.RL_LOOP: "actor", otel.RL_SAMPLE: "environment"})
@@ -94,7 +95,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, \
             LocalCollector(Path(tmp) / "otel.db", port=0) as collector:
         runs = Path(tmp) / "runs"
-        modes = {"off": [], "on": ["--telemetry", "true", "--otlp-endpoint", collector.endpoint]}
+        modes = {"off": [], "on": ["--telemetry", "true", "--otlp-endpoint", collector.endpoint,
+                                   "--otlp-token-file", str(collector.token_file)]}
         rates = {"off": [], "on": []}
         for repeat in range(args.repeats):
             # ABBA order: off-on, on-off, ... so a drift of the machine over the run (warming

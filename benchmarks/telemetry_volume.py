@@ -35,6 +35,7 @@ def main() -> None:
         result = run_training(["--num-actors", str(args.actors), "--target-return", "none",
                                "--max-seconds", str(args.seconds), "--telemetry", "true",
                                "--otlp-endpoint", collector.endpoint,
+                               "--otlp-token-file", str(collector.token_file),
                                "--metric-export-interval-s", "2"],
                               timeout_s=args.seconds + 120, output_dir=Path(tmp) / "run")
         store = collector.store()

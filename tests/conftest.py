@@ -248,7 +248,7 @@ def instrumented_run(tmp_path_factory):
         config = ApexConfig(target_return=None, max_env_steps=60_000, max_seconds=120,
                             output_dir=str(tmp / "run"), progress=False, telemetry=True,
                             otlp_endpoint=collector.endpoint, metric_export_interval_s=1.0,
-                            run_id="test-run")
+                            otlp_token_file=str(collector.token_file), run_id="test-run")
         result = ApeX(config).train()
         yield SimpleNamespace(result=result, collector=collector, db=tmp / "otel.db",
                               run_id=config.run_id)

@@ -68,7 +68,7 @@ def number(t, value, attrs=(), start=1):
 
 @pytest.fixture
 def collector(tmp_path):
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         yield c
 
 
@@ -172,14 +172,14 @@ def test_garbage_gets_an_error_status_and_the_collector_keeps_serving(collector,
 def test_bad_ports_are_refused(tmp_path):
     for port in (-1, 70000, "4317", True):
         with pytest.raises(ValueError, match=f"port={port!r} is invalid"):
-            LocalCollector(tmp_path / "a.db", port=port)
+            LocalCollector(tmp_path / "a.db", token_file=None, port=port)
     busy = socket.socket()
     busy.bind(("127.0.0.1", 0))
     busy.listen()
     port = busy.getsockname()[1]
     try:
         with pytest.raises(OSError, match=f"cannot listen on 127.0.0.1:{port}"):
-            LocalCollector(tmp_path / "b.db", port=port).start()
+            LocalCollector(tmp_path / "b.db", token_file=None, port=port).start()
         with pytest.raises(OSError, match="cannot listen"):
             CollectorServer(tmp_path / "c.db", port=port).start()
         assert main(["--db", str(tmp_path / "d.db"), "--port", str(port)]) == 2
@@ -244,7 +244,7 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
         tel.shutdown()
         print("last", phase - 1, flush=True)
     """)
-    first = LocalCollector(db, port=0).start()
+    first = LocalCollector(db, token_file=None, port=0).start()
     port = first.port
     proc = subprocess.Popen([sys.executable, "-c", script, first.endpoint, str(stop)],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -260,7 +260,7 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
         reach(4)
         first.stop()          # the collector goes away mid-run (after exports of phases 0-4) ...
         reach(8)              # ... for several export intervals (0.2 s) that fail ...
-        second = LocalCollector(db, port=port).start()  # ... and comes back on the same port
+        second = LocalCollector(db, token_file=None, port=port).start()  # ... and comes back on the same port
         store = second.store()
         deadline = dt.datetime.now() + dt.timedelta(seconds=120)
         while not store.query("SELECT 1 FROM points WHERE value > 8 LIMIT 1"):
@@ -334,7 +334,7 @@ def _post(url: str, body: bytes, content_type: str = "application/x-protobuf",
 
 def test_otlp_http_stores_what_grpc_stores_and_answers_partial_success(tmp_path):
     """What GKE's managed collector documents (OTLP/HTTP, protobuf, port 4318), on this store."""
-    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
         assert c.http_endpoint.startswith("http://127.0.0.1:") and c.http_port != c.port
         bad = metrics_pb2.Metric(name="h", histogram={"aggregation_temporality": 2,
                                                       "data_points": [
@@ -363,7 +363,7 @@ def test_otlp_http_stores_what_grpc_stores_and_answers_partial_success(tmp_path)
 def test_the_sdk_exports_over_http_when_the_protocol_says_so(tmp_path, monkeypatch):
     from distrl.otel.conventions import setup_telemetry
 
-    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf")
         monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", c.http_endpoint)  # as the pods set it
         tel = setup_telemetry("http-test", export_interval_ms=60_000)
@@ -529,7 +529,7 @@ def test_memory_is_bounded_by_the_limits_it_prints(tmp_path):
     max_message_bytes, and at most max_exports are read at once (more get RESOURCE_EXHAUSTED,
     which exporters retry): eight concurrent exports near the limit all land, within bound."""
     limits = Limits(max_message_bytes=2 * MiB, max_exports=2, max_queries=1)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         process = psutil.Process(collector.process.pid)
         before = process.memory_info().rss
@@ -607,7 +607,7 @@ def test_reads_hold_no_more_memory_than_the_limits_print(tmp_path):
     page at a time: two reads near the limit, two past it and two descriptor listings at once
     grow the collector by less than max_queries x max_read_bytes."""
     limits = Limits(max_queries=2, max_read_bytes=32 * MiB, page_cache_bytes=MiB)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as collector:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
         for lo in range(0, 40_000, 5_000):
@@ -684,7 +684,7 @@ def test_every_limit_is_an_option_of_the_collector_command():
 def test_a_local_collector_runs_with_every_limit_it_was_given(tmp_path):
     """LocalCollector handed its child three of its eight limits: a page cache or a read
     ceiling set here was the default there. Its child now prints and keeps them all."""
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=ODD_LIMITS) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=ODD_LIMITS) as collector:
         assert collector.banner.endswith(ODD_LIMITS.describe()), collector.banner
         assert _export_with_retries(collector.endpoint.removeprefix("http://"),
                                     _gauges("many", 20)) == "OK"
@@ -797,7 +797,7 @@ SOAK_P99_BOUND_S = 2.0  # measured p99 on 2 busy cores: see the stop note of iss
 def test_soak_twenty_exporters_beside_heavy_queries_lose_nothing(tmp_path):
     """20 exporters for 20 s while a client reads 20,000 series in a loop: every acknowledged
     point is stored, and export latency p99 stays under SOAK_P99_BOUND_S."""
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
         for lo in range(0, 20_000, 5_000):
@@ -906,7 +906,7 @@ def test_a_full_disk_is_answered_unavailable_and_the_collector_recovers(tmp_path
     export may also get through: a log the checkpointer has copied starts again in the space
     its file already has, as it would on a full disk.)"""
     db = tmp_path / "otel.db"
-    collector = LocalCollector(db, port=0).start()
+    collector = LocalCollector(db, token_file=None, port=0).start()
     try:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
@@ -1161,7 +1161,7 @@ def test_http_bodies_sent_a_trickle_at_a_time_hold_no_turn_for_long(tmp_path):
     the trickles is stored before they time out."""
     from distrl.otel.receivers import MESSAGE_WAIT_S
 
-    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
         stop, answers = threading.Event(), []
 
         def trickle():
@@ -1200,7 +1200,7 @@ def test_the_sdk_exports_gzip_over_http(tmp_path):
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
         exporter = OTLPMetricExporter(endpoint=f"{c.http_endpoint}/v1/metrics",
                                       compression=Compression.Gzip)
         provider = MeterProvider(metric_readers=[PeriodicExportingMetricReader(
@@ -1303,7 +1303,7 @@ def test_a_point_is_one_value_at_one_time_and_keeps_its_metrics_value_type(colle
 
 
 def test_metric_types_past_the_limit_are_refused_not_kept(tmp_path):
-    with LocalCollector(tmp_path / "otel.db", port=0,
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0,
                         limits=Limits(max_metric_types=3)) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
@@ -1381,7 +1381,7 @@ def test_reads_run_in_reader_processes_below_ingestion_and_one_that_dies_is_repl
 def test_an_aggregated_read_ends_at_its_deadline(tmp_path):
     """Aggregated reads over many series ran 63-65 s against their 30-s deadline: the
     deadline was checked while reading rows, not while aligning and reducing them."""
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_query_s=1.0)) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=Limits(max_query_s=1.0)) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         for t in range(1, 4):
@@ -1411,7 +1411,7 @@ def test_a_collector_whose_starter_is_killed_stops_and_frees_its_port_and_databa
     code = textwrap.dedent(f"""
         import time
         from distrl.otel.collector import LocalCollector
-        c = LocalCollector({str(tmp_path / "otel.db")!r}, port=0).start()
+        c = LocalCollector({str(tmp_path / "otel.db")!r}, token_file=None, port=0).start()
         print(c.process.pid, c.port, flush=True)
         time.sleep(600)
         """)
@@ -1433,7 +1433,7 @@ def test_a_collector_whose_starter_is_killed_stops_and_frees_its_port_and_databa
     if not gone:
         collector.kill()
     assert gone, "the collector outlived the process that started it"
-    with LocalCollector(tmp_path / "otel.db", port=port) as again:  # the port and the lock
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=port) as again:  # the port and the lock
         assert again.port == port
 
 

@@ -57,7 +57,7 @@ def _list_time_series(channel, **fields):
 
 @pytest.fixture
 def collector(tmp_path):
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         yield c
 
 
@@ -133,7 +133,7 @@ def test_a_read_its_client_cancels_stops_in_the_reader(tmp_path):
     """A cancelled read went on in its reader until its deadline, holding the reader (and a
     server thread) for nothing. The reader now hears of it and is free at once: with one
     reader, a read after the cancel is answered long before the cancelled one's 30 s."""
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_queries=1)) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=Limits(max_queries=1)) as c:
         endpoint = c.endpoint.removeprefix("http://")
         stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
         for t in range(1, 4):
@@ -238,11 +238,11 @@ def test_exports_keep_their_capacity_beside_looping_reads_stalled_calls_and_canc
 def test_one_collector_writes_a_database(tmp_path):
     """Two collectors on one file refused each other's writes ("database is locked") on 8% of
     exports, without a word. The second is now refused at its start, naming the first."""
-    with LocalCollector(tmp_path / "otel.db", port=0) as first:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as first:
         holder = rf"being written by another collector \(pid {first.process.pid}\)"
         with pytest.raises(OSError, match=holder):
-            LocalCollector(tmp_path / "otel.db", port=0).start()
-    with LocalCollector(tmp_path / "otel.db", port=0) as second:  # the first has gone
+            LocalCollector(tmp_path / "otel.db", token_file=None, port=0).start()
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as second:  # the first has gone
         assert second.running
 
 
@@ -266,7 +266,7 @@ def test_an_export_waits_for_another_writer_instead_of_failing(collector):
 def test_otlp_http_keeps_its_connection(tmp_path):
     """OTLP/HTTP answered HTTP/1.0, so each export opened a connection (the listen backlog
     was 5). Two exports now go over one HTTP/1.1 connection."""
-    with LocalCollector(tmp_path / "otel.db", port=0, http_port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
         host, port = c.http_endpoint.removeprefix("http://").rsplit(":", 1)
         conn = http.client.HTTPConnection(host, int(port), timeout=10)
         for t in (10, 20):
@@ -422,7 +422,7 @@ def test_answers_their_clients_never_read_hold_a_bounded_memory(tmp_path):
     exports go on, and the collector with its reader stays under the bound it prints."""
     limits = Limits(max_message_bytes=MiB, max_exports=1, max_queries=1,
                     max_read_bytes=16 * MiB, cache_bytes=MiB, page_cache_bytes=MiB)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         stub, client, fat = _fat_page(collector)
         page = next(iter(client.list_time_series(request=fat, timeout=60).pages))
@@ -473,7 +473,7 @@ def test_a_connection_that_never_reads_leaves_other_clients_their_reads(tmp_path
     now has 8 calls open and UNREAD_PER_CONNECTION of unread answers at most (its further
     reads are refused, naming it), so another client's reads are all answered beside two."""
     limits = Limits(max_queries=1, max_read_bytes=16 * MiB, page_cache_bytes=MiB)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         _, client, fat = _fat_page(collector)
         message = monitoring_v3.ListTimeSeriesRequest(**fat)._pb.SerializeToString()
@@ -505,7 +505,7 @@ def test_a_read_of_large_distributions_is_charged_for_what_it_holds(tmp_path):
     from distrl.otel.points import MAX_BUCKETS
 
     limits = Limits(max_queries=1, max_read_bytes=32 * MiB, page_cache_bytes=MiB)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as collector:
         endpoint = collector.endpoint.removeprefix("http://")
         stub = metrics_service_pb2_grpc.MetricsServiceStub(grpc.insecure_channel(endpoint))
         bounds = [float(b) for b in range(1, MAX_BUCKETS)]
@@ -545,7 +545,8 @@ def test_the_write_ahead_log_stays_bounded_beside_looping_readers(tmp_path):
     (UNAVAILABLE) until it does. (The salt in the log's header changes each time it starts
     again: sqlite.org/fileformat2.html#walformat.)"""
     limit = 8 * MiB
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_wal_bytes=limit)) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0,
+                        limits=Limits(max_wal_bytes=limit)) as c:
         endpoint = c.endpoint.removeprefix("http://")
         wal = tmp_path / "otel.db-wal"
         stop, sizes, salts, codes, reads = threading.Event(), [], [], [], []
@@ -620,7 +621,7 @@ def test_the_pages_of_a_read_go_to_the_reader_that_keeps_its_result(tmp_path):
     import base64
     import json
 
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=Limits(max_queries=2)) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=Limits(max_queries=2)) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         for t in range(1, 7):

@@ -9,6 +9,7 @@ from distrl.gke.runner import dry_run, run_plan
 from distrl.gke.settings import REPO_ROOT
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard, explore
+from distrl.otel.token import bearer_header
 
 SHIPPED = REPO_ROOT / "k8s" / "monitoring"
 
@@ -79,7 +80,8 @@ def test_deploy_plan_commands_and_bad_project(stand_ins, capsys):
 @pytest.mark.slow
 def test_every_tile_has_data_after_a_short_instrumented_run(instrumented_run):
     run_id = instrumented_run.run_id
-    mon = explore.Monitoring(endpoint=instrumented_run.collector.endpoint)
+    mon = explore.Monitoring(endpoint=instrumented_run.collector.endpoint,
+                             token_file=instrumented_run.collector.token_file)
     board = json.loads((SHIPPED / "dashboard.json").read_text())
     tiles = explore.preview_dashboard(mon, board, where={"rl.run.id": run_id}, minutes=10,
                                       alignment_s=5)
@@ -121,7 +123,8 @@ def test_a_dashboard_refreshing_every_tile_at_once_beside_exporters_is_answered(
     from test_collector import _gauges
 
     endpoint = instrumented_run.collector.endpoint
-    mon = explore.Monitoring(endpoint=endpoint)
+    mon = explore.Monitoring(endpoint=endpoint, token_file=instrumented_run.collector.token_file)
+    bearer = list(bearer_header(instrumented_run.collector.token_file).items())
     queries = dashboard.tile_queries(json.loads((SHIPPED / "dashboard.json").read_text()))
     stop, codes, end = threading.Event(), [], dt.datetime.now(dt.UTC)  # one window for all
 
@@ -132,7 +135,7 @@ def test_a_dashboard_refreshing_every_tile_at_once_beside_exporters_is_answered(
         while not stop.is_set():
             t += 1
             try:
-                stub.Export(_gauges(f"refresh.beside{k}", 20, t=t), timeout=30)
+                stub.Export(_gauges(f"refresh.beside{k}", 20, t=t), metadata=bearer, timeout=30)
                 codes.append("OK")
             except grpc.RpcError as err:
                 codes.append(err.code().name)

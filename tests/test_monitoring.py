@@ -96,7 +96,7 @@ def _requests():
 
 @pytest.fixture(scope="module")
 def collector(tmp_path_factory):
-    with LocalCollector(tmp_path_factory.mktemp("mon") / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path_factory.mktemp("mon") / "otel.db", token_file=None, port=0) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         for request in _requests():
@@ -530,7 +530,7 @@ def test_a_backtracking_regex_is_linear_and_a_bad_one_is_invalid_argument(tmp_pa
     """Cloud Monitoring's regex dialect is RE2: "(a+)+" against a long label is linear there;
     with Python's re it doubled its time with every character and froze ingestion (here:
     2^41 steps, far past the call's 30-s deadline)."""
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as collector:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(collector.endpoint.removeprefix("http://")))
         stub.Export(_request("i1", [_gauge([(_series_attrs("a" * 40 + "b", "CartPole-v1"),
@@ -653,7 +653,7 @@ def test_a_large_result_comes_in_pages_every_client_can_receive(tmp_path):
     """gRPC clients refuse responses over 4 MiB by default: 40,000 series of 3 points came as
     one 4.5 MB page, and google-cloud-monitoring's client failed with RESOURCE_EXHAUSTED."""
     _filled(tmp_path, series=40_000, points=3).close()
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as collector:
         mon = explore.Monitoring(endpoint=collector.endpoint)
         pages = list(mon.client.list_time_series(request={
             "name": mon.project_name, "filter": f'metric.type = "{PREFIX}rl.train.loss/gauge"',
@@ -848,7 +848,7 @@ def test_a_percentile_across_series_with_disjoint_bounds(tmp_path):
                                     bucket_counts=counts)
         return m
 
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         stub.Export(_request("i1", [hist("r1", [1.0, 2.0], [0, 100, 0]),
@@ -866,7 +866,7 @@ def test_a_filter_is_charged_for_the_series_it_keeps(tmp_path):
     (every series was charged before the filter), though the refusal advised narrowing the
     filter. Series the filter drops now cost their key alone."""
     limits = Limits(max_read_bytes=8 * 2**20)
-    with LocalCollector(tmp_path / "otel.db", port=0, limits=limits) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, limits=limits) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         gauge = metrics_pb2.Metric(name="wide")
@@ -893,7 +893,7 @@ def test_golden_signals_keep_each_charts_own_filter(tmp_path):
 
     points = [("evaluator", T0 + 10 * S, 14.0), ("evaluator", T0 + 20 * S, 12.0),
               ("actor", T0 + 15 * S, 42.0), ("actor", T0 + 25 * S, 44.0)]
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         stub.Export(_request("i1", [reward("rl.environment.reward.mean", points),
@@ -938,7 +938,7 @@ def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_
     samples += [("B", t, steps(t)) for t in range(56)] + [("C", t, 0.0) for t in range(56)]
     train = [("A", t, steps(t, fault) / 20) for t in range(11, 56) if t not in fault]
     train += [("B", t, steps(t) / 20) for t in range(11, 56)]
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         stub = metrics_service_pb2_grpc.MetricsServiceStub(
             grpc.insecure_channel(c.endpoint.removeprefix("http://")))
         stub.Export(_request("i1", [counter("rl.sample.samples", samples),
@@ -982,11 +982,13 @@ def test_a_users_own_metrics_and_spans_are_listed_read_and_plotted(tmp_path):
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:  # its token, as a user's
         target = collector.endpoint.removeprefix("http://")
+        headers = {"authorization": f"Bearer {collector.token_file.read_text().strip()}"}
         resource = Resource.create({"service.name": "shop-service"})
         reader = PeriodicExportingMetricReader(
-            OTLPMetricExporter(endpoint=target, insecure=True), export_interval_millis=60_000)
+            OTLPMetricExporter(endpoint=target, insecure=True, headers=headers),
+            export_interval_millis=60_000)
         meters = MeterProvider(resource=resource, metric_readers=[reader])
         orders = meters.get_meter("shop").create_counter("shop.orders")
         queue = meters.get_meter("shop").create_up_down_counter("queue.depth")
@@ -999,8 +1001,8 @@ def test_a_users_own_metrics_and_spans_are_listed_read_and_plotted(tmp_path):
         assert meters.force_flush(timeout_millis=10_000)
         meters.shutdown()
         tracer = TracerProvider(resource=resource)
-        tracer.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(endpoint=target,
-                                                                       insecure=True)))
+        tracer.add_span_processor(SimpleSpanProcessor(OTLPSpanExporter(
+            endpoint=target, insecure=True, headers=headers)))
         with tracer.get_tracer("shop").start_as_current_span("checkout"):
             pass
         tracer.shutdown()
@@ -1008,11 +1010,11 @@ def test_a_users_own_metrics_and_spans_are_listed_read_and_plotted(tmp_path):
         docs = (Path(__file__).parents[1] / "docs" / "telemetry.md").read_text()
         recipe = re.search(r"### Your own client.*?```python\n(.*?)```", docs, re.S)[1]
         listed: list = []
-        exec(recipe.replace("127.0.0.1:4317", target).replace("print(", "listed.append("),
-             {"listed": listed})
+        exec(recipe.replace("127.0.0.1:4317", target).replace("print(", "listed.append(")
+             .replace('"otel.db.token"', repr(str(collector.token_file))), {"listed": listed})
         assert f"{explore.PREFIX}shop.orders/counter" in listed[0]
 
-        mon = explore.Monitoring(endpoint=collector.endpoint)
+        mon = explore.Monitoring(endpoint=collector.endpoint, token_file=collector.token_file)
         kinds = dict(zip(mon.metric_types()["metric_type"], mon.metric_types()["metric_kind"]))
         assert kinds == {f"{explore.PREFIX}shop.orders/counter": "CUMULATIVE",
                          f"{explore.PREFIX}queue.depth/gauge": "GAUGE"}
@@ -1048,7 +1050,7 @@ def test_percentiles_of_an_exponential_histogram_across_a_scale_change(tmp_path)
 
     rng = np.random.default_rng(0)
     later = rng.lognormal(3.0, 1.2, 2_000)  # about 1 to 1,000
-    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as collector:
         exporter = OTLPMetricExporter(
             endpoint=collector.endpoint.removeprefix("http://"), insecure=True,
             preferred_temporality={Histogram: AggregationTemporality.CUMULATIVE})

@@ -30,7 +30,8 @@ def rehearsal(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rehearsal")
     job = m.ray_job(SETTINGS)
     pods = {"metadata": job["metadata"], "spec": job["spec"]["rayClusterSpec"]}
-    with LocalCollector(tmp / "otel.db", port=0, http_port=0) as collector:
+    # in GKE's place: its managed collector asks the pods for no token
+    with LocalCollector(tmp / "otel.db", token_file=None, port=0, http_port=0) as collector:
         cluster = ManifestRehearsal(ray_cluster=pods, collector_endpoint=collector.http_endpoint,
                                     runs_dir=tmp / "runs", log_dir=tmp / "logs")
         with cluster:

@@ -29,8 +29,56 @@ def test_the_23_conventions():
 
 @pytest.fixture
 def collector(tmp_path):
-    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+    # The SDK's wiring, not the token (test_a_local_collector_asks_for_its_token_by_default)
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
         yield c
+
+
+def test_a_local_collector_asks_for_its_token_by_default(tmp_path):
+    """Without a token any client on the machine could write and read the local collector, and
+    fill its caps for good (issue 65). LocalCollector now writes a token beside its database
+    by default, readable by its owner alone and kept for the next start on it. Its own clients
+    send it (setup_telemetry, explore.Monitoring, and any exporter through its headers); a
+    client without it is refused at its headers and stores nothing."""
+    import grpc
+    from google.api_core import exceptions as gexc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from test_collector import _gauges
+
+    from distrl.otel import explore
+
+    db = tmp_path / "otel.db"
+    with LocalCollector(db, port=0) as c:
+        assert c.token_file == tmp_path / "otel.db.token"
+        assert c.token_file.stat().st_mode & 0o777 == 0o600
+        token = c.token_file.read_text().strip()
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        for metadata in ([], [("authorization", "Bearer " + "x" * 43)]):
+            with pytest.raises(grpc.RpcError) as err:
+                stub.Export(_gauges("nobody", 3), metadata=metadata, timeout=10)
+            assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub.Export(_gauges("owner", 3), metadata=[("authorization", f"Bearer {token}")],
+                    timeout=10)
+        tel = otel.setup_telemetry(endpoint=c.endpoint, token_file=c.token_file,
+                                   instance_id="t", export_interval_ms=60_000)
+        tel.meter.create_counter("token.sdk").add(2)
+        tel.shutdown()
+        assert c.store().points(PREFIX + "token.sdk/counter")[0]["int_value"] == 2
+        mon = explore.Monitoring(endpoint=c.endpoint, token_file=c.token_file)
+        types = {d.type for d in mon.client.list_metric_descriptors(name="projects/local")}
+        assert {PREFIX + "owner/gauge", PREFIX + "token.sdk/counter"} <= types
+        assert PREFIX + "nobody/gauge" not in types
+        with pytest.raises(gexc.Unauthenticated):
+            list(explore.Monitoring(endpoint=c.endpoint).client.list_metric_descriptors(
+                name="projects/local", retry=None, timeout=10))
+    with LocalCollector(db, port=0) as again:  # the same database, the same token
+        assert again.token_file.read_text().strip() == token
+    c.token_file.chmod(0o644)
+    with pytest.raises(ValueError, match=r"otel.db.token.* is readable by others"):
+        LocalCollector(db, port=0).start()
+    with pytest.raises(ValueError, match="token_file=.* with project_id"):
+        explore.Monitoring(project_id="my-project-id", token_file=c.token_file)
 
 
 def test_exact_values_land_with_their_attributes_and_resource(collector):
@@ -218,7 +266,7 @@ def test_a_stock_sdk_program_lands_unchanged(tmp_path):
         pytest.skip("port 4317 is taken on this machine by something else")
     finally:
         probe.close()
-    with LocalCollector(tmp_path / "stock.db", port=4317) as collector:
+    with LocalCollector(tmp_path / "stock.db", token_file=None, port=4317) as collector:
         env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
         out = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                              text=True, timeout=60)

@@ -79,7 +79,8 @@ class ProcessTelemetry:
             self.telemetry = otel.setup_telemetry(
                 instance_id=f"{self.role}-{os.getpid()}@{socket.gethostname()}",
                 endpoint=config.otlp_endpoint, export_interval_ms=interval,
-                resource_attributes={"service.component": role})
+                resource_attributes={"service.component": role},
+                token_file=config.otlp_token_file)
             meter, self.tracer = self.telemetry.meter, self.telemetry.tracer
         else:
             self.telemetry = None

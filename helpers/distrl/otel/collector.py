@@ -56,6 +56,7 @@ from distrl.otel.limits import (
 )
 from distrl.otel.receivers import BearerToken, Calls, OtlpHttpServer, http_handler
 from distrl.otel.store import CollectorStore
+from distrl.otel.token import new_token_file, read_token, token_path
 
 
 def is_loopback(host: str) -> bool:
@@ -65,23 +66,6 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
-
-
-def read_token(token_file: str | Path) -> str:
-    """A bearer token from a file (a file, not an argument: arguments show in `ps`)."""
-    path = Path(token_file)
-    try:
-        mode = path.stat().st_mode & 0o777
-        token = path.read_text().strip()
-    except OSError as err:
-        raise ValueError(f"token_file={str(path)!r} cannot be read: {err.strerror}") from None
-    if mode & 0o077:
-        raise ValueError(f"token_file={str(path)!r} is readable by others (mode {mode:o}); a "
-                         f"secret must be private: chmod 600 {path}")
-    if len(token) < 16 or any(c.isspace() or not c.isprintable() for c in token):
-        raise ValueError(f"token_file={str(path)!r} must hold one token of at least 16 "
-                         "printable characters without spaces")
-    return token
 
 
 def _check_port(port) -> None:
@@ -220,18 +204,28 @@ class LocalCollector:
 
     start() returns once the child listens (c.endpoint has the real port when port=0);
     stop() ends it with SIGTERM after it has committed what it acknowledged.
+
+    Every call must carry a bearer token: token_file "auto" (the default) writes a new one
+    beside the database (c.token_file, <db>.token, readable by you alone) or takes the one
+    there; a path takes that file; None asks for none (anyone on this machine could then write
+    and read). Its clients take the file: ApexConfig(otlp_token_file=...),
+    setup_telemetry(token_file=...), explore.Monitoring(token_file=...), or
+    OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20<the file's token> for another exporter.
     """
 
     def __init__(self, db_path: str | Path = "otel.db", *, host: str = "127.0.0.1",
                  port: int = 4317, start_timeout_s: float = 30.0, http_port: int | None = None,
-                 allow_remote: bool = False, token_file: str | Path | None = None,
+                 allow_remote: bool = False, token_file: str | Path | None = "auto",
                  limits: Limits | None = None):
+        auto = isinstance(token_file, str) and token_file == "auto"
         # The server checks the same again; checked here too, so the error is raised here.
         CollectorServer(db_path, host=host, port=port, http_port=http_port,
-                        allow_remote=allow_remote, token_file=token_file)
+                        allow_remote=allow_remote, token_file=None if auto else token_file)
         self.db_path = Path(db_path)
         self.host, self.port, self.http_port = host, port, http_port
-        self.allow_remote, self.token_file = allow_remote, token_file
+        self.allow_remote, self._new_token = allow_remote, auto
+        self.token_file = (token_path(self.db_path) if auto
+                           else None if token_file is None else Path(token_file))
         self.limits = limits or Limits()
         self.start_timeout_s = start_timeout_s
         self.process: subprocess.Popen | None = None
@@ -254,6 +248,8 @@ class LocalCollector:
         if self.running:
             return self
         self.db_path.parent.mkdir(parents=True, exist_ok=True)
+        if self._new_token:
+            new_token_file(self.token_file)
         cmd = [sys.executable, "-m", "distrl.otel.collector", "--db", str(self.db_path),
                "--host", self.host, "--port", str(self.port)]
         if self.http_port is not None:

@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from distrl import __version__
+from distrl.otel.token import bearer_header
 
 # --- RL semantic conventions: attribute keys -----------------------------------------------
 RL_SYSTEM = "rl.system"
@@ -245,7 +246,7 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
                     protocol: str | None = None, export_interval_ms: int | None = None,
                     export_timeout_s: float = 5.0,
                     resource_attributes: dict | None = None, metric_readers: list | None = None,
-                    span_processors: list | None = None) -> Telemetry:
+                    span_processors: list | None = None, token_file=None) -> Telemetry:
     """Metrics and traces over OTLP (gRPC or HTTP) for this process, wired in one place.
 
     service_name: argument, else OTEL_SERVICE_NAME, else "rl-training-service".
@@ -259,6 +260,8 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     service_namespace: argument, else service.namespace in OTEL_RESOURCE_ATTRIBUTES, else
     "distrl" (Cloud Monitoring's `namespace` label comes from it).
     export_interval_ms: argument, else OTEL_METRIC_EXPORT_INTERVAL, else 10 s.
+    token_file: a file with the bearer token the collector asks for (LocalCollector's
+    token_file), sent as the authorization header; None: OTEL_EXPORTER_OTLP_HEADERS, if set.
     metric_readers / span_processors replace the OTLP ones (tests read values in memory).
     OTEL_SDK_DISABLED=true returns no-op providers: instruments exist and record nothing.
     The first providers set up in a process also become OpenTelemetry's global ones, so
@@ -276,7 +279,8 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     quiet_exporter_logs()
     resource = _resource(service_name, service_namespace, instance_id, resource_attributes)
     exporters, endpoints = [], []
-    metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s)
+    metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s,
+                                                bearer_header(token_file) or None)
     if metric_readers is None:
         exporters.append(metric_exporter())
         endpoints.append(_endpoint_of("METRICS", protocol, endpoint))
@@ -395,21 +399,25 @@ def _endpoint_of(signal: str, protocol: str, endpoint: str | None) -> str:
 PROTOCOLS = ("grpc", "http/protobuf")  # what the Python SDK's OTLP exporters speak
 
 
-def _exporters(protocol: str, endpoint: str | None, timeout_s: float):
+def _exporters(protocol: str, endpoint: str | None, timeout_s: float,
+               headers: dict[str, str] | None = None):
     """Factories of the OTLP metric and span exporters for a protocol. Given an endpoint, the
-    HTTP exporters need the full path; without one they add it to OTEL_EXPORTER_OTLP_ENDPOINT."""
+    HTTP exporters need the full path; without one they add it to OTEL_EXPORTER_OTLP_ENDPOINT.
+    headers: sent with every export (None: the exporters read OTEL_EXPORTER_OTLP_HEADERS)."""
     if protocol == "grpc":
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
-        return (lambda: OTLPMetricExporter(endpoint=endpoint, timeout=timeout_s),
-                lambda: OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s))
+        return (lambda: OTLPMetricExporter(endpoint=endpoint, timeout=timeout_s, headers=headers),
+                lambda: OTLPSpanExporter(endpoint=endpoint, timeout=timeout_s, headers=headers))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
     base = endpoint.rstrip("/") if endpoint else None
-    return (lambda: OTLPMetricExporter(endpoint=base and f"{base}/v1/metrics", timeout=timeout_s),
-            lambda: OTLPSpanExporter(endpoint=base and f"{base}/v1/traces", timeout=timeout_s))
+    return (lambda: OTLPMetricExporter(endpoint=base and f"{base}/v1/metrics", timeout=timeout_s,
+                                       headers=headers),
+            lambda: OTLPSpanExporter(endpoint=base and f"{base}/v1/traces", timeout=timeout_s,
+                                     headers=headers))
 
 
 @functools.cache

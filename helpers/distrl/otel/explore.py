@@ -53,6 +53,7 @@ from distrl.otel.store_views import (  # noqa: F401
     tensorboard_scalars,
     traces,
 )
+from distrl.otel.token import bearer_header
 
 LOCAL_PROJECT = "local"
 
@@ -89,17 +90,30 @@ def metric_type(name: str) -> str:
 MIN_CLOUD_ALIGNMENT_S = 60
 
 
+def _with_bearer(channel, header: dict[str, str]):
+    """The channel, each of its calls carrying the collector's bearer token (MetricService's
+    calls are all unary)."""
+    import grpc
+
+    class Bearer(grpc.UnaryUnaryClientInterceptor):
+        def intercept_unary_unary(self, continuation, details, request):
+            metadata = (*(details.metadata or ()), *header.items())
+            return continuation(details._replace(metadata=metadata), request)
+
+    return grpc.intercept_channel(channel, Bearer())
+
+
 class Monitoring:
     """google-cloud-monitoring's MetricServiceClient, and DataFrames of what it returns.
 
-    Monitoring() talks to the local collector (`endpoint`, no credentials); Monitoring(
-    project_id="my-project") to Cloud Monitoring with application default credentials. Every
-    other call is the same. `client` and `project_name` are there for your own calls.
-    The id is checked before anything is sent.
+    Monitoring() talks to the local collector (`endpoint`, with the bearer token of
+    `token_file`, LocalCollector's c.token_file); Monitoring(project_id="my-project") to Cloud
+    Monitoring with application default credentials. Every other call is the same. `client`
+    and `project_name` are there for your own calls. The id is checked before anything is sent.
     """
 
     def __init__(self, project_id: str | None = None, *, endpoint: str = "127.0.0.1:4317",
-                 credentials=None, client_options=None):
+                 token_file=None, credentials=None, client_options=None):
         from google.cloud import monitoring_v3
 
         if project_id is not None:
@@ -117,9 +131,14 @@ class Monitoring:
                 raise ValueError(f"endpoint={endpoint!r} is invalid: expected HOST:PORT of the "
                                  "local collector, e.g. 127.0.0.1:4317")
             channel = grpc.insecure_channel(target)
+            if token_file is not None:
+                channel = _with_bearer(channel, bearer_header(token_file))
             self.client = monitoring_v3.MetricServiceClient(
                 transport=MetricServiceGrpcTransport(channel=channel))
         else:
+            if token_file is not None:
+                raise ValueError(f"token_file={str(token_file)!r} with project_id: Cloud "
+                                 "Monitoring takes your Google credentials, not a token file")
             # credentials / client_options: as MetricServiceClient takes them (None: the
             # application default login and monitoring.googleapis.com).
             self.client = monitoring_v3.MetricServiceClient(credentials=credentials,

@@ -150,6 +150,9 @@ class ApexConfig:
     OTEL_EXPORTER_OTLP_PROTOCOL=http/protobuf) from every process of the run"""
     otlp_endpoint: str | None = None
     """OTLP endpoint (None: OTEL_EXPORTER_OTLP_ENDPOINT, else http://localhost:4317)"""
+    otlp_token_file: str | None = None
+    """a file holding the bearer token the endpoint asks for (the local collector's
+    token_file); None: none, or OTEL_EXPORTER_OTLP_HEADERS"""
     metric_export_interval_s: float | None = None
     """seconds between metric exports (None: OTEL_METRIC_EXPORT_INTERVAL, else 10 s)"""
     run_id: str | None = None
@@ -274,7 +277,7 @@ FIELD_RULES: dict[str, tuple] = {
     "max_seconds": _rule(lambda v: v is None or (_is_num(v) and v > 0), "None or a number > 0"),
     "output_dir": _rule(lambda v: v is None or (isinstance(v, str) and v != ""),
                         "None or a non-empty path"),
-    **dict.fromkeys(["checkpoint_dir", "resume"], _OPTIONAL_PATH),
+    **dict.fromkeys(["checkpoint_dir", "resume", "otlp_token_file"], _OPTIONAL_PATH),
     "max_actor_restarts": _rule(lambda v: _is_int(v) and v >= -1,
                                 "an integer >= -1 (-1: always restart)"),
     "otlp_endpoint": _rule(lambda v: v is None or (isinstance(v, str)
