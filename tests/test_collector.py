@@ -20,6 +20,7 @@ import grpc
 import numpy as np
 import psutil
 import pytest
+from google.api_core import exceptions as gexc
 from google.api_core.exceptions import ResourceExhausted
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
 from opentelemetry.proto.common.v1 import common_pb2
@@ -1313,6 +1314,59 @@ def test_metric_types_past_the_limit_are_refused_not_kept(tmp_path):
         assert "holds 3 metric types, its limit (max_metric_types)" in \
             response.partial_success.error_message
         assert [d["name"] for d in c.store().metric_types()] == ["m0", "m1", "m2"]
+
+
+def test_a_cap_filled_with_junk_is_freed_by_deleting_the_junk_descriptors(tmp_path):
+    """Junk metric types (max_metric_types) or junk label keys on a real metric (100 a type)
+    made later legitimate points refused, also after a restart, and no call could undo it:
+    DeleteMetricDescriptor was UNIMPLEMENTED. It now deletes a user-defined type's descriptor,
+    label keys and points, through google-cloud-monitoring's own client and the token, as in
+    Cloud Monitoring; a built-in type, a bad name or a type it does not hold is refused."""
+    from distrl.otel.points import MAX_LABEL_KEYS
+
+    db = tmp_path / "otel.db"
+    with LocalCollector(db, port=0, limits=Limits(max_metric_types=4)) as c:
+        bearer = [("authorization", f"Bearer {c.token_file.read_text().strip()}")]
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+
+        def export(*metrics):
+            return stub.Export(request(*metrics), metadata=bearer, timeout=10).partial_success
+
+        junk = [metrics_pb2.Metric(name=f"junk{i}", gauge={"data_points": [number(10, 1.0)]})
+                for i in range(3)]
+        wide = metrics_pb2.Metric(name="loss", gauge={"data_points": [number(10, 1.0, attrs=[
+            kv(f"k{i}", int_value=i) for i in range(MAX_LABEL_KEYS)])]})
+        assert export(*junk, wide).rejected_data_points == 0  # 4 types: the cap
+        refused = export(metrics_pb2.Metric(name="new", gauge={"data_points": [number(11, 2.0)]}),
+                         metrics_pb2.Metric(name="loss", gauge={"data_points": [number(
+                             11, 2.0, attrs=[kv("run", string_value="r1")])]}))
+        assert refused.rejected_data_points == 2, refused
+        client = explore.Monitoring(endpoint=c.endpoint, token_file=c.token_file).client
+        for name in [f"junk{i}" for i in range(3)] + ["loss"]:
+            client.delete_metric_descriptor(
+                name=f"projects/local/metricDescriptors/{PREFIX}{name}/gauge")
+        with pytest.raises(gexc.NotFound, match="no metric descriptor"):
+            client.delete_metric_descriptor(name=f"projects/local/metricDescriptors/{PREFIX}junk0/gauge")
+        with pytest.raises(gexc.InvalidArgument, match="not a user-defined metric type"):
+            client.delete_metric_descriptor(
+                name="projects/local/metricDescriptors/compute.googleapis.com/instance/uptime")
+        with pytest.raises(gexc.InvalidArgument, match="expected projects/PROJECT_ID/metric"):
+            client.delete_metric_descriptor(name="junk0")
+        with pytest.raises(gexc.Unauthenticated):  # a delete needs the token too
+            explore.Monitoring(endpoint=c.endpoint).client.delete_metric_descriptor(
+                name=f"projects/local/metricDescriptors/{PREFIX}new/gauge", retry=None)
+        assert c.store().points(PREFIX + "junk1/gauge") == []
+    with LocalCollector(db, port=0, limits=Limits(max_metric_types=4)) as again:  # for good
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(again.endpoint.removeprefix("http://")))
+        accepted = stub.Export(request(
+            metrics_pb2.Metric(name="new", gauge={"data_points": [number(12, 3.0)]}),
+            metrics_pb2.Metric(name="loss", gauge={"data_points": [number(
+                12, 3.0, attrs=[kv("run", string_value="r1")])]})), metadata=bearer, timeout=10)
+        assert accepted.partial_success.rejected_data_points == 0, accepted
+        assert sorted(d["name"] for d in again.store().metric_types()) == ["loss", "new"]
+        assert again.store().label_keys(PREFIX + "loss/gauge") == ["run"]
 
 
 def test_a_db_that_is_not_a_collectors_is_refused_in_one_line(tmp_path):

@@ -534,6 +534,25 @@ ANSWERED = {"ListMetricDescriptors": "ListMetricDescriptorsRequest",
             "GetMonitoredResourceDescriptor": "GetMonitoredResourceDescriptorRequest"}
 
 
+def deletable_type(request: bytes) -> str:
+    """The metric type a DeleteMetricDescriptor request names, once checked: only a
+    user-defined type can be deleted, as in Cloud Monitoring ("Only user-created custom metrics
+    can be deleted": cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.metricDescriptors/
+    delete). Refused names the fault."""
+    try:
+        name = monitoring_v3.DeleteMetricDescriptorRequest.pb().FromString(request).name
+    except DecodeError as err:
+        raise invalid(f"not a DeleteMetricDescriptor request: {err}") from None
+    match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", name)
+    if not match:
+        raise invalid(f"name {excerpt(name)} is invalid: expected "
+                      "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
+    if not match.group(2).startswith(USER_DEFINED_PREFIXES):
+        raise invalid(f"{excerpt(match.group(2))} is not a user-defined metric type (one of "
+                      f"{', '.join(USER_DEFINED_PREFIXES)}): only those can be deleted")
+    return match.group(2)
+
+
 def request_type(method: str):
     """The request message of an answered method; None for the others."""
     return getattr(monitoring_v3, ANSWERED[method]).pb() if method in ANSWERED else None
@@ -545,7 +564,8 @@ def answer(service: MetricService, method: str, request, context):
     if method not in ANSWERED:
         context.abort(grpc.StatusCode.UNIMPLEMENTED,
                       f"MetricService.{method} is not answered by the local collector "
-                      f"(it answers {', '.join(ANSWERED)}; metrics arrive over OTLP)")
+                      f"(it answers {', '.join(ANSWERED)} and DeleteMetricDescriptor; "
+                      "metrics arrive over OTLP)")
     try:
         if method == "ListTimeSeries":
             return service.list_time_series(request, context)

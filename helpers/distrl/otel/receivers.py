@@ -315,8 +315,10 @@ class Calls:
         self.handlers = [grpc.method_handlers_generic_handler(service, {"Export": self._handler(
             functools.partial(self._export, kind, write, request_type))})
             for service, (request_type, kind, write) in otlp.items()]
+        self.store = store
         self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
-            method: self._handler(functools.partial(self.readers.answer, method))
+            method: self._handler(self._delete if method == "DeleteMetricDescriptor" else
+                                  functools.partial(self.readers.answer, method))
             for method in monitoring.METHODS}))
 
     @staticmethod
@@ -348,6 +350,24 @@ class Calls:
         if code is not None:
             await context.abort(code, stored)
         return _response(kind, stored)
+
+    async def _delete(self, request: bytes, context):
+        """DeleteMetricDescriptor: the type's descriptor, label keys and points go, committed
+        by the writer as an export is (a client that filled a cap with junk types or label
+        keys frees it so). google.protobuf.Empty in reply."""
+        try:
+            metric_type = monitoring.deletable_type(request)
+        except monitoring.Refused as err:
+            await context.abort(err.code, str(err))
+        try:
+            deleted = await asyncio.get_running_loop().run_in_executor(
+                self.writers, self.store.delete_metric_type, metric_type)
+        except StorageUnavailable as err:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        if deleted is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND,
+                                f"no metric descriptor {metric_type[:200]}")
+        return b""
 
     def stop(self) -> None:
         self.writers.shutdown(wait=True)

@@ -212,6 +212,19 @@ class CollectorStore:
         """Store a request's spans; returns (stored, rejected, error) once committed."""
         return self._submit(self._insert_spans, request)
 
+    def delete_metric_type(self, metric_type: str) -> int | None:
+        """A metric type's descriptor, label keys and points, deleted by the writer once
+        committed (DeleteMetricDescriptor); the points it held, or None where there is none."""
+        return self._submit(self._delete_type, metric_type)
+
+    def _delete_type(self, metric_type: str) -> int | None:
+        sql = "DELETE FROM {} WHERE metric_type = ?"
+        if not self.conn.execute(sql.format("metric_descriptors"), (metric_type,)).rowcount:
+            return None
+        self.conn.execute(sql.format("metric_labels"), (metric_type,))
+        self._forget()  # its descriptor and label keys, cached
+        return self.conn.execute(sql.format("points"), (metric_type,)).rowcount
+
     # Group commit: one writer thread drains every request waiting at that moment and commits
     # them in one transaction, so concurrent exporters share a commit instead of queueing for
     # one each. Each request's reply waits for the commit that holds its rows, and every
