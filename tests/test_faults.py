@@ -699,5 +699,11 @@ def test_the_fleet_says_once_per_stretch_when_every_actor_runs_steadily():
     assert fleet.restarts == [0, 1]
     assert [kind for kind, _ in report(1, 1, 6.0 + STEADY_S, pid=20)] == ["actor_back"]
     assert fleet.tick(6.0 + STEADY_S) == []
+    # Back, but still warming up beside a loaded machine's other work (16 env steps/s against
+    # its peer's hundreds, seen in a loaded clean room): not steady; the stretch starts again.
     report(0, 801, 6.0 + 2 * STEADY_S)
-    assert [kind for kind, _ in fleet.tick(6.0 + 2 * STEADY_S)] == ["steady"]
+    report(1, 1 + 16 * STEADY_S, 6.0 + 2 * STEADY_S, pid=20)
+    assert fleet.tick(6.0 + 2 * STEADY_S) == []
+    report(0, 1101, 6.0 + 3 * STEADY_S)
+    report(1, 1 + 16 * STEADY_S + 250, 6.0 + 3 * STEADY_S, pid=20)  # at its peer's pace
+    assert [kind for kind, _ in fleet.tick(6.0 + 3 * STEADY_S)] == ["steady"]

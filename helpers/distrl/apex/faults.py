@@ -18,8 +18,9 @@ import time
 
 # An actor that has not answered a stats request for this long is no longer counted as running.
 STALE_S = 5.0
-# Every actor running this long (again, after a loss): the fleet says its steady env steps/s.
-STEADY_S = 3.0
+# Every actor running this long (again, after a loss), the slowest at this share of the median
+# actor's pace or more: the fleet says its steady env steps/s.
+STEADY_S, STEADY_SHARE = 3.0, 0.2
 
 
 class Deadline:
@@ -274,17 +275,24 @@ class ActorFleet:
         return events + self._steady(now)
 
     def _steady(self, now: float) -> list[tuple[str, str]]:
-        """Once every actor has run for STEADY_S (again, after a loss), the env steps/s of that
-        stretch: the evidence that a demonstration of a lost node waits for."""
+        """Once every actor has run for STEADY_S (again, after a loss), each at STEADY_SHARE of
+        the median actor's pace or more, the env steps/s of that stretch: the evidence that a
+        demonstration of a lost node waits for. A new process that reports but still warms up
+        (beside a loaded machine's other work: 16 env steps/s against its peers' thousands)
+        starts the stretch again."""
         if self.running() < self.expected or self.expected == 0:
             self.full_since, self.said_steady = None, False
         elif self.full_since is None:
-            self.full_since = (now, self.env_steps())
+            self.full_since = (now, self.env_steps_each())
         elif not self.said_steady and now - self.full_since[0] >= STEADY_S:
             since, steps = self.full_since
+            rates = sorted((b - a) / (now - since) for a, b in zip(steps, self.env_steps_each()))
+            if rates[0] < STEADY_SHARE * rates[len(rates) // 2]:
+                self.full_since = (now, self.env_steps_each())
+                return []
             self.said_steady = True
             return [("steady", f"all {self.expected} actors running for {now - since:.0f} s: "
-                               f"{(self.env_steps() - steps) / (now - since):,.0f} env steps/s")]
+                               f"{sum(rates):,.0f} env steps/s")]
         return []
 
     def _reported(self, i: int, stats: dict, now: float) -> list[tuple[str, str]]:

@@ -219,8 +219,9 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
     the run's clock (seconds since its train()): the actors the node hosted (`lost`), when each
     stepped again as a new process (`back`: actor -> time; `restarts`: new processes seen), the
     env steps/s in the `window_s` before the kill (up to their last step), from the kill until
-    the last lost actor stepped again (or the run's end), and in the `window_s` after that
-    (less if the learner starts sooner), with the actors running in each; and the lost actors'
+    the last lost actor stepped again (or the run's end), and after that: the `window_s` before
+    the learner starts where it waits for the fleet's recovery (--learn-after-recovery), else
+    the `window_s` after; with the actors running in each; and the lost actors'
     own env steps/s in each (`lost_env_steps_per_s`), which the remaining actors and the
     learner's start, sharing the cores, do not blur. `killed_at`: the kill's
     run_clock.moment() (or wall clock)."""
@@ -242,7 +243,10 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
     # its start shares the cores and its rate limiter paces the actors from then on
     learns = [t for t, kind, _ in events if kind == "learning_starts"
               and back_t is not None and t > back_t]
+    # ... and there, the window_s before it: the stretch in which the fleet found every actor
+    # at pace (ActorFleet._steady), not the new process's warm-up after its first report
     after_t = min([back_t + window_s, *learns]) if back_t is not None else None
+    after_from = max(back_t, learns[0] - window_s) if learns else back_t
 
     def stretch(start: float, stop: float, before_stop: bool = False) -> dict:
         rows = [r for r in throughput if start <= r["time_s"] <= stop
@@ -271,7 +275,7 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
             "before": stretch(before_t - window_s, before_t),
             # until the lost actor is back: its first report, which counts its new life's steps
             "during": stretch(kill_t, back_t if back_t is not None else end, before_stop=True),
-            "after": stretch(back_t, after_t) if back_t is not None else None}
+            "after": stretch(after_from, after_t) if back_t is not None else None}
 
 
 def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_name: str,
