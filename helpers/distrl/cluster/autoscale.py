@@ -239,14 +239,6 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
     throughput = result["throughput"]
     end = throughput[-1]["time_s"] if throughput else kill_t
     back_t = max(back[i] for i in lost) if lost and all(i in back for i in lost) else None
-    # the stretch after: until the learner starts, if it starts then (--learn-after-recovery):
-    # its start shares the cores and its rate limiter paces the actors from then on
-    learns = [t for t, kind, _ in events if kind == "learning_starts"
-              and back_t is not None and t > back_t]
-    # ... and there, the window_s before it: the stretch in which the fleet found every actor
-    # at pace (ActorFleet._steady), not the new process's warm-up after its first report
-    after_t = min([back_t + window_s, *learns]) if back_t is not None else None
-    after_from = max(back_t, learns[0] - window_s) if learns else back_t
 
     def stretch(start: float, stop: float, before_stop: bool = False) -> dict:
         rows = [r for r in throughput if start <= r["time_s"] <= stop
@@ -275,7 +267,17 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
             "before": stretch(before_t - window_s, before_t),
             # until the lost actor is back: its first report, which counts its new life's steps
             "during": stretch(kill_t, back_t if back_t is not None else end, before_stop=True),
-            "after": stretch(after_from, after_t) if back_t is not None else None}
+            "after": stretch(*_after(events, back_t, window_s)) if back_t is not None else None}
+
+
+def _after(events: list, back_t: float, window_s: float) -> tuple[float, float]:
+    """preemption_effects' stretch after the lost actors stepped again: where the learner
+    starts after it (--learn-after-recovery), the window_s before that start (the stretch in
+    which the fleet found every actor at pace, ActorFleet._steady, not a new process's warm-up;
+    from the start on, the learner shares the cores and its rate limiter paces the actors);
+    else the window_s after."""
+    learns = [t for t, kind, _ in events if kind == "learning_starts" and t > back_t]
+    return (max(back_t, learns[0] - window_s), learns[0]) if learns else (back_t, back_t + window_s)
 
 
 def preemption_story(result: dict, killed_at: dict | float, node_id: str, node_name: str,
