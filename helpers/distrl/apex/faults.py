@@ -285,10 +285,10 @@ class ActorFleet:
         elif self.full_since is None:
             self.full_since = (now, self.env_steps_each())
         elif not self.said_steady and now - self.full_since[0] >= STEADY_S:
-            since, steps = self.full_since
-            rates = sorted((b - a) / (now - since) for a, b in zip(steps, self.env_steps_each()))
+            (since, steps), each = self.full_since, self.env_steps_each()
+            rates = sorted((b - a) / (now - since) for a, b in zip(steps, each))
             if rates[0] < STEADY_SHARE * rates[len(rates) // 2]:
-                self.full_since = (now, self.env_steps_each())
+                self.full_since = (now, each)
                 return []
             self.said_steady = True
             return [("steady", f"all {self.expected} actors running for {now - since:.0f} s: "

@@ -217,7 +217,7 @@ class LocalCollector:
                  port: int = 4317, start_timeout_s: float = 30.0, http_port: int | None = None,
                  allow_remote: bool = False, token_file: str | Path | None = "auto",
                  limits: Limits | None = None):
-        auto = isinstance(token_file, str) and token_file == "auto"
+        auto = token_file == "auto"  # (a Path is never equal to a str)
         # The server checks the same again; checked here too, so the error is raised here.
         CollectorServer(db_path, host=host, port=port, http_port=http_port,
                         allow_remote=allow_remote, token_file=None if auto else token_file)

@@ -408,14 +408,11 @@ class MetricService:
         return response
 
     def get_metric_descriptor(self, request):
-        match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", request.name)
-        if not match:
-            raise invalid(f"name {excerpt(request.name)} is invalid: expected "
-                           "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
-        descriptor = self._descriptor(match.group(2))
+        project, metric_type = descriptor_name(request.name)
+        descriptor = self._descriptor(metric_type)
         if descriptor is not None:
-            return self._descriptor_pb(descriptor, match.group(1))
-        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {excerpt(match.group(2))}")
+            return self._descriptor_pb(descriptor, project)
+        raise Refused(grpc.StatusCode.NOT_FOUND, f"no metric descriptor {excerpt(metric_type)}")
 
     def list_time_series(self, request, context=None):
         budget = Budget(self.limits, context)
@@ -543,14 +540,20 @@ def deletable_type(request: bytes) -> str:
         name = monitoring_v3.DeleteMetricDescriptorRequest.pb().FromString(request).name
     except DecodeError as err:
         raise invalid(f"not a DeleteMetricDescriptor request: {err}") from None
+    _, metric_type = descriptor_name(name)
+    if not metric_type.startswith(USER_DEFINED_PREFIXES):
+        raise invalid(f"{excerpt(metric_type)} is not a user-defined metric type (one of "
+                      f"{', '.join(USER_DEFINED_PREFIXES)}): only those can be deleted")
+    return metric_type
+
+
+def descriptor_name(name: str) -> tuple[str, str]:
+    """(project, metric type) of projects/PROJECT_ID/metricDescriptors/METRIC_TYPE."""
     match = re.fullmatch(r"projects/([^/]+)/metricDescriptors/(.+)", name)
     if not match:
         raise invalid(f"name {excerpt(name)} is invalid: expected "
                       "projects/PROJECT_ID/metricDescriptors/METRIC_TYPE")
-    if not match.group(2).startswith(USER_DEFINED_PREFIXES):
-        raise invalid(f"{excerpt(match.group(2))} is not a user-defined metric type (one of "
-                      f"{', '.join(USER_DEFINED_PREFIXES)}): only those can be deleted")
-    return match.group(2)
+    return match.group(1), match.group(2)
 
 
 def request_type(method: str):

@@ -301,13 +301,12 @@ class CollectorStore:
         except OSError:
             return 2**62
 
-    def _disk_tight(self) -> bool:
+    def _disk_tight(self, wal: int) -> bool:
         """Whether the log's file takes over a quarter of what the disk leaves it. A log that
         took the disk could never be copied back (the database grows by what it copies): on
         a 64-MiB disk the log grew to 59 MiB, and once full no export got through again, also
         after space was freed. So the writer then copies it back itself, between commits,
         without waiting for the checkpointer, and gives the file's space back."""
-        wal = self._wal_bytes()
         return wal > 0 and wal > self._disk_room(wal) // 4
 
     def _stop_reads(self, stop: bool) -> None:
@@ -335,9 +334,10 @@ class CollectorStore:
         more until the log starts again, STOP_READS_S at most: when it went on committing
         while the checkpointer stopped the reads, the log reached 107 MiB of a 32-MiB bound
         on CI's loaded machine (the reader processes, niced, took their time to stop)."""
-        over = self._wal_bytes() > 4 * self.limits.max_wal_bytes
+        wal = self._wal_bytes()  # one look a commit: the export path waits for this
+        tight, over = self._disk_tight(wal), wal > 4 * self.limits.max_wal_bytes
         until = time.monotonic() + STOP_READS_S
-        while not self._try_restart(over) and over and time.monotonic() < until:
+        while not self._try_restart(tight, over) and over and time.monotonic() < until:
             pass
 
     def _wal_bytes(self) -> int:
@@ -346,10 +346,9 @@ class CollectorStore:
         except OSError:
             return 0
 
-    def _try_restart(self, over: bool) -> bool:
+    def _try_restart(self, tight: bool, over: bool) -> bool:
         """One try of _restart_log's; whether the log starts again at the next commit."""
         log, limit = self._restartable, self.limits.max_wal_bytes
-        tight = self._disk_tight()
         stopping = self._stopping_since is not None or tight or over
         wait_ms = STOP_WAIT_MS if stopping else RESTART_WAIT_MS
         if ((not stopping and log <= max(limit // 2, min(self._retry_at, 4 * limit)))
