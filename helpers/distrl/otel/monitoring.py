@@ -66,7 +66,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import grpc
 from google.api import label_pb2, metric_pb2
@@ -154,34 +154,41 @@ def _underscored(name: str) -> str:
     return name
 
 
-def _page_offset(request) -> int:
-    return _page(request)[0]
+class PageToken(NamedTuple):
+    """What a page token carries: the offset of the page in its result, the id of the result
+    kept in the page cache ("" when none is), and for descriptors the last type already listed
+    (the next page reads on from it, not from the start: a walk of N pages stays linear)."""
+
+    offset: int = 0
+    result: str = ""
+    after: str = ""
 
 
-def _page(request) -> tuple[int, str]:
-    """(offset, id of the cached result or "") of a request's page token."""
+def _page(request) -> PageToken:
     if not request.page_token:
-        return 0, ""
+        return PageToken()
     try:
         token = json.loads(base64.urlsafe_b64decode(request.page_token.encode()))
-        offset = int(token["offset"])
+        page = PageToken(int(token["offset"]), str(token.get("result", "")),
+                         str(token.get("after", "")))
         fingerprint = token["request"]
-        result = str(token.get("result", ""))
     except Exception:
         raise invalid(f"page_token {excerpt(request.page_token)} is not one this collector gave "
                        "out") from None
-    if fingerprint != _fingerprint(request) or offset < 0:
+    if fingerprint != _fingerprint(request) or page.offset < 0:
         raise invalid(f"page_token {excerpt(request.page_token)} belongs to a different request "
                        "(name, filter, interval, aggregation and view must stay the same)")
-    return offset, result
+    return page
 
 
 # This reader process's number (receivers._Readers): a page token of a kept result names it.
 _READER_ID: int | None = None
 
 
-def _page_token(request, offset: int, result: str = "") -> str:
+def _page_token(request, offset: int, result: str = "", after: str = "") -> str:
     token = {"offset": offset, "request": _fingerprint(request), "result": result}
+    if after:
+        token["after"] = after
     if result and _READER_ID is not None:
         token["reader"] = _READER_ID
     return base64.urlsafe_b64encode(json.dumps(token).encode()).decode()
@@ -352,10 +359,11 @@ class MetricService:
         self.limits = store.limits
         self.pages = PageCache(self.limits.page_cache_bytes)
 
-    def _descriptors(self, budget: Budget | None = None):
-        """Every descriptor, in metric type order, streamed (a store may hold many)."""
-        for row in read_rows(self.store, "SELECT * FROM metric_descriptors ORDER BY "
-                              "metric_type", (), budget):
+    def _descriptors(self, budget: Budget | None = None, after: str = ""):
+        """Every descriptor after the type `after`, in metric type order, streamed (a store
+        may hold many)."""
+        for row in read_rows(self.store, "SELECT * FROM metric_descriptors WHERE metric_type > ?"
+                             " ORDER BY metric_type", (after,), budget):
             if budget:
                 budget.row()
             yield row
@@ -385,23 +393,21 @@ class MetricService:
                 raise unimplemented(f"ListMetricDescriptors filter on {t.scope} is not "
                                      "supported; filter on metric.type or resource.type")
         size = _page_size(request.page_size, MAX_DESCRIPTOR_PAGE_SIZE)
-        offset = _page_offset(request)
+        page = _page(request)
         response = PB["ListMetricDescriptorsResponse"]()
-        matched, taken, used = 0, 0, 0
-        for d in self._descriptors(budget):
+        taken, used = 0, 0
+        for d in self._descriptors(budget, page.after):
             if not all(t.matches(d["metric_type"] if t.scope == "metric.type"
                                  else RESOURCE_TYPE) for t in terms):
                 continue
-            matched += 1
-            if matched <= offset:
-                continue
-            if taken == size:  # one more matches: there is a next page
-                response.next_page_token = _page_token(request, offset + taken)
-                break
-            descriptor = self._descriptor_pb(d, project)
-            used += descriptor.ByteSize() + 8
-            if taken and used > MAX_RESPONSE_BYTES:  # the rest on the next page
-                response.next_page_token = _page_token(request, offset + taken)
+            descriptor = self._descriptor_pb(d, project) if taken < size else None
+            if descriptor is not None:
+                used += descriptor.ByteSize() + 8
+            if descriptor is None or (taken and used > MAX_RESPONSE_BYTES):
+                # one more matches: the rest on the next page, read on from the last one listed
+                response.next_page_token = _page_token(
+                    request, page.offset + taken,
+                    after=response.metric_descriptors[-1].type)
                 break
             response.metric_descriptors.append(descriptor)
             taken += 1
@@ -441,7 +447,7 @@ class MetricService:
             raise unimplemented(f"order_by {excerpt(request.order_by)} is not supported")
         headers_only = request.view == HEADERS
         size = _page_size(request.page_size, MAX_PAGE_SIZE)
-        offset, result_id = _page(request)
+        offset, result_id, _ = _page(request)
         descriptor = self._descriptor(metric_type)
         check_aggregation(request.aggregation, start_ns, end_ns, metric_type,
                           kind_of(descriptor) if descriptor else None,
