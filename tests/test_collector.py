@@ -953,7 +953,7 @@ def _on_a_small_disk(tmp_path: Path, mib: int, fillers_mib: tuple[int, ...]):
     fill = "".join(f" && head -c {n}M /dev/zero > {disk}/filler{i}"
                    for i, n in enumerate(fillers_mib))
     child = shlex.join([sys.executable, "-m", "distrl.otel.collector", "--db",
-                        str(disk / "otel.db"), "--port", "0", "--stop-with-parent",
+                        str(disk / "otel.db"), "--port", "0", "--no-token", "--stop-with-parent",
                         str(os.getpid())])
     process = subprocess.Popen(
         ["unshare", "-rm", "sh", "-c", f"mount -t tmpfs -o size={mib}m tmpfs {disk}{fill} && "
@@ -1391,6 +1391,7 @@ def test_a_db_that_is_not_a_collectors_is_refused_in_one_line(tmp_path):
         assert result.returncode == 2 and "Traceback" not in result.stderr
         assert result.stderr.startswith(f"error: db='{db}'") and result.stderr.count("\n") == 1
     assert other.read_bytes() == before  # untouched
+    assert not list(tmp_path.glob("*.token"))  # and no token was made beside a refused one
     result = subprocess.run([sys.executable, "-m", "distrl.otel.collector", "--max-message-mib",
                              "100000"], capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and result.stderr.startswith("error: max_message_bytes=")

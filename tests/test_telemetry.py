@@ -81,6 +81,51 @@ def test_a_local_collector_asks_for_its_token_by_default(tmp_path):
         explore.Monitoring(project_id="my-project-id", token_file=c.token_file)
 
 
+def test_the_collector_command_asks_for_a_token_by_default(tmp_path):
+    """`distrl collector` asked for a token only when given --token-file (issue 65): on the
+    command line, as in LocalCollector, it now makes DB.token (readable by you alone) and asks
+    every call for it, and says so; --no-token asks none, and the two are not taken together."""
+    import grpc
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+    from test_collector import _gauges
+
+    def run(*options: str):
+        command = subprocess.Popen([sys.executable, "-m", "distrl.otel.collector", "--db",
+                                    str(tmp_path / "otel.db"), "--port", "0", *options],
+                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        line = command.stdout.readline()  # its first line, once it listens (or its error)
+        port = line.split("http://127.0.0.1:")[1].split(",")[0] if "listening" in line else ""
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(f"127.0.0.1:{port}")) if port else None
+        return command, line, stub
+
+    token_file = tmp_path / "otel.db.token"
+    command, line, stub = run()
+    try:
+        assert f"every call must send the token in {token_file}" in line, line
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Export(_gauges("nobody", 2), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        stub.Export(_gauges("owner", 2), timeout=10, metadata=[
+            ("authorization", f"Bearer {token_file.read_text().strip()}")])
+    finally:
+        command.terminate()
+        command.communicate(timeout=30)  # (closes its pipes)
+        assert command.returncode == 0
+    command, line, stub = run("--no-token")
+    try:
+        assert "no token asked (--no-token)" in line, line
+        stub.Export(_gauges("anyone", 2), timeout=10)
+    finally:
+        command.terminate()
+        command.communicate(timeout=30)  # (closes its pipes)
+        assert command.returncode == 0
+    command, line, _ = run("--no-token", "--token-file", str(token_file))
+    _, said = command.communicate(timeout=30)
+    assert command.returncode == 2 and "not allowed with argument --no-token" in said
+
+
 def test_exact_values_land_with_their_attributes_and_resource(collector):
     tel = otel.setup_telemetry(service_name="rl-training-service", endpoint=collector.endpoint,
                                instance_id="actor-0", export_interval_ms=60_000)

@@ -56,6 +56,7 @@ from distrl.otel.limits import (
 )
 from distrl.otel.receivers import BearerToken, Calls, OtlpHttpServer, http_handler
 from distrl.otel.store import CollectorStore
+from distrl.otel.store_file import check_db_file
 from distrl.otel.token import new_token_file, read_token, token_path
 
 
@@ -256,8 +257,7 @@ class LocalCollector:
             cmd += ["--http-port", str(self.http_port)]
         if self.allow_remote:
             cmd.append("--allow-remote")
-        if self.token_file is not None:
-            cmd += ["--token-file", str(self.token_file)]
+        cmd += ["--no-token"] if self.token_file is None else ["--token-file", str(self.token_file)]
         cmd += [*limit_argv(self.limits), "--stop-with-parent", str(os.getpid())]
         self.process = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True)
@@ -325,9 +325,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="also take OTLP/HTTP (protobuf) on this port (0: any free)")
     parser.add_argument("--allow-remote", action="store_true",
                         help="allow a --host other than loopback (no TLS: use --token-file)")
-    parser.add_argument("--token-file", default=None,
-                        help="file holding a bearer token every call must send "
-                             "(OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>)")
+    token = parser.add_mutually_exclusive_group()
+    token.add_argument("--token-file", default=None,
+                       help="file holding the bearer token every call must send (default: "
+                            "DB.token beside the database, made readable by you alone when "
+                            "missing; OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%%20<token>)")
+    token.add_argument("--no-token", action="store_true",
+                       help="ask no call for a token: anyone on this machine can write and read")
     parser.add_argument("--stop-with-parent", type=int, default=None, metavar="PID",
                         help="stop when process PID is no longer this one's parent (LocalCollector "
                              "passes its own: a killed notebook kernel leaves no collector holding "
@@ -344,15 +348,21 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: stopped.set())
     try:
         limits = limits_from(args)
-        collector = CollectorServer(args.db, host=args.host, port=args.port,
-                                    http_port=args.http_port, allow_remote=args.allow_remote,
-                                    token_file=args.token_file, limits=limits).start()
+        options = dict(host=args.host, port=args.port, http_port=args.http_port,
+                       allow_remote=args.allow_remote, limits=limits)
+        CollectorServer(args.db, **options)  # the options and the database checked before a
+        check_db_file(Path(args.db))         # token file is made beside it
+        token_file = (None if args.no_token
+                      else args.token_file or new_token_file(token_path(args.db)))
+        collector = CollectorServer(args.db, token_file=token_file, **options).start()
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     http = f" and OTLP/HTTP on {collector.http_endpoint}" if collector.http_endpoint else ""
+    asks = (f"every call must send the token in {Path(token_file).resolve()}" if token_file else
+            "no token asked (--no-token)")
     print(f"collector listening on {collector.endpoint}{http}, storing into "
-          f"{Path(args.db).resolve()}; {limits.describe()}", flush=True)
+          f"{Path(args.db).resolve()}; {asks}; {limits.describe()}", flush=True)
     if args.stop_with_parent is not None:
         threading.Thread(target=_stop_with_parent, args=(args.stop_with_parent, stopped),
                          daemon=True, name="parent-watch").start()

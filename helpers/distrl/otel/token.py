@@ -25,6 +25,8 @@ def new_token_file(path: str | Path) -> Path:
     except FileExistsError:
         read_token(path)  # one that cannot be used is said now, by name
         return path
+    except OSError as err:
+        raise ValueError(f"token_file={str(path)!r} cannot be made: {err.strerror}") from None
     with os.fdopen(fd, "w") as f:
         f.write(secrets.token_urlsafe(32) + "\n")
     return path
