@@ -26,7 +26,7 @@ LAYERS = {
         "distrl.apex.record"],
     2: ["distrl.rl.replay", "distrl.rl.actor", "distrl.rl.learner", "distrl.apex.process_telemetry",
         "distrl.gke.cost", "distrl.gke.preflight", "distrl.otel.points", "distrl.otel.store",
-        "distrl.otel.store_views",
+        "distrl.otel.store_views", "distrl.otel.writes",
         "distrl.otel.receivers", "distrl.otel.collector",
         "distrl.otel.dashboard", "distrl.cluster.local"],
     3: ["distrl.apex.replay_memory", "distrl.gke.create", "distrl.otel.alerts",

@@ -2,6 +2,7 @@
 over real gRPC, checked against values computed from the raw points in the store."""
 
 import datetime as dt
+import time
 
 import grpc
 import numpy as np
@@ -385,7 +386,9 @@ def test_refusals_of_kind_rules_and_other_methods(mon):
         list(mon.client.list_time_series(request={
             "name": mon.project_name, "filter": hist, "interval": interval,
             "aggregation": _agg(60, "ALIGN_DELTA", "REDUCE_MIN")}))
-    with pytest.raises(exceptions.MethodNotImplemented, match="CreateTimeSeries"):
+    with pytest.raises(exceptions.MethodNotImplemented, match="CreateServiceTimeSeries"):
+        mon.client.create_service_time_series(name=mon.project_name, time_series=[])
+    with pytest.raises(exceptions.InvalidArgument, match="time_series has 0 series"):
         mon.client.create_time_series(name=mon.project_name, time_series=[])
     with pytest.raises(exceptions.MethodNotImplemented, match="ListMetricDescriptors filter on "
                                                               "metric.label"):
@@ -1153,23 +1156,29 @@ def test_google_samples_calls_a_built_in_type_and_a_resource_zone_group(mon):
     assert "start_time" in str(grouped[0]._pb) and "end_time" in str(grouped[0]._pb)
 
 
-def test_google_samples_monitored_resource_calls_describe_the_stored_resource_type(mon):
+def test_google_samples_monitored_resource_calls_describe_the_stored_resource_types(mon):
     """The samples' list_monitored_resources and get_monitored_resource_descriptor, through the
-    real client: the collector lists prometheus_target, the type of every series it stores,
-    with the labels its series carry, and a Get of a type it has no series of is NOT_FOUND
-    naming the one it has (they were UNIMPLEMENTED). Bad names and filters are refused."""
+    real client: the collector lists prometheus_target, the type of every OTLP series, with the
+    labels its series carry, and the types CreateTimeSeries may write (they were
+    UNIMPLEMENTED); a Get of a type it does not store is NOT_FOUND naming the ones it does.
+    Bad names and filters are refused."""
     listed = list(mon.client.list_monitored_resource_descriptors(name=mon.project_name))
-    assert [d.type for d in listed] == ["prometheus_target"]
+    assert [d.type for d in listed] == ["gce_instance", "generic_node", "generic_task", "global",
+                                        "k8s_container", "prometheus_target"]
     got = mon.client.get_monitored_resource_descriptor(
         name=f"{mon.project_name}/monitoredResourceDescriptors/prometheus_target")
-    assert got == listed[0] and got.name.startswith(mon.project_name + "/")
+    assert got == listed[-1] and got.name.startswith(mon.project_name + "/")
     [series] = _list(mon, "rl.train.loss/gauge")[:1]
     assert sorted(label.key for label in got.labels) == sorted(series.resource.labels)
-    assert list(mon.client.list_monitored_resource_descriptors(request={
-        "name": mon.project_name, "filter": 'resource.type = starts_with("prometheus")'}))
+    gce = mon.client.get_monitored_resource_descriptor(
+        name=f"{mon.project_name}/monitoredResourceDescriptors/gce_instance")
+    assert [label.key for label in gce.labels] == ["project_id", "instance_id", "zone"]
+    assert [d.type for d in mon.client.list_monitored_resource_descriptors(request={
+        "name": mon.project_name, "filter": 'resource.type = starts_with("prometheus")'})] == [
+            "prometheus_target"]
     assert not list(mon.client.list_monitored_resource_descriptors(request={
         "name": mon.project_name, "filter": 'resource.type = "pubsub_topic"'}))
-    with pytest.raises(exceptions.NotFound, match="stores series of prometheus_target only"):
+    with pytest.raises(exceptions.NotFound, match="stores series of gce_instance, generic_node"):
         mon.client.get_monitored_resource_descriptor(
             name=f"{mon.project_name}/monitoredResourceDescriptors/pubsub_topic")
     with pytest.raises(exceptions.InvalidArgument, match="monitoredResourceDescriptors/RESOURCE"):
@@ -1177,3 +1186,130 @@ def test_google_samples_monitored_resource_calls_describe_the_stored_resource_ty
     with pytest.raises(exceptions.InvalidArgument, match="filters on resource.type only"):
         list(mon.client.list_monitored_resource_descriptors(request={
             "name": mon.project_name, "filter": 'metric.type = "x"'}))
+
+
+def test_google_samples_write_calls_store_what_they_write_and_refuse_what_cloud_monitoring_does(
+        tmp_path):
+    """Google's samples create a descriptor, get and delete it, and write a gce_instance series
+    (python-docs-samples monitoring/snippets/v3/cloud-client: the same calls with the same
+    arguments here, through the real client); they were UNIMPLEMENTED, so the samples' tests
+    failed in their fixtures. The series reads back with its resource, also aligned and reduced
+    by resource.zone as the samples read; the point rules of CreateTimeSeries refuse a series
+    alone, naming it, and keep the others of its request."""
+    from google.api import label_pb2 as ga_label
+    from google.api import metric_pb2 as ga_metric
+
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as collector:
+        client = explore.Monitoring(endpoint=collector.endpoint).client
+        project_name = "projects/my-project"
+        descriptor = ga_metric.MetricDescriptor()  # create_metric_descriptor
+        descriptor.type = "custom.googleapis.com/my_metric" + "6c0e6b8a"
+        descriptor.metric_kind = ga_metric.MetricDescriptor.MetricKind.GAUGE
+        descriptor.value_type = ga_metric.MetricDescriptor.ValueType.DOUBLE
+        descriptor.description = "This is a simple example of a custom metric."
+        labels = ga_label.LabelDescriptor()
+        labels.key = "TestLabel"
+        labels.value_type = ga_label.LabelDescriptor.ValueType.STRING
+        labels.description = "This is a test label"
+        descriptor.labels.append(labels)
+        descriptor = client.create_metric_descriptor(name=project_name,
+                                                     metric_descriptor=descriptor)
+        assert descriptor.name == f"{project_name}/metricDescriptors/{descriptor.type}"
+        got = client.get_metric_descriptor(name=descriptor.name)  # get_metric_descriptor
+        assert "DOUBLE" in str(got) and [label.key for label in got.labels] == ["TestLabel"]
+        assert got.description == "This is a simple example of a custom metric."
+        client.delete_metric_descriptor(name=descriptor.name)  # delete_metric_descriptor
+        with pytest.raises(exceptions.NotFound):
+            client.get_metric_descriptor(name=descriptor.name)
+
+        def series(metric_type, end_s, value=None, resource_type="gce_instance", resource=None):
+            s = monitoring_v3.TimeSeries()  # write_time_series
+            s.metric.type = metric_type
+            s.resource.type = resource_type
+            for key, label in ({"instance_id": "1234567890123456789", "zone": "us-central1-f"}
+                               if resource is None else resource).items():
+                s.resource.labels[key] = label
+            s.metric.labels["TestLabel"] = "My Label Data"
+            seconds = int(end_s)
+            interval = monitoring_v3.TimeInterval(
+                {"end_time": {"seconds": seconds, "nanos": int((end_s - seconds) * 10**9)}})
+            s.points = [monitoring_v3.Point({"interval": interval, "value": value or {
+                "double_value": 3.14}})]
+            return s
+
+        mine = "custom.googleapis.com/my_metric" + "b1f4"
+        now = time.time()
+        client.create_time_series(name=project_name, time_series=[series(mine, now - 60)])
+        interval = monitoring_v3.TimeInterval({"end_time": {"seconds": int(now)},
+                                               "start_time": {"seconds": int(now) - 1200}})
+        [full] = client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval,
+            "view": monitoring_v3.ListTimeSeriesRequest.TimeSeriesView.FULL})
+        assert full.resource.type == "gce_instance" and dict(full.resource.labels) == {
+            "project_id": "my-project", "instance_id": "1234567890123456789",
+            "zone": "us-central1-f"}
+        assert dict(full.metric.labels) == {"TestLabel": "My Label Data"}
+        assert [p.value.double_value for p in full.points] == [3.14]
+        assert full.metric_kind == ga_metric.MetricDescriptor.MetricKind.GAUGE  # made for it
+        [reduced] = client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}" resource.type = '
+            '"gce_instance"', "interval": interval, "aggregation": monitoring_v3.Aggregation({
+                "alignment_period": {"seconds": 1200},
+                "per_series_aligner": monitoring_v3.Aggregation.Aligner.ALIGN_MEAN,
+                "cross_series_reducer": monitoring_v3.Aggregation.Reducer.REDUCE_MEAN,
+                "group_by_fields": ["resource.zone"]})})
+        assert reduced.resource.type == "gce_instance"
+        assert dict(reduced.resource.labels) == {"zone": "us-central1-f"}
+        assert [p.value.double_value for p in reduced.points] == [3.14]
+        assert not list(client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}" resource.type = "global"',
+            "interval": interval}))
+
+        # One request: a good series is kept, each faulty one is refused by its index.
+        with pytest.raises(exceptions.InvalidArgument) as refused:
+            client.create_time_series(name=project_name, time_series=[
+                series(mine, now - 60),  # [0] its series has this point already
+                series(mine, now - 30, resource_type="pubsub_topic"),  # [1]
+                series(mine, now - 30, resource={"zone": "us-central1-f"}),  # [2]
+                series(mine, now - 30, value={"int64_value": 3}),  # [3] DOUBLE's type
+                series("compute.googleapis.com/instance/cpu/utilization", now - 30),  # [4]
+                series("custom.googleapis.com/other", now - 30, resource_type="global",
+                       resource={}),
+            ])
+        said = str(refused.value)
+        assert "One or more TimeSeries could not be written" in said, said
+        assert "timeSeries[0]: Points must be written in order" in said, said
+        assert "timeSeries[1]: resource.type 'pubsub_topic'" in said, said
+        assert "timeSeries[2]: the labels of resource.type gce_instance are instance_id, zone"\
+            in said, said
+        assert "timeSeries[3]: Value type for metric " + mine + " must be DOUBLE, but is INT64" \
+            in said, said
+        assert "timeSeries[4]: metric.type 'compute.googleapis.com" in said, said
+        assert "timeSeries[5]" not in said, said
+        [other] = client.list_time_series(request={
+            "name": project_name, "filter": 'metric.type = "custom.googleapis.com/other"',
+            "interval": interval})
+        assert other.resource.type == "global" and dict(other.resource.labels) == {
+            "project_id": "my-project"}
+        [again] = client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval})
+        assert len(again.points) == 1  # none of the refused ones landed
+        two = series(mine, now - 20)
+        two.points.append(two.points[0])
+        with pytest.raises(exceptions.InvalidArgument, match="2 points; each series"):
+            client.create_time_series(name=project_name, time_series=[two])
+        with pytest.raises(exceptions.InvalidArgument, match="201 series: expected 1 to 200"):
+            client.create_time_series(name=project_name, time_series=[
+                series(mine, now - 10)] * 201)
+        with pytest.raises(exceptions.MethodNotImplemented, match="metric kind DELTA"):
+            client.create_metric_descriptor(name=project_name, metric_descriptor={
+                "type": "custom.googleapis.com/d", "metric_kind": "DELTA",
+                "value_type": "DOUBLE"})
+        with pytest.raises(exceptions.InvalidArgument, match="not a user-defined metric type"):
+            client.create_metric_descriptor(name=project_name, metric_descriptor={
+                "type": "compute.googleapis.com/x", "metric_kind": "GAUGE",
+                "value_type": "DOUBLE"})
+        client.create_time_series(name=project_name, time_series=[series(mine, now - 10)])
+        [later] = client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval})
+        assert len(later.points) == 2  # a later point of the same series lands

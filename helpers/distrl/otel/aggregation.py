@@ -262,7 +262,8 @@ def _align(series: list[Series], op, period_ns: int, start_ns: int, end_ns: int,
             if value is not None:
                 points.append((hi - period_ns if out_kind == Kind.DELTA else hi, hi, value))
         points.reverse()
-        aligned.append(Series(s.metric_labels, s.resource_labels, out_kind, out_type, points))
+        aligned.append(Series(s.metric_labels, s.resource_labels, out_kind, out_type, points,
+                              resource_type=s.resource_type))
     return aligned
 
 
@@ -278,7 +279,9 @@ def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[S
                 metric_labels[key] = s.metric_labels[key]
             elif scope == "resource.label" and key in s.resource_labels:
                 res_labels[key] = s.resource_labels[key]
-        group_key = (tuple(sorted(metric_labels.items())), tuple(sorted(res_labels.items())))
+        by_type = ("resource.type", "") in fields  # else a group may mix types: the first's
+        group_key = (tuple(sorted(metric_labels.items())), tuple(sorted(res_labels.items())),
+                     s.resource_type if by_type else "")
         groups.setdefault(group_key, (metric_labels, res_labels, []))[2].append(s)
     if rop == "count":
         red_type = ValueType.INT64
@@ -297,7 +300,8 @@ def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[S
         points = [(start, end, _reduce(rop, values))
                   for (start, end), values in sorted(by_end.items(), key=lambda kv: kv[0][1])]
         if points:
-            reduced.append(Series(metric_labels, res_labels, aligned[0].kind, red_type, points))
+            reduced.append(Series(metric_labels, res_labels, aligned[0].kind, red_type, points,
+                                  resource_type=members[0].resource_type))
     return reduced
 
 

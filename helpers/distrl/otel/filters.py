@@ -13,7 +13,8 @@ from dataclasses import dataclass
 import grpc
 import re2
 
-RESOURCE_TYPE = "prometheus_target"
+RESOURCE_TYPE = "prometheus_target"  # of every series that arrives over OTLP, named so:
+METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
 MAX_FILTER_CHARS = 65_536       # this collector's own ceiling on a filter's length
 
 

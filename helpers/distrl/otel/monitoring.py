@@ -6,13 +6,15 @@ answered from the local collector's SQLite store, on the collector's gRPC port.
     client.list_time_series(name="projects/local", filter='metric.type = "..."', ...)
 
 Answered: ListMetricDescriptors, GetMetricDescriptor and ListTimeSeries (filter, interval,
-view, paging, aggregation), and the monitored-resource calls (resources.py). The semantics
-are Cloud Monitoring's documented ones:
+view, paging, aggregation), the monitored-resource calls (resources.py), and the write calls
+of Google's samples, CreateMetricDescriptor, DeleteMetricDescriptor and CreateTimeSeries
+(writes.py). The semantics are Cloud Monitoring's documented ones:
 
-- Every series has the monitored resource `prometheus_target` (as GKE Managed OpenTelemetry
-  writes them), with labels project_id (from the request), location and cluster ("local"),
-  namespace (service.namespace), job (service.name) and instance (service.instance.id). The
-  point attributes are the metric labels, as strings, keys with their dots.
+- Every series that arrives over OTLP has the monitored resource `prometheus_target` (as GKE
+  Managed OpenTelemetry writes them), with labels project_id (from the request), location and
+  cluster ("local"), namespace (service.namespace), job (service.name) and instance
+  (service.instance.id). The point attributes are the metric labels, as strings, keys with
+  their dots. A series that CreateTimeSeries wrote keeps its own resource.
 - Filters: `metric.type`, `resource.type`, `metric.label(s).KEY`, `resource.label(s).KEY`
   (KEY may be quoted: `metric.labels."rl.run.id"`), compared with `=` or `!=` to a string
   or to starts_with / ends_with / has_substring / one_of / monitoring.regex.full_match,
@@ -77,6 +79,7 @@ from google.rpc import status_pb2
 from distrl.otel import resources
 from distrl.otel.aggregation import USER_DEFINED_PREFIXES, aggregate, check_aggregation
 from distrl.otel.filters import (
+    METRIC_TYPE_PREFIX,
     RESOURCE_TYPE,
     Refused,
     Term,
@@ -241,6 +244,12 @@ class PageCache:
         return key
 
 
+def _monitored_types(metric_type: str) -> list[str]:
+    """The resource types a descriptor names: an OTLP metric's series are prometheus_target's;
+    a type written by CreateTimeSeries may have series of any (Cloud Monitoring names none)."""
+    return [RESOURCE_TYPE] if metric_type.startswith(METRIC_TYPE_PREFIX) else []
+
+
 def _page_size(size: int, maximum: int) -> int:
     if size < 0:
         raise invalid(f"page_size {size} is invalid: expected a positive number (0: the "
@@ -275,7 +284,7 @@ def _header(s: Series, metric_type: str, unit: str):
     ts = PB["TimeSeries"]()
     ts.metric.type = metric_type
     ts.metric.labels.update(s.metric_labels)
-    ts.resource.type = RESOURCE_TYPE
+    ts.resource.type = s.resource_type
     ts.resource.labels.update(s.resource_labels)
     ts.metric_kind = s.kind
     ts.value_type = s.value_type
@@ -379,7 +388,7 @@ class MetricService:
             type=d["metric_type"], metric_kind=Kind.Value(d["metric_kind"]),
             value_type=ValueType.Value(d["value_type"]), unit=d["unit"] or "",
             description=d["description"] or "", display_name=d["name"],
-            monitored_resource_types=[RESOURCE_TYPE])
+            monitored_resource_types=_monitored_types(d["metric_type"]))
         out.labels.extend(label_pb2.LabelDescriptor(key=k)
                           for k in self.store.label_keys(d["metric_type"]))
         return out
@@ -397,8 +406,9 @@ class MetricService:
         response = PB["ListMetricDescriptorsResponse"]()
         taken, used = 0, 0
         for d in self._descriptors(budget, page.after):
-            if not all(t.matches(d["metric_type"] if t.scope == "metric.type"
-                                 else RESOURCE_TYPE) for t in terms):
+            if not all(t.matches(d["metric_type"]) if t.scope == "metric.type" else
+                       any(t.matches(r) for r in _monitored_types(d["metric_type"]))
+                       for t in terms):
                 continue
             descriptor = self._descriptor_pb(d, project) if taken < size else None
             if descriptor is not None:
@@ -530,6 +540,7 @@ METHODS = ("ListMonitoredResourceDescriptors", "GetMonitoredResourceDescriptor",
             "DeleteMetricDescriptor", "ListTimeSeries", "CreateTimeSeries",
             "CreateServiceTimeSeries")
 SERVICE = "google.monitoring.v3.MetricService"
+WRITTEN = ("CreateMetricDescriptor", "DeleteMetricDescriptor", "CreateTimeSeries")  # writes.py
 ANSWERED = {"ListMetricDescriptors": "ListMetricDescriptorsRequest",
             "GetMetricDescriptor": "GetMetricDescriptorRequest",
             "ListTimeSeries": "ListTimeSeriesRequest",
@@ -573,8 +584,8 @@ def answer(service: MetricService, method: str, request, context):
     if method not in ANSWERED:
         context.abort(grpc.StatusCode.UNIMPLEMENTED,
                       f"MetricService.{method} is not answered by the local collector "
-                      f"(it answers {', '.join(ANSWERED)} and DeleteMetricDescriptor; "
-                      "metrics arrive over OTLP)")
+                      f"(it answers {', '.join(ANSWERED)}, and the collector's writer "
+                      f"{', '.join(WRITTEN)})")
     try:
         if method == "ListTimeSeries":
             return service.list_time_series(request, context)

@@ -11,7 +11,7 @@ import math
 import time
 from typing import NamedTuple
 
-METRIC_TYPE_PREFIX = "prometheus.googleapis.com/"
+from distrl.otel.filters import METRIC_TYPE_PREFIX
 
 
 def any_value(value):

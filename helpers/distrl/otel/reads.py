@@ -10,11 +10,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from distrl.otel.filters import (
-    RESOURCE_TYPE,
-    Refused,
-    Term,
-)
+from distrl.otel.filters import Refused, Term
 from distrl.otel.series import (
     Budget,
     Kind,
@@ -23,6 +19,7 @@ from distrl.otel.series import (
     kind_of,
     label_text,
     resource_labels,
+    resource_type,
     value_of,
 )
 
@@ -145,10 +142,12 @@ class _Found:
             if row["scope"]:
                 labels.setdefault("otel_scope_name", row["scope"])
             if row["resource_id"] not in self.resources:
-                self.resources[row["resource_id"]] = resource_labels(
-                    json.loads(row["resource"]), self.selection.project)
-            s = Series(labels, self.resources[row["resource_id"]], self.kind,
-                       self.value_type)  # the resource labels: read-only, shared
+                resource = json.loads(row["resource"])
+                self.resources[row["resource_id"]] = (
+                    resource_type(resource), resource_labels(resource, self.selection.project))
+            rtype, rlabels = self.resources[row["resource_id"]]
+            s = Series(labels, rlabels, self.kind, self.value_type,
+                       resource_type=rtype)  # the resource labels: read-only, shared
             self.series[key] = s if _matches(self.selection.terms, s) else None
             if self.budget:  # charged for what it keeps: a dropped series leaves only its key
                 self.budget.hold((SERIES_BYTES if self.series[key] else DROPPED_BYTES)
@@ -178,7 +177,7 @@ def _matches(terms: list[Term], s: Series) -> bool:
         elif t.scope == "resource.label":
             value = s.resource_labels.get(t.key)
         elif t.scope == "resource.type":
-            value = RESOURCE_TYPE
+            value = s.resource_type
         else:
             continue  # metric.type: chose the descriptor
         if not t.matches(value):

@@ -22,7 +22,8 @@ from google.protobuf.message import DecodeError
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
-from distrl.otel import monitoring
+from distrl.otel import monitoring, writes
+from distrl.otel.filters import Refused
 from distrl.otel.limits import (
     READ_QUEUE,
     READ_TURN_S,
@@ -316,9 +317,12 @@ class Calls:
             functools.partial(self._export, kind, write, request_type))})
             for service, (request_type, kind, write) in otlp.items()]
         self.store = store
+        writes = {"DeleteMetricDescriptor": self._delete,
+                  "CreateMetricDescriptor": self._create_descriptor,
+                  "CreateTimeSeries": self._create_series}
         self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
-            method: self._handler(self._delete if method == "DeleteMetricDescriptor" else
-                                  functools.partial(self.readers.answer, method))
+            method: self._handler(writes.get(method) or functools.partial(self.readers.answer,
+                                                                          method))
             for method in monitoring.METHODS}))
 
     @staticmethod
@@ -351,22 +355,48 @@ class Calls:
             await context.abort(code, stored)
         return _response(kind, stored)
 
-    async def _delete(self, request: bytes, context):
-        """DeleteMetricDescriptor: the type's descriptor, label keys and points go, committed
-        by the writer as an export is (a client that filled a cap with junk types or label
-        keys frees it so). google.protobuf.Empty in reply."""
+    async def _write(self, check, write, request: bytes, context):
+        """A MetricService write call: its request checked here (check: Refused names the
+        fault), then write(checked) by the store's writer, committed as an export is."""
         try:
-            metric_type = monitoring.deletable_type(request)
-        except monitoring.Refused as err:
+            checked = check(request)
+        except Refused as err:
             await context.abort(err.code, str(err))
         try:
-            deleted = await asyncio.get_running_loop().run_in_executor(
-                self.writers, self.store.delete_metric_type, metric_type)
+            return await asyncio.get_running_loop().run_in_executor(self.writers, write,
+                                                                    checked)
         except StorageUnavailable as err:
             await context.abort(grpc.StatusCode.UNAVAILABLE, str(err))
+        except Refused as err:
+            await context.abort(err.code, str(err)[:MAX_ERROR_CHARS])
+
+    async def _delete(self, request: bytes, context):
+        """DeleteMetricDescriptor: the type's descriptor, label keys and points go (a client
+        that filled a cap with junk types or label keys frees it so). google.protobuf.Empty
+        in reply."""
+        deleted = await self._write(monitoring.deletable_type, self.store.delete_metric_type,
+                                    request, context)
         if deleted is None:
+            metric_type = monitoring.deletable_type(request)
             await context.abort(grpc.StatusCode.NOT_FOUND,
                                 f"no metric descriptor {metric_type[:200]}")
+        return b""
+
+    async def _create_descriptor(self, request: bytes, context):
+        """CreateMetricDescriptor (writes.py): the descriptor as stored in reply."""
+        return await self._write(writes.descriptor_to_create, functools.partial(
+            self.store.write_with, writes.insert_descriptor), request, context)
+
+    async def _create_series(self, request: bytes, context):
+        """CreateTimeSeries (writes.py): google.protobuf.Empty when every series was written;
+        else the others are kept and the call is INVALID_ARGUMENT naming each that was not."""
+        refusals = await self._write(writes.series_to_create, functools.partial(
+            self.store.write_with, writes.insert_series), request, context)
+        if refusals:  # each cut short, and at most 10 named (a request has up to 200)
+            named = "; ".join(r[:MAX_ERROR_CHARS] for r in refusals[:10])
+            more = f"; and {len(refusals) - 10} more" if len(refusals) > 10 else ""
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"One or more TimeSeries could not be written: {named}{more}")
         return b""
 
     def stop(self) -> None:

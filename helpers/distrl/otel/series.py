@@ -15,7 +15,7 @@ import numpy as np
 from google.api import metric_pb2
 from google.cloud import monitoring_v3
 
-from distrl.otel.filters import Refused
+from distrl.otel.filters import RESOURCE_TYPE, Refused
 
 WAL_RESTART = "the collector is starting its write-ahead log again; retry"
 
@@ -168,6 +168,7 @@ class Series:
     value_type: int
     points: list = field(default_factory=list)   # (start_ns, end_ns, value), oldest first
     temporalities: list = field(default_factory=list)  # OTLP temporality of each point read
+    resource_type: str = RESOURCE_TYPE  # its monitored resource's type
 
     @functools.cached_property
     def ends(self) -> list[int]:
@@ -183,7 +184,20 @@ def label_text(value) -> str:
     return str(value)
 
 
+# A resource that CreateTimeSeries stored (writes.py): its monitored resource's type and labels
+# under these keys. Any other resource is an OTLP one, a prometheus_target.
+MONITORED_TYPE, MONITORED_LABEL = "monitored_resource.type", "monitored_resource.labels."
+
+
+def resource_type(resource: dict) -> str:
+    return resource.get(MONITORED_TYPE, RESOURCE_TYPE)
+
+
 def resource_labels(resource: dict, project: str) -> dict:
+    if MONITORED_TYPE in resource:
+        return {"project_id": project, **{k.removeprefix(MONITORED_LABEL): label_text(v)
+                                          for k, v in resource.items()
+                                          if k.startswith(MONITORED_LABEL)}}
     return {"project_id": project, "location": "local", "cluster": "local",
             "namespace": label_text(resource.get("service.namespace", "")),
             "job": label_text(resource.get("service.name", "")),

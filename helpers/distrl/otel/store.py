@@ -217,6 +217,11 @@ class CollectorStore:
         committed (DeleteMetricDescriptor); the points it held, or None where there is none."""
         return self._submit(self._delete_type, metric_type)
 
+    def write_with(self, insert, request):
+        """insert(self, request) run by the writer inside its next commit (the write calls of
+        MetricService: writes.py); what it returns, once committed."""
+        return self._submit(lambda r: insert(self, r), request)
+
     def _delete_type(self, metric_type: str) -> int | None:
         sql = "DELETE FROM {} WHERE metric_type = ?"
         if not self.conn.execute(sql.format("metric_descriptors"), (metric_type,)).rowcount:
