@@ -15,7 +15,7 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metric
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
 
-from distrl.otel import dashboard, explore, monitoring, series
+from distrl.otel import aggregation, dashboard, explore, monitoring, reads, series
 from distrl.otel.collector import LocalCollector
 from distrl.otel.limits import Limits
 from distrl.otel.store import CollectorStore
@@ -610,9 +610,11 @@ def test_reads_past_a_cost_ceiling_are_refused_by_name(tmp_path):
         assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
         aligned = _gauge_request(start_s=0, end_s=4, aggregation={
             "alignment_period": {"seconds": 1}, "per_series_aligner": "ALIGN_MEAN"})
-        with pytest.raises(monitoring.Refused, match="300 series x 4 alignment periods") as err:
-            service.list_time_series(aligned)
+        with pytest.raises(monitoring.Refused, match="series x 4 alignment periods is more "
+                                                     "than 500") as err:
+            service.list_time_series(aligned)  # refused once the series read reach it
         assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert int(str(err.value).split()[0]) == 126, err.value
         narrow = _gauge_request(start_s=0, end_s=2)  # 300 series x 2 points fit
         assert sum(len(s.points) for s in service.list_time_series(narrow).time_series) == 600
         slow = monitoring.MetricService(CollectorStore(store.path, limits=Limits(
@@ -651,6 +653,37 @@ def test_a_walk_of_descriptor_pages_reads_each_descriptor_once(tmp_path):
             if not token:
                 break
         assert listed == [f"{PREFIX}walk.{i:03d}/gauge" for i in range(1, 61)]
+    finally:
+        store.close()
+
+
+def test_a_one_hour_percentile_over_many_histograms_holds_aligned_cells_not_points(tmp_path):
+    """A one-hour p99 over 200 latency histograms (72,000 points) was refused
+    RESOURCE_EXHAUSTED: a read held every raw point before aligning any. Each series is now
+    aligned as soon as its points are in, so the read holds one series' points and the aligned
+    cells: here 100 cumulative histograms of 360 points (10 s apart), whose points would hold
+    about 33 MiB, read within 8 MiB, and the answer is the one the whole points give."""
+    store = CollectorStore(tmp_path / "otel.db", create=True, limits=Limits(
+        max_read_bytes=8 * 2**20))
+    try:
+        for lo in range(0, 100, 25):  # series i puts one observation a point in bucket i % 5
+            store.write_metrics(_request("i1", [_histogram("lat", 2, [
+                (_series_attrs(f"run-{i}", "CartPole-v1"), T0, T0 + (k + 1) * 10 * S,
+                 [k + 1 if b == i % 5 else 0 for b in range(5)], float(k + 1))
+                for i in range(lo, lo + 25) for k in range(360)])]))
+        request = monitoring_v3.ListTimeSeriesRequest.pb(monitoring_v3.ListTimeSeriesRequest(
+            name="projects/local", filter=f'metric.type = "{PREFIX}lat/histogram"',
+            interval={"start_time": _time(T0), "end_time": _time(T0 + 3600 * S)},
+            aggregation=_agg(60, "ALIGN_DELTA", "REDUCE_PERCENTILE_99")))
+        [p99] = monitoring.MetricService(store).list_time_series(request).time_series
+        assert len(p99.points) == 60
+        whole = series.Budget(Limits(), None)  # the points all held, then aligned: as before
+        held = reads.read_series(store, reads.Selection(store.query(
+            "SELECT * FROM metric_descriptors")[0], "local", []), T0 + 3600 * S, budget=whole)
+        assert whole.bytes > 32 * 2**20, whole.bytes
+        [expected] = aggregation.aggregate(held, request.aggregation, T0, T0 + 3600 * S)
+        assert [p.value.double_value for p in reversed(p99.points)] == pytest.approx(
+            [v for *_, v in expected.points])
     finally:
         store.close()
 

@@ -222,10 +222,10 @@ def check_aggregation(aggregation, start_ns: int, end_ns: int, metric_type: str,
 
 
 def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
-              budget: Budget | None = None) -> list[Series]:
+              budget: Budget | None = None, aligned: bool = False) -> list[Series]:
     """Cloud Monitoring's Aggregation, checked by check_aggregation(), applied to the series
-    (see the module docstring): each series aligned, then the groups reduced; the budget's
-    deadline is checked as it goes."""
+    (see the module docstring): each series aligned (unless `aligned`: align() did it as they
+    were read), then the groups reduced; the budget's deadline is checked as it goes."""
     check = budget.check if budget else (lambda: None)
     aligner, reducer = aggregation.per_series_aligner, aggregation.cross_series_reducer
     if aligner == Aligner.ALIGN_NONE:
@@ -234,11 +234,19 @@ def aggregate(series: list[Series], aggregation, start_ns: int, end_ns: int,
         return series
     if not series:
         return []
-    aligned = _align(series, _ALIGNERS[aligner], ns_of(aggregation.alignment_period), start_ns,
-                     end_ns, check)
+    if not aligned:
+        series = _align(series, _ALIGNERS[aligner], ns_of(aggregation.alignment_period),
+                        start_ns, end_ns, check)
     if reducer == Reducer.REDUCE_NONE:
-        return aligned
-    return _reduce_groups(aligned, _REDUCERS[reducer], aggregation.group_by_fields, check)
+        return series
+    return _reduce_groups(series, _REDUCERS[reducer], aggregation.group_by_fields, check)
+
+
+def align(s: Series, aggregation, start_ns: int, end_ns: int) -> Series:
+    """One series aligned as aggregate() aligns it: a read aligns each series as soon as its
+    points are in, and holds its aligned cells rather than its points."""
+    return _align([s], _ALIGNERS[aggregation.per_series_aligner],
+                  ns_of(aggregation.alignment_period), start_ns, end_ns, lambda: None)[0]
 
 
 def _align(series: list[Series], op, period_ns: int, start_ns: int, end_ns: int,

@@ -77,7 +77,7 @@ from google.protobuf.message import DecodeError
 from google.rpc import status_pb2
 
 from distrl.otel import resources
-from distrl.otel.aggregation import USER_DEFINED_PREFIXES, aggregate, check_aggregation
+from distrl.otel.aggregation import USER_DEFINED_PREFIXES, aggregate, align, check_aggregation
 from distrl.otel.filters import (
     METRIC_TYPE_PREFIX,
     RESOURCE_TYPE,
@@ -526,11 +526,15 @@ class MetricService:
         period_ns = ns_of(request.aggregation.alignment_period) if aligned else 0
         # Nothing older than the first period (or the interval) can matter to a gauge.
         since_ns = start_ns - period_ns if aligned else min(start_ns, end_ns - 1)
-        series = read_series(self.store, selection, end_ns, since_ns, budget)
-        if aligned:
-            budget.cells(len(series), max(1, -(-(end_ns - start_ns) // period_ns)))
+        periods = max(1, -(-(end_ns - start_ns) // period_ns)) if aligned else 0
+        each, seen = None, itertools.count(1)
+        if aligned:  # each series aligned as its points are in: the read holds its cells
+            def each(s: Series) -> Series:
+                budget.cells(next(seen), periods)
+                return align(s, request.aggregation, start_ns, end_ns)
+        series = read_series(self.store, selection, end_ns, since_ns, budget, each)
         budget.check()
-        series = aggregate(series, request.aggregation, start_ns, end_ns, budget)
+        series = aggregate(series, request.aggregation, start_ns, end_ns, budget, aligned)
         budget.check()
         return [s for s in series if s.points]
 

@@ -13,6 +13,7 @@ import grpc
 from distrl.otel.filters import Refused, Term
 from distrl.otel.series import (
     Budget,
+    Dist,
     Kind,
     Series,
     ValueType,
@@ -58,10 +59,12 @@ class Selection:
 
 
 def read_series(store, selection: Selection, end_ns: int, since_ns: int | None = None,
-                budget: Budget | None = None) -> list[Series]:
+                budget: Budget | None = None, each=None) -> list[Series]:
     """The selection's series with their points up to end_ns (for a gauge, only those after
     since_ns), in the descriptor's kind (delta points of a cumulative metric are summed up,
-    cumulative points of a delta metric differenced)."""
+    cumulative points of a delta metric differenced). With `each` (a series to a series), the
+    rows come series by series and each series is replaced by each(series) once its points
+    are in: the read holds one series' points at a time (aligned reads keep the cells)."""
     found = _Found(selection, budget)
     sql = (f"SELECT {POINT_COLUMNS}, r.attributes AS resource FROM points p JOIN resources r "
            "ON r.id = p.resource_id WHERE metric_type = ? AND time_ns <= ?")
@@ -69,10 +72,22 @@ def read_series(store, selection: Selection, end_ns: int, since_ns: int | None =
     if found.kind == Kind.GAUGE and since_ns is not None:  # counters need the points before
         sql += " AND time_ns > ?"
         params += (sql_int(since_ns),)
-    for row in read_rows(store, sql + " ORDER BY time_ns, p.id", params, budget):
+    order = (" ORDER BY time_ns, p.id" if each is None else
+             " ORDER BY p.resource_id, p.scope, p.attributes, time_ns, p.id")
+    current, held = None, 0
+    for row in read_rows(store, sql + order, params, budget):
+        key = (row["resource_id"], row["scope"], row["attributes"])
+        if each is not None and key != current:
+            found.finish(current, each, held)
+            current, held = key, 0
         kept = found.add(row)
         if budget:
-            budget.row(_point_bytes(row) if kept else 0)
+            size = _point_bytes(row) if kept else 0
+            held += size
+            budget.row(size)
+    if each is not None:
+        found.finish(current, each, held)
+        return found.kept()
     out = found.kept()
     for s in out:
         s.points = _as_kind(s.points, s.temporalities, found.kind)
@@ -99,6 +114,16 @@ def _point_bytes(row: dict) -> int:
                               for side in ("positive", "negative"))
         return POINT_BYTES + 300 + (COUNT_BYTES + BOUND_BYTES) * positive + COUNT_BYTES * negative
     return POINT_BYTES
+
+
+def _series_bytes(s: Series) -> int:
+    """What a series' (aligned) points hold, as _point_bytes counts them."""
+    held = 0
+    for *_, value in s.points:
+        held += POINT_BYTES
+        if isinstance(value, Dist):
+            held += 300 + COUNT_BYTES * len(value.counts) + BOUND_BYTES * len(value.bounds)
+    return held
 
 
 def read_headers(store, selection: Selection, start_ns: int, end_ns: int,
@@ -165,6 +190,17 @@ class _Found:
         s.points.append((row["start_ns"], row["time_ns"], value_of(row, self.value_type)))
         s.temporalities.append(row["temporality"])
         return True
+
+    def finish(self, key, each, held: int) -> None:
+        """Series `key`, its points all read: replaced by each(series), the `held` bytes of its
+        points given back to the budget and what it holds now charged."""
+        s = self.series.get(key)
+        if s is None:
+            return
+        s.points = _as_kind(s.points, s.temporalities, self.kind)
+        self.series[key] = done = each(s)
+        if self.budget:
+            self.budget.hold(_series_bytes(done) - held)
 
     def kept(self) -> list[Series]:
         return [s for s in self.series.values() if s is not None]
