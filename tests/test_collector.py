@@ -1195,6 +1195,51 @@ def test_http_bodies_sent_a_trickle_at_a_time_hold_no_turn_for_long(tmp_path):
         assert len(c.store().points(PREFIX + "http/gauge")) == 10
 
 
+def test_connections_sending_their_request_heads_a_byte_at_a_time_leave_files_for_the_rest(
+        tmp_path):
+    """A slowloris: 1,100 OTLP/HTTP connections, each sending its request head a byte every
+    few seconds, took a collector with the common limit of 1,024 open files to that limit
+    (a thread and a file each, none timed out): every HTTP export timed out and every read
+    failed with "Too many open files". Here at a limit of 512 open files, 600 such connections:
+    the collector holds MAX_HTTP_CONNECTIONS, taking a new one in place of the one that has
+    waited longest for its head, and HTTP exports, gRPC exports and reads all succeed."""
+    from distrl.otel.limits import MAX_HTTP_CONNECTIONS
+
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0, http_port=0) as c:
+        psutil.Process(c.process.pid).rlimit(psutil.RLIMIT_NOFILE, (512, 512))
+        stop, slow = threading.Event(), []
+        for _ in range(600):
+            sock = socket.create_connection(("127.0.0.1", c.http_port), timeout=10)
+            sock.sendall(b"POST /v1/metrics HTTP/1.1\r\nHost: x\r\n")
+            slow.append(sock)
+
+        def drip():  # a byte of a header, now and then, on each (under the 30-s timeout)
+            while not stop.wait(2.0):
+                for sock in slow:
+                    with contextlib.suppress(OSError):  # one the collector closed
+                        sock.sendall(b"X")
+
+        dripper = threading.Thread(target=drip)
+        dripper.start()
+        try:
+            threading.Event().wait(3.0)
+            stub = metrics_service_pb2_grpc.MetricsServiceStub(
+                grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+            client = explore.Monitoring(endpoint=c.endpoint).client
+            for k in range(10):
+                assert _post(f"{c.http_endpoint}/v1/metrics",
+                             _gauges(f"http{k}", 2).SerializeToString())[0] == 200
+                stub.Export(_gauges(f"grpc{k}", 2), timeout=10)
+                listed = list(client.list_metric_descriptors(name="projects/local", timeout=20))
+                assert len(listed) == 2 * (k + 1)
+            assert len(psutil.Process(c.process.pid).net_connections()) < MAX_HTTP_CONNECTIONS + 64
+        finally:
+            stop.set()
+            dripper.join(timeout=30)
+            for sock in slow:
+                sock.close()
+
+
 def test_the_sdk_exports_gzip_over_http(tmp_path):
     """The OTLP spec has servers accept gzip; the SDK's gzip batches got 400 and were lost."""
     from opentelemetry.exporter.otlp.proto.http import Compression

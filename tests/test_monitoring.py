@@ -1342,7 +1342,16 @@ def test_google_samples_write_calls_store_what_they_write_and_refuse_what_cloud_
             client.create_metric_descriptor(name=project_name, metric_descriptor={
                 "type": "compute.googleapis.com/x", "metric_kind": "GAUGE",
                 "value_type": "DOUBLE"})
-        client.create_time_series(name=project_name, time_series=[series(mine, now - 10)])
-        [later] = client.list_time_series(request={
-            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval})
-        assert len(later.points) == 2  # a later point of the same series lands
+        client.create_time_series(name=project_name, time_series=[
+            series(mine, now - 10), series(mine, now - 10, resource_type="global", resource={})])
+        later = list(client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval}))
+        assert sorted(len(ts.points) for ts in later) == [1, 2]  # a later point lands
+        by_type = client.list_time_series(request={
+            "name": project_name, "filter": f'metric.type = "{mine}"', "interval": interval,
+            "aggregation": monitoring_v3.Aggregation({
+                "alignment_period": {"seconds": 1200},
+                "per_series_aligner": monitoring_v3.Aggregation.Aligner.ALIGN_MEAN,
+                "cross_series_reducer": monitoring_v3.Aggregation.Reducer.REDUCE_COUNT,
+                "group_by_fields": ["resource.type"]})})
+        assert sorted(ts.resource.type for ts in by_type) == ["gce_instance", "global"]

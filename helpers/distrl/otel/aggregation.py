@@ -279,6 +279,7 @@ def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[S
     """One series per group of the group_by fields' values, its points reduced across the
     group's series period by period."""
     fields = [_group_field(f) for f in group_by_fields]
+    by_type = ("resource.type", "") in fields  # else a group may mix types: the first's
     groups: dict = {}
     for s in aligned:
         metric_labels, res_labels = {}, {}
@@ -287,7 +288,6 @@ def _reduce_groups(aligned: list[Series], rop, group_by_fields, check) -> list[S
                 metric_labels[key] = s.metric_labels[key]
             elif scope == "resource.label" and key in s.resource_labels:
                 res_labels[key] = s.resource_labels[key]
-        by_type = ("resource.type", "") in fields  # else a group may mix types: the first's
         group_key = (tuple(sorted(metric_labels.items())), tuple(sorted(res_labels.items())),
                      s.resource_type if by_type else "")
         groups.setdefault(group_key, (metric_labels, res_labels, []))[2].append(s)

@@ -139,7 +139,6 @@ class CollectorServer:
                 self.stop()
                 raise OSError(f"cannot listen for OTLP/HTTP on {self.host}:{self.http_port}: "
                               f"{err}") from None
-            self.http_server.daemon_threads = True
             self.http_port = self.http_server.server_address[1]
             threading.Thread(target=self.http_server.serve_forever, daemon=True).start()
         return self

@@ -19,6 +19,9 @@ MiB = 2**20
 # wait in the client, none is refused): at 32, three connections of calls that sent headers
 # and no message held every slot of the server (maximum_concurrent_rpcs).
 RECEIVING_CALLS, STREAMS_PER_CONNECTION, CONNECTION_IDLE_S = 32, 8, 300
+# OTLP/HTTP connections at once, each a thread and an open file: a quarter of the common limit
+# of 1,024 open files, so reads, the database and gRPC keep theirs (receivers.OtlpHttpServer).
+MAX_HTTP_CONNECTIONS = 256
 # gRPC takes message sizes as 32-bit integers; more than 256 threads is no local collector.
 LIMIT_MAXIMA = {"max_message_bytes": 2**31 - 1, "max_exports": 256, "max_queries": 256}
 

@@ -9,6 +9,7 @@ import contextlib
 import functools
 import hmac
 import itertools
+import socket
 import threading
 import time
 import zlib
@@ -25,6 +26,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from distrl.otel import monitoring, writes
 from distrl.otel.filters import Refused
 from distrl.otel.limits import (
+    MAX_HTTP_CONNECTIONS,
     READ_QUEUE,
     READ_TURN_S,
     READER_CANCEL_S,
@@ -447,6 +449,16 @@ class _OtlpHttp(BaseHTTPRequestHandler):
     expected: bytes | None
     receiving: threading.BoundedSemaphore
     turns: threading.BoundedSemaphore
+    server: OtlpHttpServer
+
+    def handle_one_request(self):
+        self.server.awaiting_head(self.connection)  # until parse_request has its headers
+        super().handle_one_request()
+
+    def parse_request(self):  # reads the request line's headers
+        parsed = super().parse_request()
+        self.server.head_received(self.connection)
+        return parsed
 
     def do_POST(self):  # noqa: N802 (http.server's method name)
         refused = self._refusal()
@@ -576,7 +588,51 @@ class _OtlpHttp(BaseHTTPRequestHandler):
 
 
 class OtlpHttpServer(ThreadingHTTPServer):
+    """At most MAX_HTTP_CONNECTIONS connections, each a thread and a file: a client that opens
+    many and sends their request heads a byte at a time (a slowloris) took the collector to
+    its limit of 1,024 open files, and reads failed. Past the cap a new connection is taken in
+    place of the one that has waited longest for a request head (an exporter sends its head at
+    once); when none waits, the new one is closed."""
+
     request_queue_size = 128  # the listen backlog: 5 by default, too few for a burst of exporters
+    daemon_threads = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.live: set = set()
+        self.waiting: dict = {}  # connection -> since when it waits for a request head
+        self.lock = threading.Lock()
+
+    def awaiting_head(self, connection) -> None:
+        with self.lock:
+            self.waiting[connection] = time.monotonic()
+
+    def head_received(self, connection) -> None:
+        with self.lock:
+            self.waiting.pop(connection, None)
+
+    def process_request(self, request, client_address):
+        with self.lock:
+            full = len(self.live) >= MAX_HTTP_CONNECTIONS
+            oldest = min(self.waiting, key=self.waiting.get, default=None) if full else None
+            if oldest is not None:
+                del self.waiting[oldest]
+            if not full or oldest is not None:
+                self.live.add(request)
+                self.waiting[request] = time.monotonic()
+        if full and oldest is None:  # every connection is sending a body or being answered
+            self.shutdown_request(request)
+            return
+        if oldest is not None:
+            with contextlib.suppress(OSError):  # its handler reads the end, and closes it
+                oldest.shutdown(socket.SHUT_RDWR)
+        super().process_request(request, client_address)
+
+    def shutdown_request(self, request):
+        with self.lock:
+            self.live.discard(request)
+            self.waiting.pop(request, None)
+        super().shutdown_request(request)
 
 
 async def _deny(requests, context):
