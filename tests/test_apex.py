@@ -210,12 +210,13 @@ def test_a_learner_held_on_evidence_trains_no_more_and_the_run_goes_on_to_its_st
 def test_the_learner_pauses_for_checks_until_its_weights_score_within_the_window():
     """LearnerHold's decisions (stand-ins record the learner's and the evaluator's calls): the
     learner's first report makes it pause; each pause's weights are evaluated on the first
-    episodes; below the window it trains CHECK_EVERY updates more and pauses again, within it
+    episodes; below the window it trains CHECK_EVERY updates more and pauses again (CHECK_NEAR
+    from half the window's low end: CartPole leapt past a whole window within 50), within it
     it holds for good, above it (or with no answer) it trains on freely and nothing is asked
     again. A stale report of an earlier pause starts no second check."""
     from types import SimpleNamespace
 
-    from distrl.apex.hold import CHECK_EVERY, LearnerHold
+    from distrl.apex.hold import CHECK_EVERY, CHECK_NEAR, LearnerHold
 
     calls, said = [], []
 
@@ -234,16 +235,19 @@ def test_the_learner_pauses_for_checks_until_its_weights_score_within_the_window
     hold.reported({"held_at": 0}, topology)
     assert (hold.state, hold.version, hold.check_ref) == ("checking", 0, "evaluate")
     assert calls[-1] == ("evaluate", {"first_episodes": True})
-    hold.checked({"mean_return": 60.0}, learner)  # below: CHECK_EVERY updates more
+    hold.checked({"mean_return": 30.0}, learner)  # far below: CHECK_EVERY updates more
     assert calls[-1] == ("release", {"after": CHECK_EVERY}) and hold.state == "pausing"
     hold.reported({"held_at": 0}, topology)  # a stale report of that pause
     assert hold.state == "pausing" and calls[-1][0] == "release"
-    hold.reported({"held_at": 100}, topology)
+    hold.reported({"held_at": 50}, topology)
+    hold.checked({"mean_return": 75.0}, learner)  # near the window: closer checks
+    assert calls[-1] == ("release", {"after": CHECK_NEAR}) and hold.state == "pausing"
+    hold.reported({"held_at": 60}, topology)
     hold.checked({"mean_return": 210.0}, learner)
-    assert hold.state == "held" and hold.version == 100 and hold.checks == 2
+    assert hold.state == "held" and hold.version == 60 and hold.checks == 3
     assert said == ["hold_asked", "learner_held"]
     before = len(calls)
-    hold.reported({"held_at": 100}, topology)  # held: nothing more
+    hold.reported({"held_at": 60}, topology)  # held: nothing more
     assert len(calls) == before
 
     # Past the window before a check landed in it: not mid-learning, the learner trains on.

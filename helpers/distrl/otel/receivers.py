@@ -319,12 +319,12 @@ class Calls:
             functools.partial(self._export, kind, write, request_type))})
             for service, (request_type, kind, write) in otlp.items()]
         self.store = store
-        writes = {"DeleteMetricDescriptor": self._delete,
-                  "CreateMetricDescriptor": self._create_descriptor,
-                  "CreateTimeSeries": self._create_series}
+        written = {"DeleteMetricDescriptor": self._delete,  # by the writer; the rest: readers
+                   "CreateMetricDescriptor": self._create_descriptor,
+                   "CreateTimeSeries": self._create_series}
         self.handlers.append(grpc.method_handlers_generic_handler(monitoring.SERVICE, {
-            method: self._handler(writes.get(method) or functools.partial(self.readers.answer,
-                                                                          method))
+            method: self._handler(written.get(method) or functools.partial(self.readers.answer,
+                                                                           method))
             for method in monitoring.METHODS}))
 
     @staticmethod
