@@ -76,10 +76,11 @@ def read_series(store, selection: Selection, end_ns: int, since_ns: int | None =
              " ORDER BY p.resource_id, p.scope, p.attributes, time_ns, p.id")
     current, held = None, 0
     for row in read_rows(store, sql + order, params, budget):
-        key = (row["resource_id"], row["scope"], row["attributes"])
-        if each is not None and key != current:
-            found.finish(current, each, held)
-            current, held = key, 0
+        if each is not None:
+            key = (row["resource_id"], row["scope"], row["attributes"])
+            if key != current:
+                found.finish(current, each, held)
+                current, held = key, 0
         kept = found.add(row)
         if budget:
             size = _point_bytes(row) if kept else 0

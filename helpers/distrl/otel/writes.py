@@ -29,15 +29,28 @@ from google.cloud import monitoring_v3
 from google.protobuf.message import DecodeError
 
 from distrl.otel import resources
-from distrl.otel.filters import Refused, excerpt, invalid, project_of, unimplemented
+from distrl.otel.aggregation import USER_DEFINED_PREFIXES
+from distrl.otel.filters import (
+    METRIC_TYPE_PREFIX,
+    Refused,
+    excerpt,
+    invalid,
+    project_of,
+    unimplemented,
+)
 from distrl.otel.points import InvalidPoint, check_labels
 from distrl.otel.series import MONITORED_LABEL, MONITORED_TYPE, Kind, ValueType, ns_of
 
-WRITABLE_PREFIXES = ("custom.googleapis.com/", "external.googleapis.com/",
-                     "workload.googleapis.com/")
+# The user-defined types but OTLP's own (prometheus.googleapis.com/, which the exports write).
+WRITABLE_PREFIXES = tuple(p for p in USER_DEFINED_PREFIXES if p != METRIC_TYPE_PREFIX)
 MAX_SERIES = 200  # TimeSeries objects in one CreateTimeSeries request
 KINDS = {Kind.GAUGE: (0, "gauge"), Kind.CUMULATIVE: (2, "counter")}  # temporality, kind
 VALUES = {ValueType.DOUBLE: "double_value", ValueType.INT64: "int64_value"}
+
+
+def _canonical(labels: dict) -> str:
+    """Labels as the store keeps attributes (points.attributes_json's JSON)."""
+    return json.dumps(labels, sort_keys=True, separators=(",", ":"))
 
 
 def _writable(metric_type: str, what: str) -> None:
@@ -81,9 +94,7 @@ def insert_descriptor(store, created: tuple[str, metric_pb2.MetricDescriptor]):
     try:
         store._descriptor(d.type, d.display_name or d.type, KINDS[d.metric_kind][1], kind,
                           value_type, d.unit, d.description)
-        labels = json.dumps({label.key: "" for label in d.labels}, sort_keys=True,
-                            separators=(",", ":"))
-        store._labels(d.type, labels)
+        store._labels(d.type, _canonical({label.key: "" for label in d.labels}))
     except InvalidPoint as err:
         raise invalid(f"metric_descriptor {excerpt(d.type)}: {err}") from None
     out = metric_pb2.MetricDescriptor()
@@ -103,24 +114,24 @@ def _same_kinds(store, metric_type: str, kind: str, value_type: str) -> None:
                           f"{given}.")
 
 
-def series_to_create(request: bytes) -> tuple[str, list]:
-    """(project, time series) of a CreateTimeSeries request: the request's own faults refused
-    whole; a series' own faults are found by the writer (insert_series)."""
+def series_to_create(request: bytes) -> list:
+    """The time series of a CreateTimeSeries request: the request's own faults refused whole
+    (a series keeps no project: reads label it with theirs); a series' own faults are found
+    by the writer (insert_series)."""
     try:
         parsed = monitoring_v3.CreateTimeSeriesRequest.pb().FromString(request)
     except DecodeError as err:
         raise invalid(f"not a CreateTimeSeries request: {err}") from None
-    project = project_of(parsed.name, "name")
+    project_of(parsed.name, "name")
     if not 0 < len(parsed.time_series) <= MAX_SERIES:
         raise invalid(f"time_series has {len(parsed.time_series)} series: expected 1 to "
                       f"{MAX_SERIES} in one request")
-    return project, list(parsed.time_series)
+    return list(parsed.time_series)
 
 
-def insert_series(store, created: tuple[str, list]) -> list[str]:
+def insert_series(store, series: list) -> list[str]:
     """The writer's part: each series' point stored, or the reason it is not
     (timeSeries[i]: ...); the stored ones stay whatever the others do."""
-    _, series = created
     refusals = []
     for i, ts in enumerate(series):
         try:
@@ -150,7 +161,7 @@ def _insert_one(store, ts) -> None:
         raise invalid("a CUMULATIVE point's start_time must be before its end_time")
     _same_kinds(store, ts.metric.type, Kind.Name(kind), ValueType.Name(value_type))
     resource = _resource(ts.resource)
-    labels = json.dumps(dict(ts.metric.labels), sort_keys=True, separators=(",", ":"))
+    labels = _canonical(dict(ts.metric.labels))
     check_labels(dict(ts.metric.labels), "the metric")
     store._descriptor(ts.metric.type, ts.metric.type, KINDS[kind][1], Kind.Name(kind),
                       ValueType.Name(value_type), ts.unit, ts.description)
@@ -183,6 +194,5 @@ def _resource(resource) -> str:
         raise invalid(f"the labels of resource.type {resource.type} are "
                       f"{', '.join(sorted(wanted)) or 'project_id alone'}; this series gives "
                       f"{', '.join(sorted(given)) or 'none'}")
-    return json.dumps({MONITORED_TYPE: resource.type, **{
-        MONITORED_LABEL + k: v for k, v in resource.labels.items() if k != "project_id"}},
-        sort_keys=True, separators=(",", ":"))
+    return _canonical({MONITORED_TYPE: resource.type, **{
+        MONITORED_LABEL + k: v for k, v in resource.labels.items() if k != "project_id"}})
