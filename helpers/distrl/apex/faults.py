@@ -287,7 +287,9 @@ class ActorFleet:
         elif not self.said_steady and now - self.full_since[0] >= STEADY_S:
             (since, steps), each = self.full_since, self.env_steps_each()
             rates = sorted((b - a) / (now - since) for a, b in zip(steps, each))
-            if rates[0] < STEADY_SHARE * rates[len(rates) // 2]:
+            # an actor that did not step (all of them, held back by the rate limiter behind a
+            # slow learner) is not running steadily, whatever its peers' pace
+            if rates[0] <= 0 or rates[0] < STEADY_SHARE * rates[len(rates) // 2]:
                 self.full_since = (now, each)
                 return []
             self.said_steady = True
