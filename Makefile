@@ -30,22 +30,24 @@ $(STAMP): requirements.lock pyproject.toml
 tutorial: install
 	$(BIN)/python -m distrl.tutorial --kernel $(KERNEL)
 
-# Two lanes side by side, each a share of every test, split by measured duration so that both
-# end together (tests/lanes.py, from tests/durations.json); tests of one shared session fixture
-# stay in one lane. The second lane runs under a TMPDIR of its own, so its Ray sessions, records
-# and temp folders are apart from the first's; its report follows the first lane's. Refresh the
-# durations after tests change much: make test PYTEST_ARGS=--record-durations=tests/durations.json
-# (pytest-xdist would balance too, but its workers share one TMPDIR and its --dist loadgroup
-# silently stops grouping with pytest 9.2: pytest-dev/pytest-xdist#1386.)
+# Two lanes side by side that end together: each takes the next test of a common pool that no
+# lane has taken, longest first (tests/lanes.py, from tests/durations.json); tests that share an
+# expensive fixture are split before the run and stay in one lane. The second lane runs under a
+# TMPDIR of its own, so its Ray sessions, records and temp folders are apart from the first's;
+# its report follows the first lane's. Refresh the durations after tests change much:
+# make test PYTEST_ARGS=--record-durations=tests/durations.json (pytest-xdist would balance too,
+# but its workers share one TMPDIR and its --dist loadgroup silently stops grouping with pytest
+# 9.2: pytest-dev/pytest-xdist#1386.)
 test: install
 	$(BIN)/ruff check .
-	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/w-XXXXXX"); \
+	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/w-XXXXXX"); claims=$$(mktemp -d); \
 	{ TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 \
-	    --lane 2/2 $(PYTEST_ARGS); } >$$lane_log 2>&1 & lane=$$!; \
-	$(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 --lane 1/2 $(PYTEST_ARGS); \
+	    --lane 2/2 --lane-claims $$claims $(PYTEST_ARGS); } >$$lane_log 2>&1 & lane=$$!; \
+	$(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 --lane 1/2 \
+	    --lane-claims $$claims $(PYTEST_ARGS); \
 	first_rc=$$?; wait $$lane; lane_rc=$$?; \
 	echo "== beside it: the second lane (--lane 2/2) =="; \
-	cat $$lane_log; rm -rf $$lane_log $$lane_tmp; \
+	cat $$lane_log; rm -rf $$lane_log $$lane_tmp $$claims; \
 	test $$first_rc -eq 0 && test $$lane_rc -eq 0
 
 # The unit layer while you work: no Ray trainings, notebooks, soak or fresh-venv runs.

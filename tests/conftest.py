@@ -12,9 +12,11 @@ import pytest
 
 # make test's lanes (tests/lanes.py): its hooks, registered as this conftest's own
 from lanes import (  # noqa: F401
+    RUN_LAST,
     pytest_addoption,
     pytest_collection_modifyitems,
     pytest_runtest_logreport,
+    pytest_runtestloop,
     pytest_sessionfinish,
 )
 
@@ -69,8 +71,7 @@ def pytest_collection_finish(session):
     """The lock's resolutions (test_packaging.LockResolutions) start now, as the lane starts,
     and the test that reads them runs last: its minute on the package index passes beside the
     other tests."""
-    name = "test_the_lock_pins_everything_each_supported_python_installs"
-    mine = [item for item in session.items if item.name == name]
+    mine = [item for item in session.items if item.name in RUN_LAST]
     if mine and not session.config.option.collectonly:
         session.items[:] = [i for i in session.items if i not in mine] + mine
         mine[0].module.BACKGROUND["lock"] = mine[0].module.LockResolutions()

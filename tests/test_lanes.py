@@ -1,4 +1,8 @@
-"""make test's lanes (tests/lanes.py): the split by measured durations, and the option."""
+"""make test's lanes (tests/lanes.py): the split by measured durations, the common pool, and the
+option."""
+
+import os
+import re
 
 import pytest
 from lanes import parse_lane, split
@@ -38,3 +42,45 @@ def test_tests_of_one_shared_fixture_or_folder_are_one_group():
     assert group_of(item(f"{bench}[sweep.py]")) == f"{bench}[sweep.py]"
     assert group_of(item("t.py::a", "tmp_path", "instrumented_run")) == \
         group_of(item("u.py::b", "instrumented_run"))
+
+
+def test_two_lanes_run_the_pool_once_each_test_and_keep_a_module_fixture_in_one_lane(tmp_path):
+    """Two real pytest processes with one claims folder: every pooled test runs in exactly one
+    of them, each lane's report counts the rest as deselected, and the tests of a module-scoped
+    fixture run in one lane, which makes the fixture once."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    (tmp_path / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+        "from lanes import pytest_addoption, pytest_collection_modifyitems, pytest_runtestloop\n")
+    (tmp_path / "test_x.py").write_text(
+        "import os\nimport pytest\n\n"
+        "def log(what):\n"
+        "    with open(os.environ['LANE_LOG'], 'a') as f:\n"
+        "        f.write(f'{os.environ[\"LANE\"]} {what}\\n')\n\n"
+        "@pytest.fixture(scope='module')\n"
+        "def shared():\n    log('fixture')\n    yield\n\n"
+        "@pytest.mark.parametrize('n', range(30))\n"
+        "def test_pooled(n, tmp_path):\n    log(f'pooled {n}')\n\n"
+        "@pytest.mark.parametrize('n', range(4))\n"
+        "def test_shared(n, shared):\n    log(f'shared {n}')\n")
+    claims, log = tmp_path / "claims", tmp_path / "ran.log"
+    claims.mkdir()
+    lanes = [subprocess.Popen(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py",
+         "--lane", f"{k}/2", "--lane-claims", str(claims)], cwd=tmp_path,
+        env={**os.environ, "LANE_LOG": str(log), "LANE": str(k)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (1, 2)]
+    outs = [lane.communicate(timeout=120)[0] for lane in lanes]
+    assert [lane.returncode for lane in lanes] == [0, 0], outs
+    ran = [line.split(" ", 1) for line in log.read_text().splitlines()]
+    pooled = sorted(int(what.split()[1]) for _, what in ran if what.startswith("pooled"))
+    assert pooled == list(range(30)), ran  # each once, none lost
+    shared = {lane for lane, what in ran if what.startswith(("shared", "fixture"))}
+    assert len(shared) == 1 and sum(what == "fixture" for _, what in ran) == 1, ran
+    counts = [tuple(map(int, re.search(r"(\d+) passed, (\d+) deselected", out).groups()))
+              for out in outs]
+    assert all(passed + deselected == 34 for passed, deselected in counts), outs
+    assert sum(passed for passed, _ in counts) == 34, outs
