@@ -42,9 +42,9 @@ test: install
 	$(BIN)/ruff check .
 	@lane_log=$$(mktemp); lane_tmp=$$(mktemp -d "$${TMPDIR:-/tmp}/w-XXXXXX"); claims=$$(mktemp -d); \
 	{ TMPDIR=$$lane_tmp $(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 \
-	    --lane 2/2 --lane-claims $$claims $(PYTEST_ARGS); } >$$lane_log 2>&1 & lane=$$!; \
+	    --lane 2/2 --lane-claims=$$claims $(PYTEST_ARGS); } >$$lane_log 2>&1 & lane=$$!; \
 	$(BIN)/python -m pytest -ra -p no:cacheprovider --durations=15 --lane 1/2 \
-	    --lane-claims $$claims $(PYTEST_ARGS); \
+	    --lane-claims=$$claims $(PYTEST_ARGS); \
 	first_rc=$$?; wait $$lane; lane_rc=$$?; \
 	echo "== beside it: the second lane (--lane 2/2) =="; \
 	cat $$lane_log; rm -rf $$lane_log $$lane_tmp $$claims; \

@@ -1,6 +1,6 @@
 """`make test`'s two lanes, split by measured duration rather than by marker.
 
-    pytest --lane 1/2 --lane-claims DIR  # this lane's share; another process runs 2/2, same DIR
+    pytest --lane=1/2 --lane-claims=DIR  # this lane's share; another process runs 2/2, same DIR
     pytest --record-durations tests/durations.json   # merge this run's seconds into the file
 
 Every lane collects the same tests. Most are a common pool: each lane takes the next test no lane
@@ -42,6 +42,8 @@ SHARED_FOLDERS = {"benchmarks/.venv-baseline (time_to_solve.baseline_python buil
 def pytest_addoption(parser):
     parser.addoption("--lane", default=None, metavar="K/N",
                      help="run lane K of N: the selected tests split by tests/durations.json")
+    # written --lane-claims=DIR: before conftest.py adds the option, pytest takes a separate DIR
+    # that exists for a path to test, and finds its rootdir from it
     parser.addoption("--lane-claims", default=None, metavar="DIR",
                      help="with --lane: the pool's claims, one folder for all the lanes")
     parser.addoption("--record-durations", default=None, metavar="FILE",

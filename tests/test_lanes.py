@@ -70,7 +70,7 @@ def test_two_lanes_run_the_pool_once_each_test_and_keep_a_module_fixture_in_one_
     claims.mkdir()
     lanes = [subprocess.Popen(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py",
-         "--lane", f"{k}/2", "--lane-claims", str(claims)], cwd=tmp_path,
+         f"--lane={k}/2", f"--lane-claims={claims}"], cwd=tmp_path,
         env={**os.environ, "LANE_LOG": str(log), "LANE": str(k)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for k in (1, 2)]
     outs = [lane.communicate(timeout=120)[0] for lane in lanes]
