@@ -78,6 +78,7 @@ def test_two_lanes_run_the_pool_once_each_test_and_keep_a_module_fixture_in_one_
     ran = [line.split(" ", 1) for line in log.read_text().splitlines()]
     pooled = sorted(int(what.split()[1]) for _, what in ran if what.startswith("pooled"))
     assert pooled == list(range(30)), ran  # each once, none lost
+    assert len(list(claims.iterdir())) == 30  # taken through the claims, not split beforehand
     shared = {lane for lane, what in ran if what.startswith(("shared", "fixture"))}
     assert len(shared) == 1 and sum(what == "fixture" for _, what in ran) == 1, ran
     counts = [tuple(map(int, re.search(r"(\d+) passed, (\d+) deselected", out).groups()))
