@@ -54,9 +54,11 @@ def processes(title: str) -> list[psutil.Process]:
 
 
 def learner_updates(ray) -> int:
-    """The running learner's update count, asked of it by its Ray name (one run at a time)."""
+    """The running learner's update count, asked of it by its Ray name (one run at a time). It
+    answers once its __init__ has ended: beside busy cores and the other lane, importing
+    TensorFlow there took over a minute (CI saw a 30-s deadline pass with the learner starting)."""
     [name] = [n for n in ray.util.list_named_actors() if n.endswith("-learner")]
-    return ray.get(ray.get_actor(name).stats.remote(), timeout=30)["updates"]
+    return ray.get(ray.get_actor(name).stats.remote(), timeout=180)["updates"]
 
 
 def wait_for(predicate, timeout_s: float, what: str, output: list[str] | None = None,
@@ -87,20 +89,35 @@ def said(capsys, text: str, seen: list[str]) -> bool:
     return text in "".join(seen)
 
 
-def train_in_thread(config: ApexConfig,
-                    stop: threading.Event | None = None) -> tuple[threading.Thread, dict]:
-    """Train in a thread; setting `stop` ends the run as a SIGTERM would (with its results)."""
-    box: dict = {}
+@pytest.fixture
+def training():
+    """start(config): train in a thread, returning (thread, box, stop); setting `stop` ends the
+    run as a SIGTERM would (with its results). At teardown, also after a failure, each run is
+    stopped and waited for: one left going held the module's CPUs from the next test (CI saw
+    that test wait 180 s for a first learner update that could not come)."""
+    runs: list[tuple[threading.Thread, threading.Event]] = []
 
-    def target():
-        try:
-            box["result"] = ApeX(config).train(sigterm=stop)
-        except BaseException as e:  # noqa: BLE001 - handed to the test
-            box["error"] = e
+    def start(config: ApexConfig) -> tuple[threading.Thread, dict, threading.Event]:
+        box: dict = {}
+        stop = threading.Event()
 
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
+        def target():
+            try:
+                box["result"] = ApeX(config).train(sigterm=stop)
+            except BaseException as e:  # noqa: BLE001 - handed to the test
+                box["error"] = e
+
+        thread = threading.Thread(target=target, daemon=True)
+        thread.start()
+        runs.append((thread, stop))
+        return thread, box, stop
+
+    yield start
+    for thread, stop in runs:
+        stop.set()
+        thread.join(180)
+    left = [thread.name for thread, _ in runs if thread.is_alive()]
+    assert not left, f"training threads still running 180 s after their stop: {left}"
 
 
 def assert_counters_consistent(result):
@@ -233,10 +250,10 @@ def test_a_learner_with_no_free_cpu_is_reported_and_the_run_ends_as_no_learner(r
     assert result.cpu_seconds["evaluator"] == 0.0 and not result.evals
 
 
-def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys):
+def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, busy_cpus, capsys,
+                                                        training):
     config = ApexConfig(**SMALL, max_seconds=200.0, output_dir=str(tmp_path))
-    stop = threading.Event()
-    thread, box = train_in_thread(config, stop)
+    thread, box, stop = training(config)
     seen: list[str] = []
     wait_for(lambda: said(capsys, "2 of 2 actors running", seen), 120, "two actors running")
     processes("ray::ActorWorker")[0].kill()
@@ -267,17 +284,18 @@ def test_a_killed_actor_is_replaced_and_training_goes_on(ray_local, tmp_path, bu
 
 
 def test_learning_after_recovery_starts_once_the_lost_actor_runs_again(ray_local, tmp_path,
-                                                                       busy_cpus, capsys):
+                                                                       busy_cpus, capsys,
+                                                                       training):
     """learn_after_recovery (notebook 04's first job): no learner update before the lost actor
     runs again and every actor runs steadily; then learning starts, long before the large
     min_replay_size that would have started it otherwise."""
     config = ApexConfig(**{**SMALL, "min_replay_size": 1_000_000, "replay_capacity": 1_000_000},
                         learn_after_recovery=True, max_seconds=200.0, output_dir=str(tmp_path))
-    stop = threading.Event()
-    thread, box = train_in_thread(config, stop)
+    thread, box, stop = training(config)
     seen: list[str] = []
-    wait_for(lambda: said(capsys, "all 2 actors running for", seen), 120, "two steady actors")
-    assert learner_updates(ray_local) == 0  # steady, but no loss yet: no learning
+    wait_for(lambda: said(capsys, "all 2 actors running for", seen)
+             and "learner running" in "".join(seen), 180, "two steady actors and the learner")
+    assert learner_updates(ray_local) == 0  # all running, but no loss yet: no learning
     processes("ray::ActorWorker")[0].kill()
     wait_for(lambda: said(capsys, "first learner update", seen), 120, "learning after the loss")
     stop.set()
@@ -293,14 +311,14 @@ def test_learning_after_recovery_starts_once_the_lost_actor_runs_again(ray_local
 
 
 def test_sigterm_to_an_actor_and_the_learner_checkpoints_each_time(ray_local, tmp_path,
-                                                                  busy_cpus, capsys):
+                                                                  busy_cpus, capsys, training):
     """The Spot notice on worker nodes: SIGTERM to an actor and then to the learner. Each writes
     a checkpoint within the grace period; the lost learner ends the run and says how to resume
     (resuming is test_driver_killed_then_resubmitted_with_resume)."""
     config = ApexConfig(**SMALL, max_seconds=120.0, output_dir=str(tmp_path),
                         checkpoint_interval_s=1000.0)  # only SIGTERM makes checkpoints here
     checkpoints = tmp_path / "checkpoints"
-    thread, box = train_in_thread(config)
+    thread, box, _ = training(config)  # its stop: the learner's SIGTERM below
     seen: list[str] = []
     wait_for(lambda: said(capsys, "first learner update", seen), 180, "training under way")
     assert latest_checkpoint(checkpoints) is None
