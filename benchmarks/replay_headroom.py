@@ -59,14 +59,15 @@ def main() -> None:
         config, network_for(config), 1e9) for _ in range(args.shards)]
     shards = ReplayShards(replays)
     block_ref = ray.put(block)
-    ray.get([r.add.remote(block_ref) for r in replays for _ in range(8)])  # enough to sample
+    ray.get([r.add.remote(block_ref) for r in replays for _ in range(8)],  # enough to sample
+            timeout=120)
     stop = threading.Event()
     counts = {"inserted": 0, "updates": 0}
 
     def produce(i: int):
         replay = replays[i % len(replays)]
         while not stop.is_set():
-            ray.get([replay.add.remote(block_ref) for _ in range(4)])
+            ray.get([replay.add.remote(block_ref) for _ in range(4)], timeout=120)
             counts["inserted"] += 4 * len(block)
 
     def learn():  # as LearnerWorker.step asks, takes and answers

@@ -417,7 +417,8 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
                            priority=np.full(8, priority, np.float32))
 
     shards = [ray.remote(ReplayWorker).remote(config, NetworkSpec((4,), 2), 1e9) for _ in range(2)]
-    ray.get([shards[0].add.remote(block(0, 1.0)), shards[1].add.remote(block(100, 3.0))])
+    ray.get([shards[0].add.remote(block(0, 1.0)), shards[1].add.remote(block(100, 3.0))],
+            timeout=120)
     with pytest.raises(ValueError, match=r"in_flight=0 is invalid: expected an integer >= 1"):
         ReplayShards(shards, in_flight=0)
     client = ReplayShards(shards, seed=1, in_flight=2)
@@ -438,7 +439,7 @@ def test_sharded_replay_samples_by_priority_mass_and_routes_priorities_back(loca
     key_in_1 = 3 * 2 + 1  # local key 3 of shard 1
     client.update_priorities(np.array([key_in_1]), np.array([11.0]))
     client.drain()
-    totals = [ray.get(s.stats.remote())["priority_total"] for s in shards]
+    totals = [ray.get(s.stats.remote(), timeout=60)["priority_total"] for s in shards]
     assert totals == pytest.approx([8.0, 7 * 3.0 + 11.0], rel=1e-5)
     for s in shards:
         ray.kill(s)
