@@ -724,6 +724,13 @@ def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
     result["events"].append({"time_s": 14.0, "kind": "learning_starts", "detail": "..."})
     learning = preemption_effects(result, killed_at=105.0, node_id="abcdef123456")
     assert learning["after"]["lost_env_steps_per_s"] == pytest.approx(800)  # 12-14 s, less 400
+    # Actor 1, on another node, went quiet under load and reported again after the learner's
+    # start: it kept its process, so it is not "back" (notebook 04 took it for the lost actor's
+    # return and said learning had not waited for it: seen beside two busy loops).
+    result["events"] += [{"time_s": 15.0, "kind": "actor_silent", "detail": "actor 1 stopped"},
+                         {"time_s": 16.0, "kind": "actor_back", "detail": "actor 1 is back on "
+                          "node 77777777: 2 of 2 actors running"}]
+    assert preemption_effects(result, 105.0, "abcdef12")["back"] == {0: 12.0}
     del rows[10]["actor_env_steps"], rows[0]["actor_env_steps"]  # a record from before
     assert preemption_effects(result, 105.0, "abcdef12")["before"]["lost_env_steps_per_s"] is None
 

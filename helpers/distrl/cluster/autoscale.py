@@ -233,8 +233,10 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
                    if (m := re.search(rf"actor (\d+) (?:running|is back) on node {node_id[:8]}",
                                       d))})
     back: dict[int, float] = {}
-    for t, kind, detail in events:
-        if kind == "actor_back" and t > kill_t and (m := re.match(r"actor (\d+)", detail)):
+    for t, kind, detail in events:  # the lost actors only: one that went quiet under load
+        # and reported again (actor_silent, then actor_back) kept its process and its node
+        if kind == "actor_back" and t > kill_t and (m := re.match(r"actor (\d+)", detail)) \
+                and int(m.group(1)) in lost:
             back.setdefault(int(m.group(1)), t)
     throughput = result["throughput"]
     end = throughput[-1]["time_s"] if throughput else kill_t
