@@ -41,6 +41,22 @@ def ray_local():
     shutdown_ray()
 
 
+@pytest.fixture(autouse=True)
+def every_cpu_given_back(request):
+    """After each test on the module's Ray (and after its runs are stopped: this fixture is set
+    up first, so torn down last), its CPUs are all free again within 60 s. A test that leaves
+    CPUs held fails here, by name, rather than the next test, which would wait for a CPU that
+    never comes (a room beside two busy loops saw 0.49 CPU held, the share of a SMALL actor,
+    with no live actor holding it, and the next two tests failed)."""
+    yield
+    if "ray_local" not in request.fixturenames:
+        return
+    ray = request.getfixturevalue("ray_local")
+    total = ray.cluster_resources().get("CPU", 0.0)
+    wait_for(lambda: ray.available_resources().get("CPU", 0.0) >= total - 1e-6, 60,
+             f"the test's Ray to have its {total:g} CPUs free", ray=ray)
+
+
 def processes(title: str) -> list[psutil.Process]:
     """This test run's Ray worker processes by their title, e.g. 'ray::ActorWorker': its Ray
     runs under it, and another pytest run's beside it (make test's other lane) does not."""
@@ -78,7 +94,12 @@ def wait_for(predicate, timeout_s: float, what: str, output: list[str] | None = 
 
         live = [(a["ActorClassName"], a["State"], a["Pid"], a["JobID"])
                 for a in actors().values() if a["State"] != "DEAD"]
-        state = f"; Ray has free {ray.available_resources()}, live actors {live}"
+        workers = []  # a process that outlives its actor keeps the actor's CPUs
+        for p in processes("ray::"):
+            with contextlib.suppress(psutil.Error):
+                workers.append((p.pid, p.cmdline()[0], p.status()))
+        state = (f"; Ray has free {ray.available_resources()}, live actors {live}, "
+                 f"worker processes {workers}")
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}{state}"
                          + (f"; the output so far:\n{seen}" if seen else ""))
 
