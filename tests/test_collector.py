@@ -281,6 +281,53 @@ def test_later_exports_land_after_a_collector_restart(tmp_path):
     assert min(values) <= 2 and max(values) == last  # before the restart and up to the end
 
 
+SIGNAL_STORM = """
+import os, signal, threading, time
+from {module} import {name} as Flag
+
+flag, waits = Flag(), [0]
+signal.signal(signal.SIGUSR1, lambda *_: flag.set())  # as the collector's SIGTERM handler
+
+
+def storm():  # a signal every 2 ms while the main thread makes progress, landing anywhere in
+    # its wait; none once it stops (a handler stuck on a lock would be interrupted again)
+    last, since = -1, time.monotonic()
+    while True:
+        time.sleep(0.002)
+        if waits[0] != last:
+            last, since = waits[0], time.monotonic()
+            os.kill(os.getpid(), signal.SIGUSR1)
+        elif time.monotonic() - since > 5:  # no wait in 5 s: stuck in the handler
+            print("deadlocked after", waits[0], "waits", flush=True)
+            os._exit(3)
+
+
+threading.Thread(target=storm, daemon=True).start()
+end = time.monotonic() + {seconds}
+while time.monotonic() < end:
+    flag.wait(0.001)
+    waits[0] += 1
+print("no deadlock in", waits[0], "waits", flush=True)
+"""
+
+
+@pytest.mark.parametrize("flag", ["distrl.otel.collector.StopFlag", "threading.Event"])
+def test_the_collectors_stop_flag_takes_signals_while_its_main_thread_waits(flag):
+    """`distrl collector` stopped on a threading.Event set by its SIGTERM handler: a signal that
+    came while the main thread held the Event's lock inside wait() deadlocked the handler, and
+    the collector never stopped (a clean room beside two busy loops: SIGTERM right after the
+    "listening" line). A signal every 2 ms while the main thread waits: the collector's flag
+    takes them all for 6 s; an Event in its place, the control, deadlocks."""
+    module, name = flag.rsplit(".", 1)
+    run = subprocess.run([sys.executable, "-c", SIGNAL_STORM.format(
+        module=module, name=name, seconds=6 if name == "StopFlag" else 60)],
+        capture_output=True, text=True, timeout=120)
+    if name == "StopFlag":
+        assert run.returncode == 0 and "no deadlock" in run.stdout, run.stdout + run.stderr[-2000:]
+    else:
+        assert run.returncode == 3 and "deadlocked" in run.stdout, run.stdout + run.stderr[-2000:]
+
+
 def test_collector_cli_serves_until_terminated(tmp_path):
     import signal
 

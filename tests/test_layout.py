@@ -14,7 +14,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "helpers" / "distrl"
 # A module may import modules of its own layer or below, never above. Layer 0 imports nothing of
 # the package but its version.
 LAYERS = {
-    0: ["distrl", "distrl.ray_runtime", "distrl.run_clock", "distrl.field_docs",
+    0: ["distrl", "distrl.ray_runtime", "distrl.run_clock", "distrl.stop_flag", "distrl.field_docs",
         "distrl.otel.store_file", "distrl.otel.token", "distrl.otel.conventions",
         "distrl.otel.filters", "distrl.gke.settings",
         "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.frames",

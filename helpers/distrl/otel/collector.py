@@ -58,6 +58,7 @@ from distrl.otel.receivers import BearerToken, Calls, OtlpHttpServer, http_handl
 from distrl.otel.store import CollectorStore
 from distrl.otel.store_file import check_db_file
 from distrl.otel.token import new_token_file, read_token, token_path
+from distrl.stop_flag import StopFlag
 
 
 def is_loopback(host: str) -> bool:
@@ -305,7 +306,7 @@ def _read_line(stream, timeout_s: float) -> str | None:
     return result[0] if result else None
 
 
-def _stop_with_parent(pid: int, stopped: threading.Event, every_s: float = 0.5) -> None:
+def _stop_with_parent(pid: int, stopped: StopFlag, every_s: float = 0.5) -> None:
     """Set `stopped` once process pid is no longer the parent (it died, even by SIGKILL, and
     this process was handed to init or a subreaper)."""
     while not stopped.wait(every_s):
@@ -341,8 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     # default 5 ms hands it to the writer and the export threads sooner.
     # `python benchmarks/collector_under_load.py` measures export p99 under query load.
     sys.setswitchinterval(0.001)
-    # Handlers first: whoever reads the "listening" line may send SIGTERM at once.
-    stopped = threading.Event()
+    # Handlers first: whoever reads the "listening" line may send SIGTERM at once. A flag with
+    # no lock: threading.Event.set from a handler deadlocked when the signal came while this
+    # thread held that Event's lock inside wait() (a SIGTERM right after the line, beside busy
+    # loops: the collector never stopped, and LocalCollector.stop would have SIGKILLed it).
+    stopped = StopFlag()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopped.set())
     try:
@@ -365,7 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.stop_with_parent is not None:
         threading.Thread(target=_stop_with_parent, args=(args.stop_with_parent, stopped),
                          daemon=True, name="parent-watch").start()
-    stopped.wait()
+    while not stopped.wait(3600.0):
+        pass
     collector.stop()
     print("collector stopped", flush=True)
     return 0
