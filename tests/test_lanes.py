@@ -72,7 +72,7 @@ def test_two_lanes_run_the_pool_once_each_test_and_keep_a_module_fixture_in_one_
         "def test_shared(n, shared):\n    log(f'shared {n}')\n")
     claims, log = tmp_path / "claims", tmp_path / "ran.log"
     claims.mkdir()
-    def lane(k: int) -> subprocess.Popen:
+    def start_lane(k: int) -> subprocess.Popen:
         return subprocess.Popen(
             [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_x.py",
              f"--lane={k}/2", f"--lane-claims={claims}"], cwd=tmp_path,
@@ -80,12 +80,12 @@ def test_two_lanes_run_the_pool_once_each_test_and_keep_a_module_fixture_in_one_
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
     if together:
-        lanes = [lane(1), lane(2)]
+        lanes = [start_lane(1), start_lane(2)]
         outs = [started.communicate(timeout=120)[0] for started in lanes]
     else:
         lanes, outs = [], []
         for k in (1, 2):
-            lanes.append(lane(k))
+            lanes.append(start_lane(k))
             outs.append(lanes[-1].communicate(timeout=120)[0])
     assert [lane.returncode for lane in lanes] == [0, 0], outs
     ran = [line.split(" ", 1) for line in log.read_text().splitlines()]
