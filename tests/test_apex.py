@@ -349,6 +349,21 @@ def test_instrumented_run_reports_golden_signals_and_joined_traces(local_ray, in
             assert p["attributes"]["rl.run.id"] == "test-run"
             assert p["attributes"]["rl.environment.name"] == "CartPole-v1"
             assert "rl.loop.iteration" not in p["attributes"]
+    # Every process of the run stored something, and each one's exports were all taken
+    # (read after its last flush: the actors' final stats, the others after their close).
+    from distrl.otel import explore
+
+    processes = result.processes()
+    assert processes == ["driver", "learner", "replay", "evaluator", "actor-0", "actor-1"]
+    stored = explore.check_every_process_reported(store, "test-run", processes,
+                                                  result.telemetry_exports)
+    assert all(n["points"] > 0 for n in stored.values()), stored
+    assert sorted(result.telemetry_exports) == sorted(processes)
+    for name, outcomes in result.telemetry_exports.items():
+        assert [o["signal"] for o in outcomes] == ["metrics", "spans"], name
+        assert all(o["failed"] == 0 and o["error"] is None for o in outcomes), (name, outcomes)
+        assert outcomes[0]["exported"] > 0, name
+    assert "exports refused" not in json.dumps(result.events)
     # Traffic adds up: the actors' sample counters total the env steps of the run.
     last = {}
     for p in _points(db, prefix + "rl.sample.samples/counter"):
@@ -538,6 +553,37 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
     assert resumed.evals[0]["mean_return"] >= 0.0  # at the target, and the run went on
     assert resumed.reached_target and len(resumed.evals) >= 2
     assert resumed.learner_updates > first.learner_updates
+
+
+def test_a_run_whose_exports_are_refused_says_so_and_fails_the_stores_check(local_ray,
+                                                                             tmp_path):
+    """A run given another token than its collector's: no process's export is taken. The run's
+    own log names each process whose exports were refused, with the collector's reason, in the
+    call that ran it (not in whatever cell prints the workers' logs later), and the check of
+    the store names every process that stored nothing."""
+    from distrl.otel import explore
+    from distrl.otel.collector import LocalCollector
+
+    wrong = tmp_path / "wrong.token"
+    wrong.write_text("y" * 43 + "\n")
+    wrong.chmod(0o600)
+    with LocalCollector(tmp_path / "otel.db", port=0) as collector:
+        config = ApexConfig(target_return=None, max_learner_updates=60, max_seconds=120,
+                            output_dir=str(tmp_path / "run"), progress=False, telemetry=True,
+                            otlp_endpoint=collector.endpoint, otlp_token_file=str(wrong),
+                            metric_export_interval_s=1.0, run_id="refused-run")
+        result = ApeX(config).train()
+        processes = result.processes()
+        assert {"driver", "learner", "actor-0", "actor-1"} <= set(processes)
+        refused = [e["detail"] for e in result.events if e["kind"] == "telemetry"]
+        assert sorted(d.split(":")[1].strip() for d in refused) == sorted(processes), refused
+        assert all("UNAUTHENTICATED" in d for d in refused), refused
+        with pytest.raises(explore.TelemetryLost) as lost:
+            explore.check_every_process_reported(collector.store(), "refused-run", processes,
+                                                 result.telemetry_exports, timeout_s=1)
+    said = str(lost.value)
+    assert f"from {', '.join(processes)} (0 of {len(processes)} processes reported)" in said
+    assert all(f"{name}: " in said for name in processes) and "UNAUTHENTICATED" in said
 
 
 def test_a_replay_process_that_keeps_freed_batches_does_not_fault_their_pages_in_again(

@@ -15,7 +15,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "helpers" / "distrl"
 # the package but its version.
 LAYERS = {
     0: ["distrl", "distrl.ray_runtime", "distrl.run_clock", "distrl.stop_flag", "distrl.field_docs",
-        "distrl.otel.store_file", "distrl.otel.token", "distrl.otel.conventions",
+        "distrl.otel.store_file", "distrl.otel.token", "distrl.otel.export_outcomes",
+        "distrl.otel.conventions",
         "distrl.otel.filters", "distrl.gke.settings",
         "distrl.gke.runner", "distrl.rl.config", "distrl.rl.network", "distrl.rl.frames",
         "distrl.rl.tf_runtime", "distrl.rl.checkpoints"],

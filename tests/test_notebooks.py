@@ -340,7 +340,23 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
     assert summary["traces"] > 0 and summary["processes"] == 6
     assert summary["best_eval_return"] > 30  # learning showed (random play scores about 20)
     assert set(summary["overhead_env_steps_per_s"]) == {"off", "on"}
-    assert summary["trace_across_ray_call"] is True
+    # The trace across the Ray call, read from the store as the notebook's check reads it: the
+    # notebook's rl.loop span and the Ray task's rl.sample span under it, from two processes.
+    notebook, worker = summary["trace_across_ray_call"]
+    assert notebook.startswith("notebook-") and worker.startswith("ray-worker-"), summary
+    from distrl.otel.store import CollectorStore
+
+    store = CollectorStore(out_dir / "otel.db")
+    [root] = [s for s in store.spans() if s["attributes"].get("rl.loop.iteration") == 99]
+    by_process = {s["resource"]["service.instance.id"]: s for s in store.spans(root["trace_id"])}
+    assert set(by_process) == {notebook, worker}
+    assert by_process[worker]["name"] == "rl.sample"
+    assert by_process[worker]["parent_span_id"] == root["span_id"]
+    assert re.search(rf"one trace across two processes: {notebook}'s rl.loop span and {worker}'s",
+                     stream_text(executed))
+    # Every process of the run stored telemetry (the notebook checks it after the run).
+    assert summary["processes_reported"] == ["driver", "learner", "replay", "evaluator",
+                                             "actor-0", "actor-1"]
     # The golden-signal panels are described by figures drawn from the same data.
     text = stream_text(executed)
     assert re.search(r"traffic: first env steps at \d+ s; median [\d,]+ env steps/s", text), text[-3000:]
@@ -349,9 +365,6 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
                                        r"at \d+ s", text).groups())
     assert first <= best / 2, (first, best)
     # The raw-SDK cell's instruments arrived under the seed's scope names.
-    from distrl.otel.store import CollectorStore
-
-    store = CollectorStore(out_dir / "otel.db")
     demo = store.query("SELECT DISTINCT metric_type, scope FROM points WHERE json_extract("
                        "attributes, '$.\"rl.run.id\"') = 'raw-sdk-demo' ORDER BY metric_type")
     assert {r["scope"] for r in demo} == {"rl-training-meter"}
@@ -360,6 +373,32 @@ def test_02_instrument_with_opentelemetry(kernel, tmp_path: Path):
         "prometheus.googleapis.com/rl.loop.duration/histogram",
         "prometheus.googleapis.com/rl.sample.duration/histogram",
         "prometheus.googleapis.com/rl.sample.samples/counter"]
+
+
+def test_02_fails_its_own_check_when_the_ray_tasks_exporter_has_no_token(kernel, tmp_path):
+    """Notebook 02 up to its trace across a Ray call, with the token taken from the Ray task's
+    hand-built exporter: the collector refuses the task's span, and the notebook's check of the
+    store fails in that cell, naming the task's process, rather than calling it one trace."""
+    import nbformat
+    from papermill.exceptions import PapermillExecutionError
+
+    nb = nbformat.read(NOTEBOOKS_DIR / "02-instrument-with-opentelemetry.ipynb", as_version=4)
+    end = next(i for i, c in enumerate(nb.cells) if "sample_remotely.remote(" in c.source)
+    call = "sample_remotely.remote(carrier, endpoint, str(collector.token_file))"
+    assert call in nb.cells[end].source
+    nb.cells[end].source = nb.cells[end].source.replace(
+        call, "sample_remotely.remote(carrier, endpoint, None)")
+    nb.cells = nb.cells[:end + 1] + [nbformat.v4.new_code_cell("collector.stop()\nray.shutdown()")]
+    nbformat.write(nb, tmp_path / "02-without-token.ipynb")
+    with pytest.raises(PapermillExecutionError, match=(
+            r"RuntimeError: trace [0-9a-f]{32} has no span of the Ray task's process "
+            r"ray-worker-\d+ in the store: its export was answered FAILURE")):
+        run_notebook(tmp_path / "02-without-token.ipynb", tmp_path,
+                     {"OUTPUT_DIR": str(tmp_path / "run"), "SMOKE": True}, kernel=kernel)
+    from distrl.otel.store import CollectorStore
+
+    spans = CollectorStore(tmp_path / "run" / "otel.db").spans()
+    assert not [s for s in spans if s["resource"]["service.instance.id"].startswith("ray-worker")]
 
 
 def test_03_create_gke_cluster_dry_run(kernel, tmp_path: Path):

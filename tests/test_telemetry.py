@@ -81,6 +81,45 @@ def test_a_local_collector_asks_for_its_token_by_default(tmp_path):
         explore.Monitoring(project_id="my-project-id", token_file=c.token_file)
 
 
+def test_a_refused_exporter_is_counted_and_the_runs_check_names_its_process(tmp_path):
+    """Two processes of run r1 export to a collector that asks for its token: the driver sends
+    it, actor-0 does not. actor-0's exporters count every export as failed, with the
+    collector's own reason, and the run's check of the store names actor-0 (and only it) as
+    having stored nothing, with that reason; the driver's points and spans are found."""
+    from distrl.otel import explore
+
+    with LocalCollector(tmp_path / "otel.db", port=0) as c:
+        outcomes = {}
+        for name, token_file in (("driver", c.token_file), ("actor-0", None)):
+            tel = otel.setup_telemetry(endpoint=c.endpoint, token_file=token_file,
+                                       instance_id=f"{name}-4242@host", export_interval_ms=60_000)
+            rl = otel.RLInstruments(tel.meter, otel.common_attributes(
+                run_id="r1", algorithm="apex-dqn", environment="CartPole-v1", model="m"))
+            rl.add("rl.sample.samples", 5, rl.attrs({otel.RL_LOOP: name}))
+            with tel.tracer.start_as_current_span(otel.SPAN_LOOP, attributes=rl.attrs()):
+                pass
+            tel.shutdown()
+            outcomes[name] = tel.export_outcomes()
+        assert [(o["signal"], o["exported"], o["failed"]) for o in outcomes["driver"]] == [
+            ("metrics", 1, 0), ("spans", 1, 0)]
+        assert [(o["signal"], o["exported"], o["failed"] > 0) for o in outcomes["actor-0"]] == [
+            ("metrics", 0, True), ("spans", 0, True)]
+        assert all("UNAUTHENTICATED" in o["error"] for o in outcomes["actor-0"])
+        store = c.store()
+        assert explore.check_every_process_reported(store, "r1", ["driver"], timeout_s=1) == {
+            "driver": {"points": 1, "spans": 1}}
+        with pytest.raises(explore.TelemetryLost, match=(
+                r"run r1: no points or spans in the store from actor-0 \(1 of 2 processes "
+                r"reported\): actor-0: 1 of 1 metrics exports, 1 of 1 spans exports failed "
+                r"\(Failed to export metrics .*UNAUTHENTICATED")):
+            explore.check_every_process_reported(store, "r1", ["driver", "actor-0"],
+                                                 outcomes, timeout_s=0.5)
+        with pytest.raises(explore.TelemetryLost, match="from evaluator .*reported no refusal"):
+            explore.check_every_process_reported(store, "r1", ["evaluator"], timeout_s=0)
+        with pytest.raises(ValueError, match=r"processes=\[\] names no process"):
+            explore.check_every_process_reported(store, "r1", [])
+
+
 def test_the_collector_command_asks_for_a_token_by_default(tmp_path):
     """`distrl collector` asked for a token only when given --token-file (issue 65): on the
     command line, as in LocalCollector, it now makes DB.token (readable by you alone) and asks

@@ -49,6 +49,7 @@ from distrl.apex.hold import LearnerHold
 from distrl.apex.process_telemetry import IterationTraces, ProcessTelemetry
 from distrl.apex.record import RunRecord, TrainingResult
 from distrl.apex.workers import ActorWorker, EvaluatorWorker, LearnerWorker, ReplayWorker
+from distrl.otel.export_outcomes import refusals
 from distrl.ray_runtime import (
     DASHBOARD_FAILURES,
     StartInterrupted,
@@ -679,6 +680,7 @@ class _Run:
         evaluator_cpu_s = (0.0 if evaluator_closing is None
                            else get_within(evaluator_closing, deadline.left(), 0.0, problems))
         self.tel.shutdown()
+        exports = self._export_outcomes(actor_finals, deadline, problems)
         if problems:
             self.record.say("shutdown", f"while stopping: {problems[0]}"
                             + (f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""))
@@ -690,7 +692,10 @@ class _Run:
         def per_actor(key: str) -> list:
             return [actor_finals[i][key] if i in actor_finals else None for i in range(n)]
 
-        return self.record.result(self.fleet.first_step_time, self.learner_stats, dict(
+        # the learner's own last word where it gave one: a run that ends before the driver's
+        # next poll still has its first update on the timeline
+        learner_last = learner_final or self.learner_stats
+        return self.record.result(self.fleet.first_step_time, learner_last, dict(
             env_steps=self.record.steps_before + fleet.env_steps(), learner_updates=updates,
             transitions_inserted=replay["inserted"], transitions_sampled=replay["sampled"],
             checkpoint=checkpoint, weights=final_weights, replay_check=merged_check(checks),
@@ -703,7 +708,29 @@ class _Run:
             actor_env_steps=[fleet.base[i] + fleet.last[i]["env_steps"] for i in range(n)],
             actor_restarts=list(fleet.restarts), actor_nodes=list(fleet.nodes),
             actor_states=fleet.states(time.monotonic()),
-            actor_transitions_sent=per_actor("transitions_sent")))
+            actor_transitions_sent=per_actor("transitions_sent"), telemetry_exports=exports))
+
+    def _export_outcomes(self, actor_finals: dict, deadline: Deadline,
+                         problems: list[str]) -> dict[str, list[dict]]:
+        """What each process's exports came to, after its last flush: {process: outcomes}.
+        A process whose exports were refused is said in the run's log, by name."""
+        if not self.apex.config.telemetry:
+            return {}
+        t = self.topology
+        exports = {"driver": self.tel.export_outcomes()}
+        others = [("learner", t.learner)] if self.learner_stats is not None else []
+        others += [("evaluator", t.evaluator)] if t.evaluator is not None else []
+        others += [("replay" if len(t.replays) == 1 else f"replay-{k}", r)
+                   for k, r in enumerate(t.replays)]
+        for name, handle in others:
+            exports[name] = get_within(handle.export_outcomes.remote(), deadline.left(), None,
+                                       problems)
+        for i, final in sorted(actor_finals.items()):
+            exports[f"actor-{i}"] = final.get("exports")
+        exports = {name: outcome for name, outcome in exports.items() if outcome is not None}
+        for said in refusals(exports):
+            self.record.say("telemetry", f"exports refused: {said}")
+        return exports
 
 
 def _rates(throughput: list[dict], window_s: float = 3.0) -> tuple[float, float]:

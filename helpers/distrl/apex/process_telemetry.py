@@ -117,6 +117,10 @@ class ProcessTelemetry:
         if self.telemetry is not None:
             self.telemetry.shutdown(timeout_s=3.0)
 
+    def export_outcomes(self) -> list[dict]:
+        """What this process's exports came to (otel.export_outcomes); none with telemetry off."""
+        return [] if self.telemetry is None else self.telemetry.export_outcomes()
+
 
 # Every SDK call has a fixed cost, so counters and gauges are summed over this many actor
 # blocks and recorded once. Latency histograms still get one observation per block.

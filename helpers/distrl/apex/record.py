@@ -59,6 +59,9 @@ class TrainingResult:
     started_monotonic: float | None = None  # the same on time.monotonic(), of boot boot_id:
     boot_id: str | None = None                # distrl.run_clock compares moments by them
     replay_check: dict = field(default_factory=dict)
+    # with telemetry: what each process's OTLP exports came to, {process: [{signal, exported,
+    # failed, error}]} (distrl.otel.export_outcomes), read after its last flush
+    telemetry_exports: dict = field(default_factory=dict)
     config: dict = field(default_factory=dict)
     weights: list[np.ndarray] | None = field(default=None, repr=False)
 
@@ -82,6 +85,17 @@ class TrainingResult:
     @classmethod
     def load(cls, path: str | os.PathLike) -> TrainingResult:
         return cls(**json.loads(Path(path).read_text()))
+
+    def processes(self) -> list[str]:
+        """The processes of this run that had something to report, by the name their
+        telemetry's service.instance.id starts with: the driver; the learner once it updated;
+        the replay once it was sampled; the evaluator once it evaluated; every actor that
+        stepped (one that never got a CPU did nothing to report)."""
+        names = ["driver"]
+        names += ["learner"] if "first update" in self.timeline else []
+        names += ["replay"] if self.transitions_sampled > 0 else []
+        names += ["evaluator"] if self.evals else []
+        return names + [f"actor-{i}" for i, steps in enumerate(self.actor_env_steps) if steps]
 
 
 

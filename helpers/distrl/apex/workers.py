@@ -116,6 +116,9 @@ class ReplayWorker(ReplayService):
         super().close()
         self.tel.shutdown()
 
+    def export_outcomes(self) -> list[dict]:
+        return self.tel.export_outcomes()
+
 
 class ReplayShards:
     """The learner's view of one or more replay processes.
@@ -365,6 +368,9 @@ class LearnerWorker:
         self.tel.shutdown()
         return path
 
+    def export_outcomes(self) -> list[dict]:
+        return self.tel.export_outcomes()
+
 
 class ActorWorker:
     """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
@@ -509,7 +515,8 @@ class ActorWorker:
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
                 "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
                 "node_id": self.node_id, "first_step_time": self.actor.first_step_time,
-                "epsilons": self.actor.epsilons.tolist()}  # what its env slots explore with
+                "epsilons": self.actor.epsilons.tolist(),  # what its env slots explore with
+                "exports": self.tel.export_outcomes()}
 
     def stop(self) -> None:
         self._stop.set()
@@ -553,6 +560,9 @@ class EvaluatorWorker:
         """Flush telemetry; returns the CPU seconds this process used."""
         self.tel.shutdown()
         return time.process_time()
+
+    def export_outcomes(self) -> list[dict]:
+        return self.tel.export_outcomes()
 
 
 # mallopt(3) parameters (glibc's malloc.h).

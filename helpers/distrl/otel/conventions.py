@@ -27,6 +27,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from distrl import __version__
+from distrl.otel.export_outcomes import CountedExporter
 from distrl.otel.token import bearer_header
 
 # --- RL semantic conventions: attribute keys -----------------------------------------------
@@ -163,6 +164,10 @@ class Telemetry:
     exporters: tuple = ()  # the OTLP exporters setup_telemetry made (none for custom readers)
     endpoints: tuple[str, ...] = ()  # where they send (metrics and traces; one if the same)
 
+    def export_outcomes(self) -> list[dict]:
+        """What each OTLP exporter's exports came to: exported, failed, the first error."""
+        return [exporter.outcome() for exporter in self.exporters]
+
     @property
     def meter(self):
         return self.meter_provider.get_meter("distrl", __version__)
@@ -282,13 +287,13 @@ def setup_telemetry(service_name: str | None = None, *, service_namespace: str |
     metric_exporter, span_exporter = _exporters(protocol, endpoint, export_timeout_s,
                                                 bearer_header(token_file) or None)
     if metric_readers is None:
-        exporters.append(metric_exporter())
+        exporters.append(CountedExporter(metric_exporter(), "metrics"))
         endpoints.append(_endpoint_of("METRICS", protocol, endpoint))
         metric_readers = [_periodic_reader(exporters[-1], export_interval_ms, export_timeout_s)]
     if span_processors is None:
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-        exporters.append(span_exporter())
+        exporters.append(CountedExporter(span_exporter(), "spans"))
         endpoints.append(_endpoint_of("TRACES", protocol, endpoint))
         span_processors = [BatchSpanProcessor(
             exporters[-1], export_timeout_millis=int(export_timeout_s * 1000))]

@@ -41,6 +41,8 @@ from distrl.otel.alerts import (  # noqa: F401
 )
 from distrl.otel.dashboard import PREFIX
 from distrl.otel.store_views import (  # noqa: F401
+    TelemetryLost,
+    check_every_process_reported,
     counter_rate,
     gauge_series,
     latency_percentiles,
@@ -48,6 +50,7 @@ from distrl.otel.store_views import (  # noqa: F401
     outside_root,
     plot_trace_waterfall,
     process_of,
+    processes_reported,
     slowest_iterations,
     slowest_work,
     tensorboard_scalars,

@@ -254,3 +254,66 @@ def tensorboard_scalars(logdir, tag: str) -> list[tuple[int, float]]:
     if tag in tags.get("scalars", []):
         return sorted((e.step, float(e.value)) for e in acc.Scalars(tag))
     return []
+
+
+class TelemetryLost(RuntimeError):
+    """A process of a run ran and the store holds nothing of it."""
+
+
+def processes_reported(store, run_id: str) -> dict[str, dict[str, int]]:
+    """Every process that stored points or spans under rl.run.id = run_id:
+    {service.instance.id: {"points": n, "spans": m}}."""
+    found: dict[str, dict[str, int]] = {}
+    for table in ("points", "spans"):
+        rows = store.query(
+            f"SELECT r.service_instance_id AS process, COUNT(*) AS n FROM {table} t JOIN "
+            "resources r ON r.id = t.resource_id WHERE json_extract(t.attributes, "
+            "'$.\"rl.run.id\"') = ? GROUP BY r.id", (run_id,))
+        for row in rows:
+            entry = found.setdefault(row["process"] or "?", {"points": 0, "spans": 0})
+            entry[table] += row["n"]
+    return found
+
+
+def _named(instance_id: str) -> str:
+    """The process name in an Ape-X instance id: `actor-0` of `actor-0-4242@host`."""
+    head, _, _ = instance_id.partition("@")
+    name, _, pid = head.rpartition("-")
+    return name if pid.isdigit() and name else head
+
+
+def check_every_process_reported(store, run_id: str, processes: list[str],
+                                 exports: dict[str, list[dict]] | None = None,
+                                 timeout_s: float = 10.0) -> dict[str, dict[str, int]]:
+    """Wait until each named process of the run (driver, learner, actor-0, ...: the names an
+    Ape-X process's service.instance.id starts with) has points or spans in the store, and
+    return what each stored, by name. Raises TelemetryLost naming every process with nothing
+    stored after timeout_s, with what its exporters said (`exports`, the run's
+    telemetry_exports), so a refused exporter fails the run's check rather than a later cell."""
+    import time
+
+    if not processes:
+        raise ValueError("processes=[] names no process to look for: expected names such as "
+                         "['driver', 'learner', 'actor-0']")
+    deadline = time.monotonic() + timeout_s
+    while True:
+        stored: dict[str, dict[str, int]] = {}
+        for instance, counts in processes_reported(store, run_id).items():
+            entry = stored.setdefault(_named(instance), {"points": 0, "spans": 0})
+            entry["points"] += counts["points"]
+            entry["spans"] += counts["spans"]
+        missing = [name for name in processes if name not in stored]
+        if not missing or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if missing:
+        from distrl.otel.export_outcomes import refusals
+
+        said = refusals({name: (exports or {}).get(name, []) for name in missing})
+        raise TelemetryLost(
+            f"run {run_id}: no points or spans in the store from {', '.join(missing)} "
+            f"({len(processes) - len(missing)} of {len(processes)} processes reported)"
+            + (": " + "; ".join(said) if said else
+               ": its exporters reported no refusal, so look for an endpoint or a run id of "
+               "its own"))
+    return {name: stored[name] for name in processes}
