@@ -679,6 +679,21 @@ def test_quota_arithmetic_uses_family_and_preemptible_quotas_when_the_region_has
     assert needs["N2_CPUS"] == 32 and needs["CPUS"] == 12
 
 
+def test_the_project_wide_quotas_count_every_node_and_the_gpu():
+    """What notebook 03's quota table lists after the region's, and what the live check reads
+    from `gcloud compute project-info describe`: every vCPU of the plan, Spot ones too, and
+    the head's GPU, in all regions together; no GPU line for a CPU head."""
+    from distrl.gke.preflight import project_quota_needs
+
+    s = settings(actor_machine_type="n2-standard-8", max_actor_nodes=4)
+    [cpus, gpus] = project_quota_needs(s)
+    assert (cpus.metric, cpus.amount, cpus.per_actor_node) == ("CPUS_ALL_REGIONS", 4 + 8 + 32, 8)
+    assert "actor nodes 4 x 8" in cpus.what and "all regions" in cpus.what
+    assert (gpus.metric, gpus.amount) == ("GPUS_ALL_REGIONS", 1)
+    assert [n.metric for n in project_quota_needs(settings(gpu_type="none"))] == [
+        "CPUS_ALL_REGIONS"]
+
+
 def test_cli_refuses_bad_names_before_running_anything(stand_ins, capsys):
     with pytest.raises(SystemExit) as e:
         gke.main(["create", "--project-id", "Bad_Project"])

@@ -317,6 +317,21 @@ def quota_needs(settings, quotas: dict[str, dict]) -> list[QuotaNeed]:
     return list(needs.values())
 
 
+def project_quota_needs(settings) -> list[QuotaNeed]:
+    """Project-wide quota the plan uses at full scale: CPUS_ALL_REGIONS counts every node's
+    vCPUs (Spot ones too) in all regions together, and GPUS_ALL_REGIONS the head's GPU; both
+    cap the project whatever a region grants, and new projects most often lack them (GPUs: 0;
+    CPUs: 20-32). `gcloud compute project-info describe` lists them."""
+    cpus = [n for n in quota_needs(settings, {}) if n.metric.endswith("CPUS")]
+    needs = [QuotaNeed("CPUS_ALL_REGIONS", sum(n.amount for n in cpus),
+                       " + ".join(n.what for n in cpus) + ", in all regions together",
+                       sum(n.per_actor_node for n in cpus))]
+    if settings.gpu_type != "none":
+        needs.append(QuotaNeed("GPUS_ALL_REGIONS", 1, f"one {settings.gpu_type} for the head, "
+                                                      "in all regions together"))
+    return needs
+
+
 def _quota_list(describe_json: str) -> dict[str, dict]:
     data = json.loads(describe_json or "{}")
     return {q["metric"]: q for q in data.get("quotas", [])}
@@ -388,9 +403,8 @@ def project_quota_problems(settings, project_json: str) -> list[str]:
     except (json.JSONDecodeError, KeyError, TypeError):
         return ["cannot read the project's quotas (gcloud compute project-info describe)"]
     problems = []
-    cpus = [n for n in quota_needs(settings, {}) if n.metric.endswith("CPUS")]
-    need = sum(n.amount for n in cpus)
-    per_node = sum(n.per_actor_node for n in cpus)
+    [cpus] = [n for n in project_quota_needs(settings) if n.metric == "CPUS_ALL_REGIONS"]
+    need, per_node = cpus.amount, cpus.per_actor_node
     if quota is not None and quota["limit"] - quota.get("usage", 0) < need:
         free = quota["limit"] - quota.get("usage", 0)
         fits = int((free - need) // per_node) + settings.max_actor_nodes if per_node else 0

@@ -33,11 +33,16 @@ _FIRST_MAKE = threading.Lock()
 
 def register_env(env_id: str) -> None:
     """Registers the environments that gymnasium finds only once asked: MinAtar's
-    (`minatar.gym.register_envs`) and the Arcade Learning Environment's (ALE/...: ale_py's);
+    (`minatar.gym.register_envs`), the Arcade Learning Environment's (ALE/...: ale_py's), and
+    your own as gym.make takes them, `"my_module:MyEnv-v0"` (importing my_module registers it);
     gymnasium 1.x runs no plugin entry point that would."""
-    if env_id in gym.registry:
+    if registered_id(env_id) in gym.registry:
         return
-    if env_id.startswith("MinAtar/"):
+    if ":" in env_id:
+        import importlib
+
+        importlib.import_module(env_id.split(":")[0])
+    elif env_id.startswith("MinAtar/"):
         from minatar.gym import register_envs
 
         register_envs()
@@ -45,6 +50,11 @@ def register_env(env_id: str) -> None:
         import ale_py
 
         gym.register_envs(ale_py)
+
+
+def registered_id(env_id: str) -> str:
+    """The id in gymnasium's registry: `MyEnv-v0` of `"my_module:MyEnv-v0"`."""
+    return env_id.split(":")[-1]
 
 
 # Atari preprocessing as in the DQN Nature paper (Mnih et al. 2015, Methods), which Ape-X
@@ -86,7 +96,7 @@ def make_env(env_id: str, training: bool = True, render_mode: str | None = None)
 def _spaces(env_id: str) -> tuple[gym.Space, gym.Space]:
     """The observation and action spaces of env_id, from one env made per process and id."""
     register_env(env_id)
-    if env_id not in gym.registry:
+    if registered_id(env_id) not in gym.registry:
         close = difflib.get_close_matches(env_id, list(gym.registry), n=3, cutoff=0.6)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"env_id={env_id!r} is not a registered gymnasium environment{hint} "
@@ -265,7 +275,7 @@ def _vector_env(env_id: str, num_envs: int, training: bool = True):
     dependencies are missing, as JAX is for phys2d/CartPole)."""
     if is_atari(env_id):
         return _atari_vector_env(env_id, num_envs, training)
-    if gym.spec(env_id).vector_entry_point is None:
+    if gym.spec(registered_id(env_id)).vector_entry_point is None:
         return None
     try:
         return gym.make_vec(env_id, num_envs=num_envs, vectorization_mode="vector_entry_point")
