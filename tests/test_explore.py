@@ -243,21 +243,6 @@ def test_firing_windows_need_the_condition_for_the_whole_duration():
         explore.firing_windows(frame, "COMPARISON_EQ", 1, 1, 1)
 
 
-def test_reward_drops_compare_each_series_with_its_own_best():
-    import pandas as pd
-
-    t = pd.date_range("2026-12-04", periods=6, freq="10s", tz="UTC")
-    frame = pd.concat([
-        pd.DataFrame({"time": t, "value": [20, 200, 360, 330, 200, 380], "rl.run.id": "cartpole"}),
-        pd.DataFrame({"time": t, "value": [-500, -300, -120, -150, -110, -100],
-                      "rl.run.id": "acrobot"})])
-    drops = explore.reward_drops(frame, fraction=0.3)
-    assert drops["rl.run.id"].tolist() == ["cartpole"]  # 360 -> 200 is more than 30 % of 360
-    assert drops["value"].tolist() == [200] and drops["best_so_far"].tolist() == [360]
-    with pytest.raises(ValueError, match="fraction=1.5"):
-        explore.reward_drops(frame, fraction=1.5)
-
-
 def test_evaluate_alert_refuses_promql_and_bad_time_scale():
     policy = {"displayName": "x", "conditions": [{"conditionPrometheusQueryLanguage": {}}]}
     with pytest.raises(ValueError, match="only threshold conditions"):

@@ -1030,6 +1030,45 @@ def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_
             explore.sample_rate_drops(mon, time_scale=0)
 
 
+def test_the_reward_drop_alert_fires_on_a_held_collapse_and_not_on_one_low_evaluation(tmp_path):
+    """The reward-drop policy as explore.reward_drop_windows runs it locally (time_scale 1/60:
+    5-s means, a 60-s lookback for the best, 5 s held): run A's evaluator scores 400 every
+    second but one 0 (ordinary noise: its period's mean stays within 30 % of the best); run
+    B's falls from 400 to 100 from 30 s to 45 s and comes back; run C's rewards are negative
+    (Acrobot) and only improve. A comparison of each point with its best fired on A too."""
+    def gauge(points):
+        m = metrics_pb2.Metric(name="rl.environment.reward.mean", unit="1")
+        for run, t, value in points:
+            m.gauge.data_points.add(attributes=_series_attrs(run, "CartPole-v1", "evaluator"),
+                                    time_unix_nano=T0 + t * S, as_double=value)
+        return m
+
+    points = [("A", t, 0.0 if t == 33 else 400.0) for t in range(10, 56)]
+    points += [("B", t, 100.0 if 30 < t <= 45 else 400.0) for t in range(10, 56)]
+    points += [("C", t, -500.0 + 8 * t) for t in range(10, 56)]
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [gauge(points)]), timeout=10)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        kwargs = dict(minutes=2, time_scale=1 / 60, end=_time(T0 + 60 * S))
+        means, windows, alignment_s, duration_s = explore.reward_drop_windows(mon, **kwargs)
+        assert (alignment_s, duration_s) == (5, 5.0)
+        assert set(means["rl.run.id"]) == {"A", "B", "C"}
+        assert windows["rl.run.id"].tolist() == ["B"]
+        assert windows["start"].tolist() == [_time(T0 + 30 * S)]
+        assert windows["end"].tolist() == [_time(T0 + 45 * S)]
+        assert windows["worst"].tolist() == [100.0]
+        # Each point against its best so far, as the old local twin compared them: A fired.
+        a = means[means["rl.run.id"] == "A"]
+        raw = [v for run, _, v in points if run == "A"]
+        assert min(raw) < 0.7 * max(raw) and a["value"].min() > 0.7 * 400
+        empty = explore.reward_drop_windows(mon, where={"rl.run.id": "Z"}, **kwargs)
+        assert empty[0].empty and empty[1].empty
+        with pytest.raises(ValueError, match="time_scale=2"):
+            explore.reward_drop_windows(mon, time_scale=2)
+
+
 def test_a_users_own_metrics_and_spans_are_listed_read_and_plotted(tmp_path):
     """Instruments outside the RL conventions, exported by the OTel SDK over OTLP/gRPC: docs/
     telemetry.md's own-client recipe lists them, explore lists, reads (NAME/KIND) and plots

@@ -714,6 +714,20 @@ def test_05_explore_metrics(kernel, tmp_path: Path):
     assert drops and all(f["series"] == summary["run_id"] for f in drops), summary["firings"]
     assert 0 < summary["sample_rate_alert_after_fault_s"] <= 12 + 2 * 5, summary  # FAULT_SECONDS
     assert re.search(r"the sample-rate alert fired \d+ s later, for cartpole-\d+ only", text)
+    # The hang found in the data: the faulted run's learner stored nothing for about the fault's
+    # 12 s, and no other process was silent as long (the notebook checks the same).
+    silence = summary["longest_silence"]
+    assert (silence["run"], silence["process"]) == (summary["run_id"], "learner"), silence
+    assert 12 - 1 <= silence["silent_s"] <= 12 + 10, silence
+    assert re.search(rf"the longest silence: learner of {summary['run_id']} stored nothing for "
+                     r"[\d.]+ s", text)
+    # The fault landed once the run had learned some: its greedy return on record reached 100,
+    # and through the fault the evaluator played the hung learner's weights.
+    assert re.search(r"hangs at .*, once it trains and scores 100, for 12 s", text)
+    evaluator_wait = re.search(rf"{summary['run_id']}: best greedy mean \d+ \(\d+ periods\); "
+                               r"its evaluator, which asks the learner for weights, waited with "
+                               r"it: no evaluation from [\d:]+ to [\d:]+ \((\d+) s\)", text)
+    assert evaluator_wait and int(evaluator_wait[1]) >= 12 - 1, text[-3000:]
     # Google's published RL dashboard, tile by tile: the empty ones are exactly the GPU and
     # token tiles, and each is explained.
     assert summary["google_tiles_empty"] == ["Samples/sec/GPU", "Tokens/sec", "Tokens/sec/GPU",

@@ -1,7 +1,8 @@
 """Alert policies evaluated on data: when a threshold condition held for its duration
 (firing_windows), a policy's condition run as its query (evaluate_alert), the sample-rate-drop
-policy after a run first trained (sample_rate_drops), and the reward-drop condition
-(reward_drops). `monitoring` is an explore.Monitoring; explore.py offers these beside it."""
+policy after a run first trained (sample_rate_drops), and the reward-drop policy's held fall
+below each run's own best (reward_drop_windows). `monitoring` is an explore.Monitoring;
+explore.py offers these beside it."""
 
 from __future__ import annotations
 
@@ -10,26 +11,6 @@ import re
 
 from distrl.otel import conventions as otel
 from distrl.otel import dashboard as dash
-
-
-def reward_drops(frame, fraction: float = 0.3, by: str = otel.RL_RUN_ID):
-    """Where a reward series fell below its own best so far by more than `fraction` of that
-    best (the reward-drop alert's condition, k8s/monitoring/alerts/reward-drop.json), per
-    series of `frame` (time, value and a `by` column). Returns the rows that met it, with the
-    best so far and the drop."""
-    import pandas as pd
-
-    if not 0 < fraction < 1:
-        raise ValueError(f"fraction={fraction!r} is invalid: expected 0 < fraction < 1")
-    if frame.empty:
-        return frame
-    parts = []
-    for _, series in (frame.groupby(by) if by in frame.columns else [(None, frame)]):
-        series = series.sort_values("time")
-        best = series["value"].cummax()
-        drop = best - series["value"]
-        parts.append(series.assign(best_so_far=best, drop=drop)[drop > fraction * best.abs()])
-    return pd.concat(parts) if parts else frame.iloc[:0]
 
 
 def firing_windows(frame, comparison: str, threshold: float, duration_s: float,
@@ -136,6 +117,52 @@ def sample_rate_drops(monitoring, *, minutes: float = 60.0,
                               alignment_s, by) if not kept.empty
                else pd.DataFrame(columns=[*by, "start", "end", "worst"]))
     return samples, windows, alignment_s, duration_s
+
+
+# The reward-drop policy's PromQL (k8s/monitoring/alerts/reward-drop.json): a run's mean over
+# [5m] more than 30 % of its magnitude below the best such mean of the last hour ([1h:1m]).
+REWARD_WINDOW_S, REWARD_LOOKBACK_S, REWARD_DROP_FRACTION = 300, 3600, 0.3
+
+
+def reward_drop_windows(monitoring, *, minutes: float = 60.0, time_scale: float = 1.0,
+                        end: dt.datetime | None = None, where: dict | None = None):
+    """The reward-drop policy on the data `monitoring` holds, the way sample_rate_drops runs
+    its PromQL twin: each run's greedy (evaluator) reward averaged over periods of the policy's
+    window, its best such mean over the lookback before each period, and a firing where the
+    mean stayed more than REWARD_DROP_FRACTION of that best's magnitude below it for the
+    policy's duration; windows, lookback and duration scaled by time_scale. A single low
+    evaluation is not a drop: it moves a period's mean, and the drop must hold. Returns (the
+    runs' period means with their best so far, firing windows, alignment and duration in s)."""
+    import pandas as pd
+
+    if not 0 < time_scale <= 1:
+        raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
+    condition = dash.alert_policies()["reward-drop"]["conditions"][0]
+    duration_s = _seconds(condition["conditionPrometheusQueryLanguage"]["duration"]) * time_scale
+    alignment_s = max(1, round(REWARD_WINDOW_S * time_scale))
+    lookback = pd.Timedelta(seconds=REWARD_LOOKBACK_S * time_scale)
+    means = monitoring.time_series(
+        "rl.environment.reward.mean", where={**(where or {}), otel.RL_LOOP: "evaluator"},
+        minutes=minutes, end=end, aligner="ALIGN_MEAN", reducer="REDUCE_MEAN",
+        group_by=(otel.RL_RUN_ID,), alignment_s=alignment_s)
+    by = (otel.RL_RUN_ID,)
+    empty = pd.DataFrame(columns=[*by, "start", "end", "worst"])
+    if means.empty:
+        return means, empty, alignment_s, duration_s
+    parts = []
+    for _, series in means.groupby(otel.RL_RUN_ID):
+        series = series.sort_values("time").set_index("time", drop=False)
+        best = series["value"].rolling(lookback).max()  # the period's own mean included
+        parts.append(series.assign(best=best.to_numpy()).reset_index(drop=True))
+    means = pd.concat(parts, ignore_index=True)
+    fallen = means.assign(value=(means["best"] - means["value"]
+                                 > REWARD_DROP_FRACTION * means["best"].abs()).astype(float))
+    windows = firing_windows(fallen, "COMPARISON_GT", 0.5, duration_s, alignment_s, by)
+    if len(windows):  # the worst: the lowest mean while it held, not the indicator
+        windows["worst"] = [means[(means[otel.RL_RUN_ID] == w[otel.RL_RUN_ID])
+                                  & means["time"].between(w["start"], w["end"])]["value"].min()
+                            for _, w in windows.iterrows()]
+    return means, windows, alignment_s, duration_s
 
 
 def _seconds(duration: str) -> float:

@@ -36,7 +36,7 @@ from distrl.otel import dashboard as dash
 from distrl.otel.alerts import (  # noqa: F401
     evaluate_alert,
     firing_windows,
-    reward_drops,
+    reward_drop_windows,
     sample_rate_drops,
 )
 from distrl.otel.dashboard import PREFIX
@@ -51,6 +51,7 @@ from distrl.otel.store_views import (  # noqa: F401
     plot_trace_waterfall,
     process_of,
     processes_reported,
+    silences,
     slowest_iterations,
     slowest_work,
     tensorboard_scalars,

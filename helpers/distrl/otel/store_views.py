@@ -198,16 +198,17 @@ WORK_SPANS = ("rl.train", "rl.sample")  # a learner's fetch of batches, an actor
 
 def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
     """The n slowest spans of real work (by default the learner's rl.train and the actors'
-    rl.sample), slowest first, with the trace each belongs to, and `first`: whether it is its
-    process's first span of that name (a learner's first update traces and compiles its graph).
+    rl.sample), slowest first, with the run (rl.run.id) and the trace each belongs to, and
+    `first`: whether it is its process's first span of that name (a learner's first update
+    traces and compiles its graph).
     The root rl.loop spans are the driver's polls, which last as long as the poll interval
     whatever the work."""
     import pandas as pd
 
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"n={n!r} is invalid: expected a positive integer")
-    rows = [{"name": s["name"], "process": process_of(s),
-             "instance": s["resource"].get("service.instance.id", "?"),
+    rows = [{"name": s["name"], "run": s["attributes"].get("rl.run.id"),
+             "process": process_of(s), "instance": s["resource"].get("service.instance.id", "?"),
              "duration_ms": (s["end_ns"] - s["start_ns"]) / 1e6, "trace_id": s["trace_id"],
              "span_id": s["span_id"], "start_ns": s["start_ns"], "end_ns": s["end_ns"]}
             for s in store.iter_spans() if s["name"] in names]
@@ -217,6 +218,45 @@ def slowest_work(store, n: int = 5, names: tuple[str, ...] = WORK_SPANS):
     frame["first"] = frame["start_ns"] == frame.groupby(["name", "instance"])["start_ns"].transform("min")
     return (frame.drop(columns="instance").sort_values("duration_ms", ascending=False).head(n)
             .reset_index(drop=True))
+
+
+def silences(store, n: int = 5, min_s: float = 0.0):
+    """The n longest silences of any process, longest first: the time between two consecutive
+    things it stored (metric points, which its exporter sends every interval whatever the
+    process does, and spans), from its first to its last. A process that hangs writes no span,
+    so a hang is a gap rather than a slow span; its exporter stops with it, so its points stop
+    too. One row a silence: the run (rl.run.id), the process (service.component), its
+    service.instance.id, from, to (UTC) and seconds."""
+    import pandas as pd
+
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"n={n!r} is invalid: expected a positive integer")
+    if min_s < 0:
+        raise ValueError(f"min_s={min_s!r} is invalid: expected seconds >= 0")
+    rows = []
+    for table, when in (("points", "t.time_ns"), ("spans", "t.end_ns")):
+        rows += store.query(
+            "SELECT r.service_instance_id AS instance, json_extract(r.attributes, "
+            "'$.\"service.component\"') AS process, json_extract(t.attributes, "
+            f"'$.\"rl.run.id\"') AS run, {when} AS time_ns FROM {table} t JOIN resources r "
+            "ON r.id = t.resource_id")
+    columns = ["run", "process", "instance", "from", "to", "silent_s"]
+    if not rows:
+        return pd.DataFrame(columns=columns)
+    frame = pd.DataFrame(rows).dropna(subset=["time_ns"])
+    # a process's run: the one its points name (a span of your own may carry none)
+    frame["run"] = frame.groupby("instance")["run"].transform(
+        lambda runs: runs.dropna().iloc[0] if runs.notna().any() else None)
+    frame = frame.sort_values(["instance", "time_ns"]).drop_duplicates(["instance", "time_ns"])
+    frame["previous_ns"] = frame.groupby("instance")["time_ns"].shift()
+    gaps = frame.dropna(subset=["previous_ns"]).assign(
+        silent_s=lambda f: (f["time_ns"] - f["previous_ns"]) / 1e9)
+    gaps = gaps[gaps["silent_s"] >= min_s].sort_values("silent_s", ascending=False).head(n)
+    return pd.DataFrame({
+        "run": gaps["run"], "process": gaps["process"].fillna("?"), "instance": gaps["instance"],
+        "from": pd.to_datetime(gaps["previous_ns"].astype("int64"), utc=True),
+        "to": pd.to_datetime(gaps["time_ns"].astype("int64"), utc=True),
+        "silent_s": gaps["silent_s"].round(1)}, columns=columns).reset_index(drop=True)
 
 
 def outside_root(spans: list[dict]) -> list[dict]:
