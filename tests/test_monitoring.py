@@ -436,7 +436,9 @@ def _self_signed(tmp_path):
 
 
 class Recorder:
-    """A MetricService that records each request (method, bytes, metadata), answers empty."""
+    """A MetricService that records each request (method, bytes, metadata), answers empty:
+    no series, no descriptors, and NOT_FOUND for a descriptor asked for by name (what Cloud
+    Monitoring answers for a type nothing has written)."""
 
     def __init__(self, credentials=None):
         from concurrent import futures
@@ -445,11 +447,14 @@ class Recorder:
 
         self.calls = []
         responses = {"ListTimeSeries": monitoring_v3.ListTimeSeriesResponse.pb()(),
-                     "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsResponse.pb()()}
+                     "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsResponse.pb()(),
+                     "GetMetricDescriptor": None}
 
         def handler(method):
             def handle(request, context):
                 self.calls.append((method, request, dict(context.invocation_metadata())))
+                if responses[method] is None:
+                    context.abort(grpc.StatusCode.NOT_FOUND, "no such metric descriptor")
                 return responses[method]
             return grpc.unary_unary_rpc_method_handler(
                 handle, request_deserializer=lambda b: b,
@@ -499,16 +504,22 @@ def test_cloud_path_sends_the_local_requests_to_the_project(tmp_path):
         assert done.returncode == 0, done.stderr[-3000:]
     assert len(cloud.calls) == len(local.calls) > 40
     types = {"ListTimeSeries": monitoring_v3.ListTimeSeriesRequest,
-             "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsRequest}
+             "ListMetricDescriptors": monitoring_v3.ListMetricDescriptorsRequest,
+             "GetMetricDescriptor": monitoring_v3.GetMetricDescriptorRequest}
     for (method, sent, metadata), (local_method, local_sent, _) in zip(cloud.calls, local.calls):
         assert method == local_method
         request = types[method].pb().FromString(sent)
         local_request = types[method].pb().FromString(local_sent)
+        if method == "GetMetricDescriptor":  # why a query is empty: the type's labels
+            assert request.name.startswith("projects/my-project/metricDescriptors/")
+            assert local_request.name == request.name.replace("my-project", "local", 1)
+            continue
         assert request.name == "projects/my-project" and local_request.name == "projects/local"
         local_request.name = request.name
         assert request == local_request  # the same filter, interval and aggregation
         assert "my-project" in metadata["x-goog-request-params"]
-    filters = [types[m].pb().FromString(b).filter for m, b, _ in cloud.calls]
+    filters = [types[m].pb().FromString(b).filter for m, b, _ in cloud.calls
+               if m != "GetMetricDescriptor"]
     assert any('metric.labels."rl.run.id" = "r1"' in f for f in filters)
     assert any('metric.labels."rl.algorithm" = "apex-dqn"' in f for f in filters)
 
@@ -1028,6 +1039,35 @@ def test_the_sample_rate_alert_fires_on_a_stall_after_training_and_not_at_start_
         assert empty[0].empty and empty[1].empty
         with pytest.raises(ValueError, match="time_scale=0"):
             explore.sample_rate_drops(mon, time_scale=0)
+
+
+def test_a_label_spelled_as_the_seed_spells_it_is_named_with_the_stored_key(tmp_path):
+    """The seed's documents write rl_run_id where OTLP stores rl.run.id. The collector answers
+    that filter with nothing, as Cloud Monitoring does; the reading layer says why and names
+    the stored key. A label the metric has, with a value that matches nothing, is just empty."""
+    with LocalCollector(tmp_path / "otel.db", token_file=None, port=0) as c:
+        stub = metrics_service_pb2_grpc.MetricsServiceStub(
+            grpc.insecure_channel(c.endpoint.removeprefix("http://")))
+        stub.Export(_request("i1", [_gauge([(_series_attrs("r1", "CartPole-v1"), T0, 0.5)])]),
+                    timeout=10)
+        mon = explore.Monitoring(endpoint=c.endpoint)
+        end = _time(T0 + 60 * S)
+        raw = mon.client.list_time_series(request=mon.request(
+            "rl.train.loss", where={"rl_run_id": "r1"}, minutes=5, end=end))
+        assert list(raw) == []  # the service's answer, kept
+        with pytest.warns(UserWarning, match="its key is 'rl.run.id'"), pytest.raises(
+                explore.NoSuchLabel, match=(
+                r"no series of rl.train.loss has the label 'rl_run_id', so nothing matched; "
+                r"did you mean 'rl.run.id'\? \(its labels: .*rl.run.id")):
+            mon.time_series("rl.train.loss", where={"rl_run_id": "r1"}, minutes=5, end=end)
+        with pytest.raises(explore.NoSuchLabel, match="'rl_loop'.*did you mean 'rl.loop'"):
+            mon.time_series("rl.train.loss", group_by=("rl_loop",), aligner="ALIGN_MEAN",
+                            reducer="REDUCE_MEAN", minutes=5, end=end)
+        assert mon.time_series("rl.train.loss", where={"rl.run.id": "r2"}, minutes=5,
+                               end=end).empty
+        assert len(mon.time_series("rl.train.loss", where={"rl.run.id": "r1"}, minutes=5,
+                                   end=end)) == 1
+        assert mon.time_series("never.written/gauge", where={"x": "y"}, minutes=5, end=end).empty
 
 
 def test_the_reward_drop_alert_fires_on_a_held_collapse_and_not_on_one_low_evaluation(tmp_path):

@@ -107,6 +107,24 @@ def _with_bearer(channel, header: dict[str, str]):
     return grpc.intercept_channel(channel, Bearer())
 
 
+class NoSuchLabel(LookupError):
+    """A query named a label its metric does not have: why an answer is empty."""
+
+    def __init__(self, metric: str, missing: list[str], labels: list[str]):
+        import difflib
+
+        def hint(key: str) -> str:
+            spelled = key.replace("_", ".")  # the seed's rl_run_id for the stored rl.run.id
+            near = [spelled] if spelled in labels else difflib.get_close_matches(key, labels, 1)
+            return f"; did you mean {near[0]!r}?" if near else ""
+
+        super().__init__(
+            "; ".join(f"no series of {metric} has the label {key!r}, so nothing matched"
+                      f"{hint(key)}" for key in missing)
+            + f" (its labels: {', '.join(sorted(labels))})")
+        self.metric, self.missing, self.labels = metric, missing, labels
+
+
 class Monitoring:
     """google-cloud-monitoring's MetricServiceClient, and DataFrames of what it returns.
 
@@ -218,9 +236,33 @@ class Monitoring:
         """A DataFrame with one row per point: time, value, metric and resource labels.
 
         query: where, minutes, end, aligner, reducer, group_by, alignment_s (see request()).
-        Distribution points give their mean as value and their count.
+        Distribution points give their mean as value and their count. A `where` or `group_by`
+        label the metric does not have raises NoSuchLabel, naming the labels it has, where the
+        answer is empty or its groups lack that label (Cloud Monitoring answers such a query
+        with nothing, or with one group, and says nothing).
         """
-        return _answer(self.client.list_time_series, self.request(metric, **query))
+        frame = _answer(self.client.list_time_series, self.request(metric, **query))
+        # an empty answer, or groups without their label: was a label misspelled?
+        keys = [*(query.get("where") or {})] if frame.empty else []
+        keys += [k for k in query.get("group_by", ()) if frame.empty or k not in frame.columns]
+        self._check_labels(metric, keys)
+        return frame
+
+    def _check_labels(self, metric: str, keys: list[str]) -> None:
+        """NoSuchLabel where a key is not among the labels of the metric's descriptor (none
+        when the type itself is not there yet: then nothing was written)."""
+        from google.api_core import exceptions
+
+        if not keys:
+            return
+        name = f"{self.project_name}/metricDescriptors/{metric_type(metric)}"
+        try:
+            labels = [label.key for label in self.client.get_metric_descriptor(name=name).labels]
+        except exceptions.NotFound:
+            return
+        missing = [k for k in dict.fromkeys(keys) if k not in labels]
+        if missing:
+            raise NoSuchLabel(metric, missing, labels)
 
     def query(self, filter: str, aggregation: dict, minutes: float = 30.0,
               end: dt.datetime | None = None):
