@@ -666,13 +666,24 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     assert start["weights_version"] == first["learner_updates"], start
     assert start["mean_return"] == pytest.approx(restored, abs=0.05)
     assert second["learner_updates"] > first["learner_updates"]
-    # The twin from zero had to learn its way up to the checkpoint's score.
+    # What the resume saved, read from the three jobs' own records: the resumed job reached the
+    # target in fewer updates from its checkpoint than the twin from zero needed from zero
+    # (or than the twin had, if it never got there); the notebook checks and prints the same.
     zero = json.loads((out_dir / "job-from-zero" / "results.json").read_text())
     assert zero.get("resumed_from") is None and zero["learner_updates"] > 0
-    assert re.search(r"the resumed job's first evaluation, before any update; (from zero after "
-                     r"[\d,]+ updates|never from zero in the budget)", text), text[-3000:]
-    assert re.search(r"to the target 475: [\d,]+ updates after the checkpoint", text)
-    assert zero["target_return"] == pytest.approx(restored, abs=0.01)  # it stopped at that score
+    assert zero["target_return"] == second["target_return"] == 475
+
+    def updates_to(result, since=0):
+        hit = next((e for e in result["evals"] if e["mean_return"] >= 475), None)
+        return None if hit is None else hit["weights_version"] - since
+
+    resumed_needed = updates_to(second, since=first["learner_updates"])
+    zero_needed = updates_to(zero)
+    assert resumed_needed is not None
+    assert resumed_needed < (zero_needed if zero_needed is not None
+                             else zero["learner_updates"] + 1), (resumed_needed, zero_needed)
+    assert re.search(rf"to the target 475: the resumed job needed {resumed_needed:,} updates "
+                     r"after its checkpoint, the job from zero ", text), text[-3000:]
     assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
     assert text.count("CartPole-v1: reached 475.0") == 1
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event

@@ -399,12 +399,18 @@ def plot_golden_signals(frames: dict, axes=None, spans: list | None = None):
     `spans`: (label, start, end) datetimes shaded on every panel, for frames of one group."""
     panels = []
     for title, (df, chart, groups) in frames.items():
-        unit = chart.unit
         if chart.metric == "rl.train.mfu":  # a fraction on the wire, a percentage to read
-            df, unit = (df.assign(value=100 * df["value"]) if not df.empty else df), "%"
+            df = df.assign(value=100 * df["value"]) if not df.empty else df
             title = f"{title}, in %"  # the dashboard's tile of that title draws the fraction
-        panels.append((f"{chart.signal}: {title}", unit, df, list(groups)))
+        panels.append((f"{chart.signal}: {title}", _AXIS_WORDS.get(chart.metric) or
+                       _AXIS_WORDS.get(chart.unit, chart.unit), df, list(groups)))
     return _plot_panels(panels, columns=4, size=(3.6, 2.6), axes=axes, spans=spans)
+
+
+# A panel's y axis in words, by metric or by unit (the charts' units are UCUM: "1", "1/s").
+_AXIS_WORDS = {"ms": "milliseconds", "1/s": "per second",
+               "rl.environment.reward.mean": "return", "rl.environment.episode.length.mean":
+               "steps", "rl.train.loss": "loss", "rl.train.mfu": "% of the device's peak"}
 
 
 def plot_time_series(frame, *, by: tuple[str, ...] = (), title: str = "", unit: str = "",
@@ -477,33 +483,54 @@ def _plot_panels(panels: list, columns: int, size: tuple[float, float], axes=Non
                                squeeze=False, layout="constrained", dpi=72)
         axes = grid.ravel()
     styles = {"p50": ":", "p95": "-", "p99": "--"}
+    # One colour a group, the same in every panel, and one legend for the figure: a legend in
+    # each small panel was too small to read and lay over the lines.
+    names = sorted({" ".join(map(str, row)) for _, _, df, keys in panels if not df.empty
+                    for row in df[[k for k in keys if k in df.columns]].drop_duplicates()
+                    .itertuples(index=False)})
+    colors = {name: f"C{i % 10}" for i, name in enumerate(names)}
+    stats_used: set[str] = set()
     for ax, (title, ylabel, df, keys) in zip(axes, panels):
         ax.set_title(title, fontsize=9)
         ax.set_ylabel(ylabel, fontsize=8)
-        for label, start, end in spans or []:
+        for _, start, end in spans or []:
             [origin] = origins.values()
             ax.axvspan((pd.Timestamp(start) - origin).total_seconds(),
-                       (pd.Timestamp(end) - origin).total_seconds(), color="grey", alpha=0.2,
-                       label=label)
+                       (pd.Timestamp(end) - origin).total_seconds(), color="grey", alpha=0.2)
         if df.empty:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
             continue
         keys = [k for k in keys if k in df.columns]
         starts = df[common].apply(tuple, axis=1).map(origins) if common else origins[()]
         df = df.assign(elapsed_s=(df["time"] - starts).dt.total_seconds())
-        lines = list(df.groupby(["statistic", *keys], sort=True))
-        for (stat, *group), part in lines:
+        for (stat, *group), part in df.groupby(["statistic", *keys], sort=True):
             part = part.sort_values("elapsed_s")
+            stats_used.add(stat)
             ax.plot(*_broken_at_gaps(part["elapsed_s"], part["value"], step), styles.get(stat, "-"),
-                    label=" ".join([*map(str, group), stat]),
+                    color=colors.get(" ".join(map(str, group)), "C0"),
                     marker="." if len(part) < 20 else None)  # a few points: show each
         ax.set_xlabel("s since the group's first point", fontsize=8)
         ax.tick_params(labelsize=7)
-        # Labels at the lines' ends overlapped once there were many: a legend, in columns.
-        ax.legend(fontsize=6 if len(lines) <= 6 else 5, ncol=1 if len(lines) <= 6 else 2)
     for ax in list(axes)[len(panels):]:
         ax.axis("off")
+    _figure_legend(list(axes)[0].figure, colors, [s for s in styles if s in stats_used], styles,
+                   [label for label, _, _ in spans or []])
     return axes
+
+
+def _figure_legend(fig, colors: dict, stats: list[str], styles: dict, spans: list[str]) -> None:
+    """One legend under the figure: a colour a group, a line style a percentile, the spans."""
+    from matplotlib.layout_engine import ConstrainedLayoutEngine
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Line2D([], [], color=c, label=name) for name, c in colors.items() if name]
+    handles += [Line2D([], [], color="grey", linestyle=styles[s], label=s) for s in stats]
+    handles += [Patch(color="grey", alpha=0.2, label=label) for label in spans]
+    if handles:  # below the panels where the layout makes room for it (constrained)
+        outside = isinstance(fig.get_layout_engine(), ConstrainedLayoutEngine)
+        fig.legend(handles=handles, loc="outside lower center" if outside else "lower center",
+                   fontsize=9, ncol=min(len(handles), 6), frameon=False)
 
 
 def preview_dashboard(monitoring: Monitoring, board: dict, *, where: dict | None = None,

@@ -1,0 +1,134 @@
+"""What a resume saves, over several seeds: notebook 04's story on one node. A first run holds
+its learner once its weights score within a window (mid-learning) and stops there, with a
+checkpoint; a run resumed from it trains to the target, and a run from zero trains to the same
+target. Each is measured in learner updates: the resumed run's from its checkpoint, the run from
+zero's from zero; and the resumed run's fall, the lowest greedy return it went through on the
+way below the checkpoint's own score.
+
+    python benchmarks/resume_head_start.py [--seeds 11 12 13] [--variant min_replay_size=20000]
+                                           [--smoke]
+
+A --variant changes the resumed run only (ApexConfig fields, Python values), to try what a
+resume should restore or do differently; the table has one row per seed and variant.
+"""
+
+import argparse
+import ast
+import sys
+import tempfile
+from pathlib import Path
+
+import distrl  # noqa: F401  (before Ray: gRPC's fork support off)
+from distrl.apex.driver import ApeX
+from distrl.apex.faults import StopFlag
+from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.config import ApexConfig
+
+WINDOW = (150.0, 450.0)  # notebook 04's HOLD_WITHIN
+TARGET = 475.0
+
+
+class _StopOnTheHold:
+    """stdout, which also stops the run when the driver says its learner held (the driver's
+    own line: the hold is the driver's to decide, on its evaluator's check)."""
+
+    def __init__(self, out, stop: StopFlag):
+        self.out, self.stop = out, stop
+
+    def write(self, text: str) -> int:
+        if "learner held at" in text:
+            self.stop.set("the learner held")
+        return self.out.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.out, name)
+
+
+def first_run(base: ApexConfig, out: Path):
+    """Trains until its learner holds within WINDOW, then stops as a drain would."""
+    stop = StopFlag()
+    real, sys.stdout = sys.stdout, _StopOnTheHold(sys.stdout, stop)
+    try:
+        return ApeX(base.replace(hold_learner_within=WINDOW, target_return=None,
+                                 output_dir=str(out / "first"))).train(sigterm=stop)
+    finally:
+        sys.stdout = real
+
+
+def lowest_after(result, score: float) -> float | None:
+    """The lowest greedy return after a run first scored `score`, until it first scored
+    TARGET: the fall a run from zero goes through from where the checkpoint was."""
+    returns = [e["mean_return"] for e in result.evals]
+    first = next((i for i, r in enumerate(returns) if r >= score), None)
+    if first is None:
+        return None
+    end = next((i for i, r in enumerate(returns) if r >= TARGET), len(returns))
+    return min(returns[first:end], default=None) if end > first else None
+
+
+def updates_to(result, score: float, since: int = 0) -> int | None:
+    hit = next((e for e in result.evals if e["mean_return"] >= score), None)
+    return None if hit is None else hit["weights_version"] - since
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13])
+    parser.add_argument("--variant", action="append", default=[],
+                        help="FIELD=VALUE for the resumed run (repeat for several fields)")
+    parser.add_argument("--max-seconds", type=float, default=240.0)
+    parser.add_argument("--smoke", action="store_true")
+    args = parser.parse_args()
+    variant = {k: ast.literal_eval(v) for k, v in (s.split("=", 1) for s in args.variant)}
+    base = ApexConfig(envs_per_actor=16, max_seconds=args.max_seconds, progress=False)
+    if args.smoke:
+        args.seeds = [0]
+        base = base.replace(max_seconds=60.0)
+    init_local_ray(include_dashboard=False, logging_level="error")
+    rows = []
+    try:
+        with tempfile.TemporaryDirectory(prefix="resume-") as tmp:
+            for seed in args.seeds:
+                out = Path(tmp) / f"seed-{seed}"
+                config = base.replace(seed=seed)
+                first = first_run(config, out)
+                held = [e for e in first.evals if e.get("hold_check")]
+                if first.checkpoint is None or not held or not (
+                        WINDOW[0] <= held[-1]["mean_return"] < WINDOW[1]):
+                    print(f"seed {seed}: the first run did not hold within {WINDOW} "
+                          f"({first.stop_detail}); skipped", flush=True)
+                    continue
+                score, at = held[-1]["mean_return"], first.learner_updates
+                resumed = ApeX(config.replace(target_return=TARGET, resume=first.checkpoint,
+                                              output_dir=str(out / "resumed"),
+                                              **variant)).train()
+                zero = ApeX(config.replace(target_return=TARGET,
+                                           output_dir=str(out / "zero"))).train()
+                after = updates_to(resumed, TARGET, since=at)
+                fresh = updates_to(zero, TARGET)
+                low = min((e["mean_return"] for e in resumed.evals[1:]), default=None)
+                low_zero = lowest_after(zero, score)
+                rows.append((seed, score, at, after, fresh, low, low_zero))
+                print(f"seed {seed}: checkpoint at {at:,} updates scoring {score:.1f}; to "
+                      f"{TARGET:g}: resumed {after if after is not None else 'never'} updates "
+                      f"after it, from zero {fresh if fresh is not None else 'never'}; lowest "
+                      f"greedy return on the way from the checkpoint's score: resumed "
+                      f"{'-' if low is None else f'{low:.1f}'}, from zero (once it scored as "
+                      f"much) {'-' if low_zero is None else f'{low_zero:.1f}'}", flush=True)
+    finally:
+        shutdown_ray()
+    done = [(a, f) for _, _, _, a, f, _, _ in rows if a is not None and f is not None]
+    falls = [(s - lo) / s for _, s, _, _, _, lo, _ in rows if lo is not None]
+    zero_falls = [(s - lo) / s for _, s, _, _, _, _, lo in rows if lo is not None]
+    print(f"variant {variant or 'none (the resume as it is)'}: "
+          f"{sum(a < f for a, f in done)} of {len(done)} seeds needed fewer updates resumed "
+          f"than from zero; median updates resumed / from zero: "
+          + (f"{sorted(a / f for a, f in done)[len(done) // 2]:.2f}" if done else "-")
+          + "; median fall below the checkpoint's score, resumed: "
+          + (f"{sorted(falls)[len(falls) // 2]:.0%}" if falls else "-")
+          + ", from zero once it scored as much: "
+          + (f"{sorted(zero_falls)[len(zero_falls) // 2]:.0%}" if zero_falls else "-"))
+
+
+if __name__ == "__main__":
+    main()
