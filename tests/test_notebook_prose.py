@@ -17,7 +17,9 @@ FIGURE = re.compile(r"(?<![\w.`/=$-])(?:about |around |~)?\d[\d,.]*(?:\s*[-–]\
 CONSTANTS = {
     ("01", "2 GB"): "what the notebook needs, a requirement",
     ("01", "27,000 steps"): "where a greedy evaluation ends (rl.envs.EVAL_MAX_STEPS)",
-    ("02", "10 s"): "the largest latency bucket's bound (otel.conventions.LATENCY_BUCKETS_MS)",
+    ("01", "26 s"): "the copy's defaults to a held-out 200 on LunarLander-v3, seed 0 "
+                    "(benchmarks/results/copy_path.txt)",
+    ("01", "34 s"): "the same, seed 1 (benchmarks/results/copy_path.txt)",
     ("03", "about 30 seconds"): "a Spot VM's preemption notice (GKE docs)",
     ("03", "15 s"): "the part of that notice GKE gives non-system Pods (GKE docs; SPOT_GRACE_S)",
     ("03", "10 minutes"): "how long the autoscaler keeps an unneeded node by default "

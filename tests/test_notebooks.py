@@ -680,12 +680,19 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     resumed_needed = updates_to(second, since=first["learner_updates"])
     zero_needed = updates_to(zero)
     assert resumed_needed is not None
-    assert resumed_needed < (zero_needed if zero_needed is not None
-                             else zero["learner_updates"] + 1), (resumed_needed, zero_needed)
-    assert re.search(rf"to the target 475: the resumed job needed {resumed_needed:,} updates "
-                     r"after its checkpoint, the job from zero ", text), text[-3000:]
+    # Either way, the notebook says which, from the records (one run can go either way while a
+    # checkpoint keeps no replay: benchmarks/resume_head_start.py measures it over seeds).
+    saved = resumed_needed < (zero_needed if zero_needed is not None
+                              else zero["learner_updates"] + 1)
+    zero_said = (f"the job from zero {zero_needed:,} from zero" if zero_needed is not None
+                 else f"the job from zero did not get there in its {zero['learner_updates']:,}")
+    assert (f"to the target 475: the resumed job needed {resumed_needed:,} updates after its "
+            f"checkpoint, {zero_said}") in text, text[-3000:]
+    assert ("the resume saved updates" in text) == saved
+    assert re.search(r"over several seeds on one node \(make bench's resume_head_start.txt\): "
+                     r"\d of \d seeds needed fewer updates resumed", text), text[-3000:]
     assert text.count(f"CartPole-v1: stopped ({first['stop_reason']})") <= 1  # printed once
-    assert text.count("CartPole-v1: reached 475.0") == 1
+    assert text.count("CartPole-v1: reached 475.0") == 1 + (zero_needed is not None)  # both jobs
     assert "Traceback" not in text and "StackTrace" not in text  # one line per event
     # Ape-X's own domain on the same cluster: Pong frames through an actor, the frame replay
     # and one update of the Nature torso.
