@@ -28,31 +28,40 @@ WINDOW = (150.0, 450.0)  # notebook 04's HOLD_WITHIN
 TARGET = 475.0
 
 
-class _StopOnTheHold:
-    """stdout, which also stops the run when the driver says its learner held (the driver's
-    own line: the hold is the driver's to decide, on its evaluator's check)."""
+class _DriverLines:
+    """stdout for the runs' drivers: their "[distrl]" lines stay out of the record (this
+    script prints its figures), and the first run stops when its driver says its learner held
+    (the hold is the driver's to decide, on its evaluator's check)."""
 
-    def __init__(self, out, stop: StopFlag):
-        self.out, self.stop = out, stop
+    def __init__(self, out, stop: StopFlag | None = None):
+        self.out, self.stop, self.pending = out, stop, ""
 
     def write(self, text: str) -> int:
-        if "learner held at" in text:
-            self.stop.set("the learner held")
-        return self.out.write(text)
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            if self.stop is not None and "learner held at" in line:
+                self.stop.set("the learner held")
+            if not line.startswith("[distrl]"):
+                self.out.write(line + "\n")
+        return len(text)
 
     def __getattr__(self, name):
         return getattr(self.out, name)
 
 
-def first_run(base: ApexConfig, out: Path):
-    """Trains until its learner holds within WINDOW, then stops as a drain would."""
-    stop = StopFlag()
-    real, sys.stdout = sys.stdout, _StopOnTheHold(sys.stdout, stop)
+def train(config: ApexConfig, stop: StopFlag | None = None):
+    real, sys.stdout = sys.stdout, _DriverLines(sys.stdout, stop)
     try:
-        return ApeX(base.replace(hold_learner_within=WINDOW, target_return=None,
-                                 output_dir=str(out / "first"))).train(sigterm=stop)
+        return ApeX(config).train(sigterm=stop)
     finally:
         sys.stdout = real
+
+
+def first_run(base: ApexConfig, out: Path):
+    """Trains until its learner holds within WINDOW, then stops as a drain would."""
+    return train(base.replace(hold_learner_within=WINDOW, target_return=None,
+                              output_dir=str(out / "first")), StopFlag())
 
 
 def lowest_after(result, score: float) -> float | None:
@@ -99,11 +108,9 @@ def main() -> None:
                           f"({first.stop_detail}); skipped", flush=True)
                     continue
                 score, at = held[-1]["mean_return"], first.learner_updates
-                resumed = ApeX(config.replace(target_return=TARGET, resume=first.checkpoint,
-                                              output_dir=str(out / "resumed"),
-                                              **variant)).train()
-                zero = ApeX(config.replace(target_return=TARGET,
-                                           output_dir=str(out / "zero"))).train()
+                resumed = train(config.replace(target_return=TARGET, resume=first.checkpoint,
+                                               output_dir=str(out / "resumed"), **variant))
+                zero = train(config.replace(target_return=TARGET, output_dir=str(out / "zero")))
                 after = updates_to(resumed, TARGET, since=at)
                 fresh = updates_to(zero, TARGET)
                 low = min((e["mean_return"] for e in resumed.evals[1:]), default=None)

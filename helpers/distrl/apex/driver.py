@@ -718,16 +718,18 @@ class _Run:
             return {}
         t = self.topology
         exports = {"driver": self.tel.export_outcomes()}
+        # by the names their telemetry carries: the replay shards are all "replay"
         others = [("learner", t.learner)] if self.learner_stats is not None else []
         others += [("evaluator", t.evaluator)] if t.evaluator is not None else []
-        others += [("replay" if len(t.replays) == 1 else f"replay-{k}", r)
-                   for k, r in enumerate(t.replays)]
+        others += [("replay", r) for r in t.replays]
         for name, handle in others:
-            exports[name] = get_within(handle.export_outcomes.remote(), deadline.left(), None,
-                                       problems)
+            outcomes = get_within(handle.export_outcomes.remote(), deadline.left(), None,
+                                  problems)
+            if outcomes is not None:
+                exports.setdefault(name, []).extend(outcomes)
         for i, final in sorted(actor_finals.items()):
-            exports[f"actor-{i}"] = final.get("exports")
-        exports = {name: outcome for name, outcome in exports.items() if outcome is not None}
+            if final.get("exports") is not None:
+                exports[f"actor-{i}"] = final["exports"]
         for said in refusals(exports):
             self.record.say("telemetry", f"exports refused: {said}")
         return exports

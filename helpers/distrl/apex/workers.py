@@ -47,7 +47,18 @@ class PeerTimeout(RuntimeError):
     """A peer process did not answer within PEER_TIMEOUT_S (its node is probably gone)."""
 
 
-class ReplayWorker(ReplayService):
+class _ReportsExports:
+    """A worker whose telemetry the driver asks, after its last flush, what its exports came
+    to (otel.export_outcomes): the replay, the learner and the evaluator, which outlive their
+    run. An actor's run() returns its count with its final stats."""
+
+    tel: ProcessTelemetry
+
+    def export_outcomes(self) -> list[dict]:
+        return self.tel.export_outcomes()
+
+
+class ReplayWorker(ReplayService, _ReportsExports):
     """The replay process: ReplayService plus telemetry of what it serves."""
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, error_buffer: float):
@@ -116,9 +127,6 @@ class ReplayWorker(ReplayService):
         super().close()
         self.tel.shutdown()
 
-    def export_outcomes(self) -> list[dict]:
-        return self.tel.export_outcomes()
-
 
 class ReplayShards:
     """The learner's view of one or more replay processes.
@@ -186,7 +194,7 @@ class ReplayShards:
             _get(self._updates.popleft())
 
 
-class LearnerWorker:
+class LearnerWorker(_ReportsExports):
     """The learner's process: pulls batches from replay itself and trains in a loop thread."""
 
     def __init__(self, config: ApexConfig, spec: NetworkSpec, weights, replays: list,
@@ -368,9 +376,6 @@ class LearnerWorker:
         self.tel.shutdown()
         return path
 
-    def export_outcomes(self) -> list[dict]:
-        return self.tel.export_outcomes()
-
 
 class ActorWorker:
     """One actor process: collects blocks, ships them to replay, pulls fresh weights."""
@@ -444,7 +449,7 @@ class ActorWorker:
             self._deliver(*in_flight)
         traffic.flush(tel.rl, self._sample_attrs)
         tel.shutdown()
-        return self.stats()
+        return {**self.stats(), "exports": tel.export_outcomes()}  # counted after the last flush
 
     def _collect_block(self):
         """actor_block_steps steps of every env, folded: (block, the trace context its insert
@@ -515,14 +520,13 @@ class ActorWorker:
                 "transitions_sent": self.transitions_sent, "episode_returns": returns,
                 "episode_lengths": lengths, "cpu_s": time.process_time(), "pid": os.getpid(),
                 "node_id": self.node_id, "first_step_time": self.actor.first_step_time,
-                "epsilons": self.actor.epsilons.tolist(),  # what its env slots explore with
-                "exports": self.tel.export_outcomes()}
+                "epsilons": self.actor.epsilons.tolist()}  # what its env slots explore with
 
     def stop(self) -> None:
         self._stop.set()
 
 
-class EvaluatorWorker:
+class EvaluatorWorker(_ReportsExports):
     """Greedy evaluation (Atari: epsilon-greedy, eval_epsilon); its returns, not the actors',
     are the score."""
 
@@ -560,9 +564,6 @@ class EvaluatorWorker:
         """Flush telemetry; returns the CPU seconds this process used."""
         self.tel.shutdown()
         return time.process_time()
-
-    def export_outcomes(self) -> list[dict]:
-        return self.tel.export_outcomes()
 
 
 # mallopt(3) parameters (glibc's malloc.h).

@@ -119,17 +119,12 @@ def sample_rate_drops(monitoring, *, minutes: float = 60.0,
     return samples, windows, alignment_s, duration_s
 
 
-# The reward-drop policy's PromQL (k8s/monitoring/alerts/reward-drop.json): a run's mean over
-# [5m] more than 30 % of its magnitude below the best such mean of the last hour ([1h:1m]).
-REWARD_WINDOW_S, REWARD_LOOKBACK_S, REWARD_DROP_FRACTION = 300, 3600, 0.3
-
-
 def reward_drop_windows(monitoring, *, minutes: float = 60.0, time_scale: float = 1.0,
                         end: dt.datetime | None = None, where: dict | None = None):
     """The reward-drop policy on the data `monitoring` holds, the way sample_rate_drops runs
     its PromQL twin: each run's greedy (evaluator) reward averaged over periods of the policy's
     window, its best such mean over the lookback before each period, and a firing where the
-    mean stayed more than REWARD_DROP_FRACTION of that best's magnitude below it for the
+    mean stayed more than dash.REWARD_DROP_FRACTION of that best's magnitude below it for the
     policy's duration; windows, lookback and duration scaled by time_scale. A single low
     evaluation is not a drop: it moves a period's mean, and the drop must hold. Returns (the
     runs' period means with their best so far, firing windows, alignment and duration in s)."""
@@ -139,8 +134,8 @@ def reward_drop_windows(monitoring, *, minutes: float = 60.0, time_scale: float 
         raise ValueError(f"time_scale={time_scale!r} is invalid: expected 0 < time_scale <= 1")
     condition = dash.alert_policies()["reward-drop"]["conditions"][0]
     duration_s = _seconds(condition["conditionPrometheusQueryLanguage"]["duration"]) * time_scale
-    alignment_s = max(1, round(REWARD_WINDOW_S * time_scale))
-    lookback = pd.Timedelta(seconds=REWARD_LOOKBACK_S * time_scale)
+    alignment_s = max(1, round(dash.REWARD_WINDOW_S * time_scale))
+    lookback = pd.Timedelta(seconds=dash.REWARD_LOOKBACK_S * time_scale)
     means = monitoring.time_series(
         "rl.environment.reward.mean", where={**(where or {}), otel.RL_LOOP: "evaluator"},
         minutes=minutes, end=end, aligner="ALIGN_MEAN", reducer="REDUCE_MEAN",
@@ -156,7 +151,7 @@ def reward_drop_windows(monitoring, *, minutes: float = 60.0, time_scale: float 
         parts.append(series.assign(best=best.to_numpy()).reset_index(drop=True))
     means = pd.concat(parts, ignore_index=True)
     fallen = means.assign(value=(means["best"] - means["value"]
-                                 > REWARD_DROP_FRACTION * means["best"].abs()).astype(float))
+                                 > dash.REWARD_DROP_FRACTION * means["best"].abs()).astype(float))
     windows = firing_windows(fallen, "COMPARISON_GT", 0.5, duration_s, alignment_s, by)
     if len(windows):  # the worst: the lowest mean while it held, not the indicator
         windows["worst"] = [means[(means[otel.RL_RUN_ID] == w[otel.RL_RUN_ID])

@@ -242,12 +242,13 @@ def _chart(metric: str) -> Chart:
 # (CartPole rewards are positive, Acrobot's negative), and ALIGN_PERCENT_CHANGE ignores values
 # < 0, so this one is PromQL: 5-minute mean more than 30% of |best| below the best of the last
 # hour. The evaluator's returns only: exploring actors' returns would trip it for nothing.
+REWARD_WINDOW_S, REWARD_LOOKBACK_S, REWARD_DROP_FRACTION = 300, 3600, 0.3  # [5m], [1h:1m], 0.3
 _GREEDY_REWARD = '{"rl.environment.reward.mean", "rl.loop"="evaluator"}'
-REWARD_DROP_PROMQL = (
-    f'max_over_time((avg by ("rl.run.id") (avg_over_time({_GREEDY_REWARD}[5m])))'
-    f'[1h:1m]) - avg by ("rl.run.id") (avg_over_time({_GREEDY_REWARD}[5m])) > '
-    f'0.3 * abs(max_over_time((avg by ("rl.run.id") (avg_over_time('
-    f'{_GREEDY_REWARD}[5m])))[1h:1m]))')
+_REWARD_MEAN = (f'avg by ("rl.run.id") (avg_over_time({_GREEDY_REWARD}'
+                f'[{REWARD_WINDOW_S // 60}m]))')
+_REWARD_BEST = f'max_over_time(({_REWARD_MEAN})[{REWARD_LOOKBACK_S // 3600}h:1m])'
+REWARD_DROP_PROMQL = (f'{_REWARD_BEST} - {_REWARD_MEAN} > {REWARD_DROP_FRACTION:g} * '
+                      f'abs({_REWARD_BEST})')
 
 
 # A run's env steps/s below a floor, once its learner has trained: a threshold on the rate
