@@ -3,7 +3,8 @@ its learner once its weights score within a window (mid-learning) and stops ther
 checkpoint; a run resumed from it trains to the target, and a run from zero trains to the same
 target. Each is measured in learner updates: the resumed run's from its checkpoint, the run from
 zero's from zero; and the resumed run's fall, the lowest greedy return it went through on the
-way below the checkpoint's own score.
+way below the checkpoint's own score. Each checkpoint is resumed twice: as it is (with its
+sample of the replay) and without replay, as checkpoints were before they kept it.
 
     python benchmarks/resume_head_start.py [--seeds 11 12 13] [--variant min_replay_size=20000]
                                            [--smoke]
@@ -22,6 +23,7 @@ import distrl  # noqa: F401  (before Ray: gRPC's fork support off)
 from distrl.apex.driver import ApeX
 from distrl.apex.faults import StopFlag
 from distrl.ray_runtime import init_local_ray, shutdown_ray
+from distrl.rl.checkpoints import read_checkpoint, write_checkpoint
 from distrl.rl.config import ApexConfig
 
 WINDOW = (150.0, 450.0)  # notebook 04's HOLD_WITHIN
@@ -80,6 +82,27 @@ def updates_to(result, score: float, since: int = 0) -> int | None:
     return None if hit is None else hit["weights_version"] - since
 
 
+def without_replay(checkpoint: str, folder: Path) -> str:
+    """The same checkpoint with no replay in it: a resume as it was before checkpoints kept
+    a sample of the replay (it trained on new play alone)."""
+    meta, arrays = read_checkpoint(checkpoint)
+    kept = {k: v for k, v in arrays.items() if not k.startswith("replay.")}
+    return write_checkpoint(folder, ({**meta, "replay_transitions": 0}, kept))
+
+
+def summary(label: str, rows: list[tuple]) -> str:
+    done = [(a, f) for _, _, _, a, f, _, _ in rows if a is not None and f is not None]
+    falls = [(s - lo) / s for _, s, _, _, _, lo, _ in rows if lo is not None]
+    zero_falls = [(s - lo) / s for _, s, _, _, _, _, lo in rows if lo is not None]
+    return (f"{label}: {sum(a < f for a, f in done)} of {len(done)} seeds needed fewer "
+            "updates resumed than from zero; median updates resumed / from zero: "
+            + (f"{sorted(a / f for a, f in done)[len(done) // 2]:.2f}" if done else "-")
+            + "; median fall below the checkpoint's score, resumed: "
+            + (f"{sorted(falls)[len(falls) // 2]:.0%}" if falls else "-")
+            + ", from zero once it scored as much: "
+            + (f"{sorted(zero_falls)[len(zero_falls) // 2]:.0%}" if zero_falls else "-"))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[11, 12, 13])
@@ -94,7 +117,8 @@ def main() -> None:
         args.seeds = [0]
         base = base.replace(max_seconds=60.0)
     init_local_ray(include_dashboard=False, logging_level="error")
-    rows = []
+    resumes = {"with the replay's sample (the resume as it is)": [],
+               "without replay (as before checkpoints kept it)": []}
     try:
         with tempfile.TemporaryDirectory(prefix="resume-") as tmp:
             for seed in args.seeds:
@@ -108,33 +132,28 @@ def main() -> None:
                           f"({first.stop_detail}); skipped", flush=True)
                     continue
                 score, at = held[-1]["mean_return"], first.learner_updates
-                resumed = train(config.replace(target_return=TARGET, resume=first.checkpoint,
-                                               output_dir=str(out / "resumed"), **variant))
                 zero = train(config.replace(target_return=TARGET, output_dir=str(out / "zero")))
-                after = updates_to(resumed, TARGET, since=at)
-                fresh = updates_to(zero, TARGET)
-                low = min((e["mean_return"] for e in resumed.evals[1:]), default=None)
-                low_zero = lowest_after(zero, score)
-                rows.append((seed, score, at, after, fresh, low, low_zero))
-                print(f"seed {seed}: checkpoint at {at:,} updates scoring {score:.1f}; to "
-                      f"{TARGET:g}: resumed {after if after is not None else 'never'} updates "
-                      f"after it, from zero {fresh if fresh is not None else 'never'}; lowest "
-                      f"greedy return on the way from the checkpoint's score: resumed "
-                      f"{'-' if low is None else f'{low:.1f}'}, from zero (once it scored as "
-                      f"much) {'-' if low_zero is None else f'{low_zero:.1f}'}", flush=True)
+                fresh, low_zero = updates_to(zero, TARGET), lowest_after(zero, score)
+                checkpoints = (first.checkpoint, without_replay(first.checkpoint, out / "bare"))
+                for (label, rows), checkpoint in zip(resumes.items(), checkpoints):
+                    resumed = train(config.replace(
+                        target_return=TARGET, resume=checkpoint,
+                        output_dir=str(out / f"resumed-{len(rows)}-{label[:4]}"), **variant))
+                    after = updates_to(resumed, TARGET, since=at)
+                    low = min((e["mean_return"] for e in resumed.evals[1:]), default=None)
+                    rows.append((seed, score, at, after, fresh, low, low_zero))
+                    print(f"seed {seed}, resumed {label.split(' (')[0]}: checkpoint at {at:,} "
+                          f"updates scoring {score:.1f}; to {TARGET:g}: resumed "
+                          f"{after if after is not None else 'never'} updates after it, from "
+                          f"zero {fresh if fresh is not None else 'never'}; lowest greedy "
+                          f"return on the way from the checkpoint's score: resumed "
+                          f"{'-' if low is None else f'{low:.1f}'}, from zero (once it scored "
+                          f"as much) {'-' if low_zero is None else f'{low_zero:.1f}'}",
+                          flush=True)
     finally:
         shutdown_ray()
-    done = [(a, f) for _, _, _, a, f, _, _ in rows if a is not None and f is not None]
-    falls = [(s - lo) / s for _, s, _, _, _, lo, _ in rows if lo is not None]
-    zero_falls = [(s - lo) / s for _, s, _, _, _, _, lo in rows if lo is not None]
-    print(f"variant {variant or 'none (the resume as it is)'}: "
-          f"{sum(a < f for a, f in done)} of {len(done)} seeds needed fewer updates resumed "
-          f"than from zero; median updates resumed / from zero: "
-          + (f"{sorted(a / f for a, f in done)[len(done) // 2]:.2f}" if done else "-")
-          + "; median fall below the checkpoint's score, resumed: "
-          + (f"{sorted(falls)[len(falls) // 2]:.0%}" if falls else "-")
-          + ", from zero once it scored as much: "
-          + (f"{sorted(zero_falls)[len(zero_falls) // 2]:.0%}" if zero_falls else "-"))
+    for label, rows in resumes.items():
+        print(summary(f"resumed {label}" + (f", variant {variant}" if variant else ""), rows))
 
 
 if __name__ == "__main__":

@@ -553,6 +553,11 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
     assert resumed.evals[0]["mean_return"] >= 0.0  # at the target, and the run went on
     assert resumed.reached_target and len(resumed.evals) >= 2
     assert resumed.learner_updates > first.learner_updates
+    # The checkpoint kept the replay's sample, and the resumed shards loaded all of it.
+    kept = read_checkpoint(first.checkpoint)[0]["replay_transitions"]
+    loaded = [e["detail"] for e in resumed.events if e["kind"] == "replay"]
+    assert kept > 0 and loaded == [f"replay loaded {kept:,} transitions from the checkpoint "
+                                   "into 1 shard(s)"], loaded
 
 
 def test_a_run_whose_exports_are_refused_says_so_and_fails_the_stores_check(local_ray,

@@ -502,3 +502,46 @@ def test_the_xla_cache_folder_is_per_tensorflow_and_cpu_and_keeps_to_its_size(tm
     assert _enable_xla_cache(tmp_path / "unused") is None
     assert os.environ["TF_XLA_FLAGS"] == "--tf_xla_persistent_cache_directory=/elsewhere"
     assert not (tmp_path / "unused").exists()
+
+
+def test_a_checkpoint_keeps_each_replay_shards_sample_beside_the_learners_state(tmp_path):
+    """replay_arrays/replay_blocks: two shards' blocks (one of images as frames) go into the
+    checkpoint's .npz and come back field for field; the learner restores from the same file
+    as from one without replay, and a checkpoint without replay gives no blocks."""
+    from distrl.rl.checkpoints import (
+        read_checkpoint,
+        replay_arrays,
+        replay_blocks,
+        write_checkpoint,
+    )
+    from distrl.rl.replay import PrioritizedReplay
+    from distrl.rl.transitions import Transitions
+
+    rng = np.random.default_rng(5)
+    vectors = PrioritizedReplay(100, (4,))
+    vectors.add(Transitions(obs=rng.random((60, 4), np.float32), action=np.arange(60) % 2,
+                            reward=np.ones(60, np.float32), discount=np.full(60, .9, np.float32),
+                            next_obs=rng.random((60, 4), np.float32),
+                            priority=rng.random(60).astype(np.float32)))
+    planes = rng.integers(0, 2, (8, 3, 3), dtype=np.uint8)
+    images = Transitions(obs=np.array([[0, 1], [2, 3]], np.int32), action=np.array([0, 1]),
+                         reward=np.zeros(2, np.float32), discount=np.ones(2, np.float32),
+                         next_obs=np.array([[4, 5], [6, 7]], np.int32),
+                         priority=np.ones(2, np.float32), frames=planes)
+    spec = NetworkSpec((4,), 2, (8,), True)
+    config = ApexConfig(hidden_sizes=(8,), jit_compile=False)
+    learner = Learner(config, spec, init_weights(spec, 0))
+    learner.update(tiny_batch(rng))
+    meta, arrays = learner.snapshot()
+    written = write_checkpoint(tmp_path, (meta, arrays | replay_arrays([vectors.contents(),
+                                                                        images])))
+    blocks = replay_blocks(read_checkpoint(written)[1])
+    assert [len(b) for b in blocks] == [60, 2] and blocks[0].frames is None
+    for name in (*Transitions.ROWS, "frames"):
+        np.testing.assert_array_equal(getattr(blocks[1], name), getattr(images, name))
+    np.testing.assert_array_equal(blocks[0].obs, vectors.contents().obs)
+    restored = Learner(config, spec, init_weights(spec, 9))
+    restored.restore_checkpoint(written)
+    for a, b in zip(restored.get_weights(), learner.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert replay_blocks(arrays) == []

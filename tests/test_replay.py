@@ -459,3 +459,82 @@ def test_a_limiter_started_now_lets_sampling_begin_before_min_size():
     assert limiter.start_now() == 300 and limiter.can_sample(1)
     limiter.await_insert(5_000, timeout=0)
     assert limiter.start_now() == 300  # already started: unchanged
+
+
+def live_rows(replay: PrioritizedReplay) -> dict[int, tuple]:
+    """Each live transition by key: its observations (images rebuilt), action, reward and
+    priority leaf, to compare two replays row for row."""
+    keys = np.arange(replay.total_inserted - len(replay), replay.total_inserted)
+    keys = keys[replay.key[keys % replay.capacity] == keys]
+    slots = keys % replay.capacity
+    obs, next_obs = replay._observations(slots), replay._observations(slots, after=True)
+    return {int(k): (obs[i].tobytes(), next_obs[i].tobytes(), int(replay.action[s]),
+                     float(replay.reward[s]), float(replay.tree.leaves(s)))
+            for i, (k, s) in enumerate(zip(keys, slots))}
+
+
+def test_a_replays_contents_load_into_a_new_replay_row_for_row_with_their_priorities():
+    """What a checkpoint keeps of the replay: every live transition, images as their planes,
+    with the priority it had (new priorities from the learner included), in insertion order;
+    a new replay that loads it holds the same rows with the same leaves."""
+    rng = np.random.default_rng(4)
+    vectors = PrioritizedReplay(500, (3,), alpha=0.6)
+    for start in range(0, 700, 100):  # wraps: 200 overwritten
+        vectors.add(make_block(100, start, rng=rng))
+    batch = vectors.sample(64)
+    vectors.update_priorities(batch.keys, rng.random(64) * 5)
+    framed = PrioritizedReplay(200, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=150)
+    for _ in range(8):
+        framed.add(framed_block(rng, framed.total_inserted, int(rng.integers(10, 40)))[0])
+    for replay, capacity in ((vectors, 500), (framed, 200)):
+        block = replay.contents()
+        assert len(block) == len(replay)
+        loaded = PrioritizedReplay(capacity, replay.obs_shape, alpha=0.6,
+                                   obs_dtype=replay.obs.dtype if not replay.framed else np.uint8,
+                                   frame_capacity=150 if replay.framed else None)
+        assert loaded.load(block) == len(replay)
+        assert loaded.check()["ok"]
+        before, after = live_rows(replay), live_rows(loaded)
+        for (_, old), (_, new) in zip(sorted(before.items()), sorted(after.items())):
+            assert old[:4] == new[:4]
+            assert new[4] == pytest.approx(old[4], rel=1e-5)
+        assert len(after) == len(before)
+
+
+def test_a_checkpoints_replay_sample_fits_its_bytes_and_spans_the_replays_whole_age():
+    """contents(max_bytes): an even random sample, not the newest rows (a resumed learner
+    needs the early failures too), whose arrays fit the bytes asked for; a replay smaller
+    than the sample loads the newest rows it can hold, images in parts its ring can take."""
+    replay = PrioritizedReplay(10_000, (4,))
+    for start in range(0, 10_000, 1_000):
+        replay.add(make_block(1_000, start, obs_size=4))
+    budget = 1_000 * replay.row_bytes()
+    block = replay.contents(budget)
+    assert len(block) == 1_000
+    assert sum(getattr(block, f).nbytes for f in Transitions.ROWS) <= budget
+    ids = block.reward  # make_block's rewards number the rows
+    assert ids.min() < 500 and ids.max() > 9_500 and np.all(np.diff(ids) > 0)
+    assert replay.contents(budget).reward.tolist() == ids.tolist()  # the same sample again
+    small = PrioritizedReplay(300, (4,))
+    assert small.load(block) == 300
+    assert small.reward[small.key % 300 >= 0].min() == pytest.approx(np.sort(ids)[-300])
+    rng = np.random.default_rng(2)
+    framed = PrioritizedReplay(400, (6, 5, 4), obs_dtype=np.uint8)
+    for _ in range(12):
+        framed.add(framed_block(rng, framed.total_inserted, 30)[0])
+    block = framed.contents(framed.row_bytes() * 150)
+    assert len(block) == 150 and len(block.frames) <= 150 * 8
+    ring = PrioritizedReplay(100, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=60)
+    assert 0 < ring.load(block) <= 100 and ring.check()["ok"]
+
+
+def test_a_loaded_checkpoint_sample_meets_min_size_without_a_sampling_budget():
+    """Transitions loaded from a checkpoint let sampling start (min_size) but give the learner
+    no budget ahead of new play: it samples at samples_per_insert from the first batch."""
+    service = ReplayService(1_000, (3,), alpha=0.6, eps=1e-3, samples_per_insert=2.0,
+                            min_size=100, error_buffer=40.0)
+    assert service.load(make_block(500)) == 500
+    assert service.sample(32, 0.4, timeout=0) is not None
+    assert service.sample(32, 0.4, timeout=0) is None  # 64 sampled, 0 inserted: over the buffer
+    assert service.add(make_block(40, 500), timeout=0)
+    assert service.sample(32, 0.4, timeout=0) is not None

@@ -54,7 +54,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "popen_beside_grpc.py": [],
     "process_startup.py": [],
     "cluster_stop.py": [],
-    "resume_head_start.py": ["--seeds", "11", "12", "13", "14", "15"],
+    "resume_head_start.py": ["--seeds", *map(str, range(11, 21))],
 }
 # Scripts make bench does not run, and why (tests/test_benchmarks.py checks that every script
 # is in one of the two tables).

@@ -58,7 +58,7 @@ from distrl.ray_runtime import (
     node_groups,
     shutdown_ray,
 )
-from distrl.rl.checkpoints import check_checkpoint_network, find_resume
+from distrl.rl.checkpoints import check_checkpoint_network, find_resume, replay_blocks
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import network_for
 from distrl.rl.network import NetworkSpec, init_weights
@@ -66,6 +66,7 @@ from distrl.rl.replay import merged_check
 
 REPORT_INTERVAL_S = 0.25   # the driver asks for stats this often (one trace per interval)
 WAITING_REPORT_S = 10.0    # how often it says which actors, or the learner, still do not run
+REPLAY_LOAD_S = 120.0      # a resumed run's replay shards loading the checkpoint's sample
 SHUTDOWN_S = 20.0          # the whole stop sequence, inside a Spot VM's ~30 s notice
 
 
@@ -129,6 +130,27 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, weights,
         r.set_learner.remote(learner)
     return Topology(replays, learner, actors,
                     evaluator_options={"scheduling_strategy": here, **plan["evaluator"]})
+
+
+def load_replay(ray, replays: list, blocks: list, record: RunRecord) -> None:
+    """A resumed run's replay: the checkpoint's sample of each shard that wrote it, dealt to
+    this run's shards in turn (their number may differ), before the learner samples. Without
+    it the learner trains on new play alone, and fell far below its checkpoint's score on the
+    way back (benchmarks/resume_head_start.py)."""
+    if not blocks:
+        record.say("replay", "the checkpoint holds no replay: the learner trains on new play")
+        return
+    from ray.exceptions import GetTimeoutError
+
+    refs = [replays[k % len(replays)].load.remote(block) for k, block in enumerate(blocks)]
+    try:
+        ray.get(refs, timeout=REPLAY_LOAD_S)
+    except GetTimeoutError:
+        raise RuntimeError(f"the replay shards did not load the checkpoint's "
+                           f"{sum(map(len, blocks)):,} transitions within {REPLAY_LOAD_S:g} s"
+                           ) from None
+    record.say("replay", f"replay loaded {sum(map(len, blocks)):,} transitions from the "
+                         f"checkpoint into {len(replays)} shard(s)")
 
 
 def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:
@@ -314,6 +336,8 @@ class ApeX:
         self.marks["processes created"] = time.monotonic() - t_start
         self.topology = topology  # the run's Ray actors, for a reader (or a fault) to reach
         try:
+            if self.resume is not None:
+                load_replay(ray, topology.replays, replay_blocks(self.resume.arrays), record)
             return _Run(self, ray, record, topology,
                         weights if resumed is not None else None).drive()
         finally:

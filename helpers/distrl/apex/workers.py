@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from distrl.apex.faults import ask_learner_to_checkpoint, on_sigterm
+from distrl.apex.faults import ask_learner_to_checkpoint, cause, on_sigterm
 from distrl.apex.process_telemetry import (
     TRACE_KWARG,
     TRAFFIC_FLUSH_BLOCKS,
@@ -30,7 +30,7 @@ from distrl.apex.process_telemetry import (
 from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
 from distrl.otel import conventions as otel
 from distrl.rl.actor import Actor
-from distrl.rl.checkpoints import write_checkpoint
+from distrl.rl.checkpoints import replay_arrays, write_checkpoint
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EVAL_MAX_STEPS, eval_epsilon, evaluate_greedy, network_for
 from distrl.rl.frames import replay_sizing
@@ -41,6 +41,8 @@ from distrl.rl.tf_runtime import configure_tensorflow
 
 # How long a worker waits for a peer's answer before it gives up on it (a lost node).
 PEER_TIMEOUT_S = 60.0
+# How long a checkpoint waits for the replay shards' samples before it is written without them.
+REPLAY_CONTENTS_S = 10.0
 
 
 class PeerTimeout(RuntimeError):
@@ -327,11 +329,29 @@ class LearnerWorker(_ReportsExports):
                              self._publish_attrs)
 
     def save_checkpoint(self) -> str:
+        blocks = self._replay_contents()
         with self._update_lock:  # copy a whole state; write it while training goes on
-            snapshot = self.learner.snapshot({"progress": dict(self.progress),
-                                              "saved_at": time.time()})
-        self.checkpoint = write_checkpoint(self.checkpoint_dir, snapshot)
+            meta, arrays = self.learner.snapshot({
+                "progress": dict(self.progress), "saved_at": time.time(),
+                "replay_transitions": sum(len(b) for b in blocks)})
+        self.checkpoint = write_checkpoint(self.checkpoint_dir, (meta, arrays | replay_arrays(blocks)))
         return self.checkpoint
+
+    def _replay_contents(self) -> list:
+        """A sample of each replay shard, checkpoint_replay_mb in all; none (and an event that
+        says why) when a shard does not answer within REPLAY_CONTENTS_S: the checkpoint is
+        written without, rather than late (a Spot notice gives ~30 s)."""
+        shards = self.replay.shards
+        if not self.config.checkpoint_replay_mb:
+            return []
+        budget = self.config.checkpoint_replay_mb * 1e6 / len(shards)
+        try:
+            return [_get(ref, REPLAY_CONTENTS_S) for ref in
+                    [shard.contents.remote(budget) for shard in shards]]
+        except Exception as e:  # noqa: BLE001 - a lost shard or its timeout: write without it
+            self.events.append({"time": time.time(), "kind": "checkpoint",
+                                "detail": f"checkpoint without replay: {cause(e)}"})
+            return []
 
     def checkpoint_now(self, reason: str) -> str:
         """A checkpoint at once (SIGTERM anywhere in the run: a Spot notice, a drain)."""

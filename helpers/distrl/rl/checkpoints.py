@@ -4,6 +4,11 @@ or under any fsspec URI (gs://bucket/run/checkpoints).
     path = write_checkpoint(directory, learner.snapshot())
     resume = find_resume("auto", directory)      # the newest readable one, and what it skipped
     check_checkpoint_network(resume.arrays, spec, resume.path)
+    blocks = replay_blocks(resume.arrays)        # what the replay shards held, sampled
+
+A checkpoint keeps the learner's whole state and a sample of the replay (replay_arrays): a
+resumed learner that trained on new play alone fell far below its checkpoint's score on the way
+back (benchmarks/resume_head_start.py).
 """
 
 from __future__ import annotations
@@ -17,7 +22,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from distrl.rl.transitions import Transitions
+
 CHECKPOINT_RE = re.compile(r"checkpoint-(\d{9})\.npz$")
+REPLAY_KEY_RE = re.compile(r"replay\.(\d+)\.(\w+)$")  # replay.<shard>.<field>
 
 
 def write_checkpoint(directory: str | os.PathLike, snapshot: tuple[dict, dict[str, np.ndarray]],
@@ -139,3 +147,23 @@ def check_checkpoint_network(arrays: dict, spec, path: str) -> None:
             f"{list(spec.conv_layers)}, hidden_sizes {list(spec.hidden_sizes)}, "
             f"{spec.num_actions} actions, dueling={spec.dueling}): resume it with the "
             "settings it was written with (its .json has them), or start a new run")
+
+
+def replay_arrays(blocks: list[Transitions]) -> dict[str, np.ndarray]:
+    """Replay shards' contents (ReplayService.contents, one block a shard) as checkpoint
+    arrays, replay.<shard>.<field>."""
+    arrays = {}
+    for shard, block in enumerate(blocks):
+        fields = [*Transitions.ROWS, *(["frames"] if block.frames is not None else [])]
+        arrays |= {f"replay.{shard}.{name}": getattr(block, name) for name in fields}
+    return arrays
+
+
+def replay_blocks(arrays: dict) -> list[Transitions]:
+    """The replay blocks a checkpoint holds, one a shard of the run that wrote it ([] from a
+    checkpoint without replay)."""
+    fields: dict[int, dict] = {}
+    for key, value in arrays.items():
+        if match := REPLAY_KEY_RE.match(key):
+            fields.setdefault(int(match[1]), {})[match[2]] = value
+    return [Transitions(**fields[shard]) for shard in sorted(fields)]

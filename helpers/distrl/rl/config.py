@@ -167,6 +167,9 @@ class ApexConfig:
     """seconds between learner checkpoints (one is always written at the end, and one on SIGTERM)"""
     checkpoint_dir: str | None = None
     """checkpoint directory or URI, e.g. gs://bucket/run/checkpoints (None: output_dir/checkpoints)"""
+    checkpoint_replay_mb: float = 64.0
+    """MB of replay each checkpoint keeps (an even sample of all shards; 0: none): a resume
+    trains on it beside new play"""
     resume: str | None = None
     """continue from a checkpoint: 'auto' (newest in checkpoint_dir), a directory, or one .npz;
     the run's first evaluation is of the checkpoint's own weights"""
@@ -257,6 +260,8 @@ FIELD_RULES: dict[str, tuple] = {
     **dict.fromkeys(["priority_eps", "learning_rate", "adam_epsilon", "max_grad_norm",
                      "huber_delta", "eval_interval_s", "checkpoint_interval_s",
                      "samples_per_insert_tolerance", "learner_cpus"], _POSITIVE_NUM),
+    "checkpoint_replay_mb": _rule(lambda v: _is_num(v) and v >= 0,
+                                  "a number of MB >= 0 (0: checkpoints keep no replay)"),
     "samples_per_insert": _rule(lambda v: _is_num(v) and v >= 0,
                                 "a number >= 0 (0 disables the rate limiter)"),
     "num_gpus": _rule(lambda v: _is_num(v) and v >= 0, "a number >= 0"),

@@ -115,6 +115,17 @@ def pack_block(obs, next_obs, rows, slots, last_rows, from_obs
     return frames, refs[entry[rows, slots, 0]], refs[next_entry]
 
 
+def repack(obs_refs: np.ndarray, next_refs: np.ndarray, planes_of
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Transitions' plane references (numbers in the replay's ring, or indices into a bigger
+    block's frames) as a block of their own: the planes they use, each once (planes_of(numbers)
+    fetches them), and each reference renumbered from 0. (frames, obs refs, next refs)."""
+    numbers, inverse = np.unique(np.concatenate([obs_refs, next_refs]).ravel(),
+                                 return_inverse=True)
+    refs = inverse.reshape(2, *obs_refs.shape).astype(np.int32)
+    return planes_of(numbers), refs[0], refs[1]
+
+
 def channels_first(obs_shape: tuple[int, ...]) -> tuple[int, ...]:
     """The shape replay samples an observation of obs_shape in: an image (height, width,
     channels) as its planes, (channels, height, width); a vector as it is."""

@@ -14,6 +14,7 @@ holding the numbers of its observations' planes.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -290,6 +291,56 @@ class PrioritizedReplay:
         return SampledBatch(transitions, self.key.take(slots), weights.astype(np.float32),
                             probabilities)
 
+    def row_bytes(self) -> int:
+        """Bytes a transition takes in contents()' block, at most (images: every plane of
+        its two observations its own, as in a sparse sample of the replay)."""
+        fields = 8 + 4 + 4 + 4  # action, reward, discount, priority
+        if self.framed:
+            channels = self.obs_shape[2]
+            return fields + 2 * channels * (4 + self.frames.planes[0].nbytes)
+        return fields + 2 * self.obs[0].nbytes
+
+    def contents(self, max_bytes: float | None = None) -> Transitions:
+        """The live transitions as one block that add() takes (images packed as frames),
+        oldest first, each with its priority as the |TD error| it came from: all of them, or
+        an even random sample of them that fits max_bytes (what a checkpoint keeps of the
+        replay, so that a resumed learner trains on what it learned from, not only on new
+        play)."""
+        keys = np.arange(self.total_inserted - self.size, self.total_inserted, dtype=np.int64)
+        keys = keys[self.key[keys % self.capacity] == keys]
+        rows = len(keys) if max_bytes is None else int(max_bytes // self.row_bytes())
+        if len(keys) > rows:  # seeded by the count: the same replay gives the same sample
+            picked = np.random.default_rng(self.total_inserted).choice(len(keys), rows,
+                                                                       replace=False)
+            keys = keys[np.sort(picked)]
+        slots = keys % self.capacity
+        leaves = self.tree.leaves(slots)
+        td_abs = (np.maximum(leaves ** (1.0 / self.alpha) - self.eps, 0.0) if self.alpha > 0
+                  else np.zeros(len(slots)))  # alpha 0: every priority is 1, whatever |TD|
+        obs, next_obs, frames = self.obs[slots], self.next_obs[slots], None
+        if self.framed:
+            frames, obs, next_obs = framing.repack(
+                obs, next_obs, lambda numbers: self.frames.planes[numbers % self.frames.capacity])
+        return Transitions(obs=obs, action=self.action[slots], reward=self.reward[slots],
+                           discount=self.discount[slots], next_obs=next_obs,
+                           priority=td_abs.astype(np.float32), frames=frames)
+
+    def load(self, block: Transitions) -> int:
+        """Add a block from contents() (another replay's, perhaps bigger), in parts this
+        replay can take whole; returns how many transitions it holds after."""
+        step = self.capacity
+        if self.framed and len(block.frames) > self.frames.capacity:
+            # Parts whose planes fit the ring (two observations' planes a row, at most).
+            step = max(1, self.frames.capacity // (2 * self.obs_shape[2]))
+        for start in range(0, len(block), step):
+            part = block.take(slice(start, start + step))
+            if self.framed and step < len(block):
+                frames, obs, next_obs = framing.repack(part.obs, part.next_obs,
+                                                       lambda index: block.frames[index])
+                part = dataclasses.replace(part, frames=frames, obs=obs, next_obs=next_obs)
+            self.add(part)
+        return len(self)
+
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
         """The observations of these slots; images as their planes, channels first
         (frames.channels_first)."""
@@ -348,6 +399,14 @@ class RateLimiter:
             self.min_size = max(1, min(self.min_size, self.inserts))
             self._cond.notify_all()
             return self.min_size
+
+    def count_loaded(self, n: int) -> None:
+        """n transitions loaded from a checkpoint: they count toward min_size (sampling may
+        start once it is met), not toward the sampling budget, so the learner samples at
+        samples_per_insert against new play from the start, as it did before the stop."""
+        with self._cond:
+            self.inserts += min(n, max(0, self.min_size - self.inserts))
+            self._cond.notify_all()
 
     def can_insert(self) -> bool:
         if self.samples_per_insert == 0 or self.inserts < self.min_size:
@@ -421,6 +480,19 @@ class ReplayService:
         with self._lock:
             self.replay.add(block)
         return True
+
+    def contents(self, max_bytes: float | None = None) -> Transitions:
+        """What this replay holds (PrioritizedReplay.contents), for a checkpoint."""
+        with self._lock:
+            return self.replay.contents(max_bytes)
+
+    def load(self, block: Transitions) -> int:
+        """Transitions from a checkpoint (contents() of the run it resumes), before or beside
+        new play; they count toward min_size. Returns the replay's size after."""
+        with self._lock:
+            size = self.replay.load(block)
+        self.limiter.count_loaded(len(block))
+        return size
 
     def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
                num_batches: int = 1) -> SampledBatch | None:
