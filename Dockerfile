@@ -9,9 +9,14 @@ FROM rayproject/ray:2.60.0-py311
 USER 1000:100
 WORKDIR /home/ray/distrl
 
+# LD_LIBRARY_PATH: GKE's device plugin mounts the node's GPU driver (libcuda.so.1) at
+# /usr/local/nvidia/lib64 and sets no environment; CUDA base images put that folder on the
+# path, the Ray CPU image does not (preflight.NVIDIA_LIB_DIR has the sources; a test reads it
+# here). On a CPU pod the folder is absent and the path harmless.
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    TF_CPP_MIN_LOG_LEVEL=2
+    TF_CPP_MIN_LOG_LEVEL=2 \
+    LD_LIBRARY_PATH=/usr/local/nvidia/lib64${LD_LIBRARY_PATH:+:${LD_LIBRARY_PATH}}
 
 RUN python -c 'import sys; v = "%d.%d" % sys.version_info[:2]; \
     assert v == "3.11", f"the base image runs Python {v}, gke.settings.IMAGE_PYTHON says 3.11"'

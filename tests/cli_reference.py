@@ -98,6 +98,17 @@ GCLOUD = {
     "compute disks list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
                            "--zones", "--regions"},
     "compute disks delete": {"--zone", "--region", "--async"},
+    # The teardown's inventory (gke.inventory): each list's own flags and its list flags.
+    "container clusters list": LOCATION | {"--filter", "--limit", "--page-size", "--sort-by",
+                                           "--uri"},
+    "compute instances list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
+                               "--zones"},
+    "compute addresses list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
+                               "--regions", "--global"},
+    "storage buckets list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
+                             "--raw", "--additional-headers"},
+    "artifacts repositories list": {"--location", "--filter", "--limit", "--page-size",
+                                    "--sort-by"},
     "storage buckets add-iam-policy-binding": IAM_BINDING,
     "storage buckets remove-iam-policy-binding": IAM_BINDING | {"--all"},
     "storage rm": {"--recursive", "--all-versions", "--continue-on-error"},
@@ -133,6 +144,9 @@ GCLOUD_POSITIONALS = {
     "projects get-iam-policy": (1, 1), "storage buckets create": (1, MANY),
     "storage buckets describe": (1, 1), "storage buckets update": (1, MANY),
     "compute disks list": (0, MANY), "compute disks delete": (1, MANY),
+    "container clusters list": (0, 0), "compute instances list": (0, MANY),
+    "compute addresses list": (0, MANY), "storage buckets list": (0, MANY),
+    "artifacts repositories list": (0, 0),
     "storage buckets add-iam-policy-binding": (1, 1),
     "storage buckets remove-iam-policy-binding": (1, 1), "storage rm": (1, MANY),
     "builds submit": (0, 1), "monitoring dashboards create": (0, 0),
@@ -147,7 +161,8 @@ GCLOUD_BOOLEAN = {"--help", "--quiet", "--log-http", "--user-output-enabled", "-
                   "--show-image-basis", "--show-package-vulnerability", "--show-provenance",
                   "--show-sbom-references", "--recursive", "--all-versions",
                   "--continue-on-error", "--no-source", "--validate-only",
-                  "--add-maintenance-exclusion-until-end-of-support", "--enable-image-streaming"}
+                  "--add-maintenance-exclusion-until-end-of-support", "--enable-image-streaming",
+                  "--global"}
 
 # Values the reference pages enumerate, for the flags the series sets.
 GCLOUD_CHOICES = {
@@ -316,6 +331,9 @@ def _bad_value(tool: str, command: str, flag: str, value: str) -> str | None:
         return f"Invalid region '{value}'"
     if flag == "--zone" and not _zone(value):
         return f"Invalid zone '{value}'"
+    # `artifacts repositories list --location=all`: every location (its reference page).
+    if flag == "--location" and command == "artifacts repositories list" and value == "all":
+        return None
     if flag == "--location" and not (value in REGIONS or _zone(value)):
         return f"Invalid location '{value}'"
     return None

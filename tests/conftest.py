@@ -196,7 +196,10 @@ HEALTHY_PROJECT_ANSWERS = {
     "describe nodes": {"out": DESCRIBE_NODE},
     "RAY_AUTH_MODE": {"out": "token"},
     "compute disks list": {"out": ""},
-    "list_physical_devices": {"out": "gpus 1\nxla ok /job:localhost/replica:0/task:0/device:GPU:0"},
+    "compute instances list": {"out": ""},
+    "compute addresses list": {"out": ""},
+    "list_physical_devices": {"out": "ld_library_path /usr/local/nvidia/lib64\nlibcuda ok\n"
+                                     "gpus 1\nxla ok /job:localhost/replica:0/task:0/device:GPU:0"},
     "--output=jsonpath={.items[0].metadata.name}": {"out": "distrl-head-x7k2p"},
 }
 

@@ -18,6 +18,13 @@ GROUPS = (("artifacts", "repositories"), ("iam", "service-accounts"), ("storage"
           ("container", "clusters"), ("container", "node-pools"))
 VERBS = {"create": "create", "create-auto": "create", "delete": "delete", "describe": "describe",
          "update": "label"}
+# Things whose name is unique only within their location: keyed name@location.
+LOCATED = {("container", "clusters"), ("container", "node-pools"), ("artifacts", "repositories")}
+# The lists the teardown's inventory runs that this project answers (the compute ones are
+# answered empty by HEALTHY_PROJECT_ANSWERS).
+LISTED = {("container", "clusters"), ("storage", "buckets"), ("artifacts", "repositories")}
+PROJECT = "demo-project-1"  # what a repository's full name says; the tests' project
+
 # The describes that ask who made a thing: the plan's label, or an account's description.
 OWNER_FORMAT = re.compile(r"distrl-prefix\)|value\(description\)|io/instance\}")
 
@@ -47,8 +54,35 @@ def resource(tool: str, argv: list[str]) -> tuple[str, str] | None:
         return "delete", f"storage buckets {words[2]}"
     for group in GROUPS:
         if tuple(words[:2]) == group and len(words) > 3 and words[2] in VERBS:
-            return VERBS[words[2]], f"{' '.join(group)} {words[3].split('@')[0]}"
+            key = f"{' '.join(group)} {words[3].split('@')[0]}"
+            if group in LOCATED:  # a cluster in one zone is not the one in another
+                where = flags.get("--zone") or flags.get("--region") or flags.get("--location")
+                key += f"@{where}"
+            return VERBS[words[2]], key
     return None
+
+
+def listing(argv: list[str]) -> str | None:
+    """What a list of clusters, buckets or repositories prints: each the plan made and no
+    delete removed, carrying a prefix label, as `value(name,location,prefix)` (None: not such a
+    list)."""
+    words = [a for a in argv if not a.startswith("-")]
+    if words[2:3] != ["list"] or tuple(words[:2]) not in LISTED:
+        return None
+    path = Path(os.environ["FAKE_LOG"] + ".state")
+    state = json.loads(path.read_text()) if path.exists() else {}
+    lines = []
+    for key, label in state.items():
+        group, _, thing = key.partition(f"{' '.join(words[:2])} ")
+        if group or not thing or not label:
+            continue
+        name, _, where = thing.partition("@")
+        if words[:2] == ["storage", "buckets"]:
+            name = name.removeprefix("gs://")
+        elif words[:2] == ["artifacts", "repositories"]:
+            name = f"projects/{PROJECT}/locations/{where}/repositories/{name}"
+        lines.append(f"{name}\t{where}\t{label}")
+    return "\n".join(lines)
 
 
 def label_of(tool: str, argv: list[str]) -> str:
@@ -66,6 +100,9 @@ def label_of(tool: str, argv: list[str]) -> str:
 def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
     """(exit code, output) for a command about a thing the plan makes; None for others. A
     missing thing answers gcloud's and kubectl's NOT_FOUND on stderr (the code is 1)."""
+    listed_here = listing(argv) if tool == "gcloud" else None
+    if listed_here is not None:
+        return 0, listed_here
     what = resource(tool, argv)
     if what is None:
         return None

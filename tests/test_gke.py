@@ -235,7 +235,8 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
     ]
 
 
-def expected_teardown(manifests: Path, live: bool = False) -> list[list[str]]:
+def expected_teardown(manifests: Path, live: bool = False, inventory: bool = False
+                      ) -> list[list[str]]:
     """Newest first: the namespace (and the run volume's disk) first, the cluster after its
     node pools, the image last of all, then the disks the cluster left. With live=True, what
     each undo asks first, as run_teardown runs it: the cluster's credentials before kubectl,
@@ -297,7 +298,28 @@ def expected_teardown(manifests: Path, live: bool = False) -> list[list[str]]:
         ["gcloud", "compute", "disks", "list",
          "--filter=labels.distrl-prefix=rl AND zone:europe-west4-b AND -users:*",
          "--format=value(name,zone.basename())", P],
+        *(INVENTORY if inventory else []),  # `distrl gke teardown` runs it after the undos
     ]
+
+
+# The teardown's inventory, after every undo: distrl's label in every location.
+INVENTORY = [
+    ["gcloud", "container", "clusters", "list",
+     "--format=value(name,location,resourceLabels.distrl-prefix)",
+     "--filter=resourceLabels.app=distrl", P],
+    ["gcloud", "compute", "instances", "list",
+     "--format=value(name,zone.basename(),labels.distrl-prefix)", "--filter=labels.app=distrl", P],
+    ["gcloud", "compute", "disks", "list",
+     "--format=value(name,zone.basename(),labels.distrl-prefix)", "--filter=labels.app=distrl", P],
+    ["gcloud", "compute", "addresses", "list",
+     "--format=value(name,region.basename(),labels.distrl-prefix)", "--filter=labels.app=distrl",
+     P],
+    ["gcloud", "storage", "buckets", "list",
+     "--format=value(name,location,labels.distrl-prefix)", "--filter=labels.app=distrl", P],
+    ["gcloud", "artifacts", "repositories", "list", "--location=all",
+     "--format=value(name,name.segment(3),labels.distrl-prefix)", "--filter=labels.app=distrl",
+     P],
+]
 
 
 def test_plan_is_the_exact_command_sequence(tmp_path):
@@ -561,10 +583,17 @@ def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
     ("describe nodes", DESCRIBE_NODE.replace("663m (8%)", "2500m (31%)"), "Check the head node",
      "has 5.41 CPU free after GKE's system pods; the head pod requests 6"),
     ("RAY_AUTH_MODE", "", "Check the autoscaler", "has no RAY_AUTH_MODE=token: the running operator ignored"),
-    ("list_physical_devices", "gpus 0\nxla ok /job:localhost/replica:0/task:0/device:CPU:0",
-     "Check TensorFlow", "TensorFlow in the head pod sees 0 GPU(s)"),
-    ("list_physical_devices", "gpus 1\nxla failed InternalError libdevice not found at "
-     "./libdevice.10.bc", "Check TensorFlow", "an XLA-compiled convolution did not run on the "
+    ("list_physical_devices", "ld_library_path (unset)\nlibcuda failed libcuda.so.1: cannot "
+     "open shared object file: No such file or directory\ntf cudart_stub.cc:31] Could not find "
+     "cuda drivers on your machine, GPU will not be used.\ngpus 0\nxla ok /job:localhost/"
+     "replica:0/task:0/device:CPU:0", "Check TensorFlow",
+     "libcuda.so.1 did not load in the head pod (libcuda.so.1: cannot open shared object "
+     "file: No such file or directory); LD_LIBRARY_PATH there is (unset). GKE mounts the driver "
+     "at /usr/local/nvidia/lib64"),
+    ("list_physical_devices", "libcuda ok\ngpus 0\nxla ok /job:localhost/replica:0/task:0/"
+     "device:CPU:0", "Check TensorFlow", "TensorFlow in the head pod sees 0 GPU(s)"),
+    ("list_physical_devices", "libcuda ok\ngpus 1\nxla failed InternalError libdevice not found "
+     "at ./libdevice.10.bc", "Check TensorFlow", "an XLA-compiled convolution did not run on the "
      "head's GPU (failed InternalError libdevice not found"),
     ("get service opentelemetry-collector", "4317 4318|4317 14318", "Check the managed collector",
      "the managed collector's pods listen on ['14318']"),
@@ -716,7 +745,8 @@ def test_cli_create_and_teardown_run_live_against_the_stand_ins(stand_ins, tmp_p
     assert gke.main(["teardown", *args]) == 0
     # A teardown checks login and project only: no quota, billing or gcloud version blocks it.
     assert stand_ins()[len(created):len(created) + 2] == PREREQS[1:3]
-    assert stand_ins()[len(created) + 2:] == expected_teardown(tmp_path / "m", live=True)
+    assert stand_ins()[len(created) + 2:] == expected_teardown(tmp_path / "m", live=True,
+                                                               inventory=True)
 
 
 def test_a_teardown_runs_with_an_old_gcloud_and_no_kubectl(stand_ins, tmp_path, monkeypatch,
@@ -736,10 +766,85 @@ def test_a_teardown_runs_with_an_old_gcloud_and_no_kubectl(stand_ins, tmp_path, 
     assert gke.main(["teardown", *args]) == 0
     ran = stand_ins()[created:]
     assert ran[:2] == PREREQS[1:3]
-    assert ran[2:] == [argv for argv in expected_teardown(tmp_path / "m", live=True)
+    assert ran[2:] == [argv for argv in expected_teardown(tmp_path / "m", live=True,
+                                                          inventory=True)
                        if argv[0] != "kubectl"]
     out = capsys.readouterr().out
     assert "kubectl is not on PATH: skipped" in out
+
+
+CLI_ARGS = ["--project-id", PROJECT, "--region", "europe-west4", "--prefix", "rl",
+            "--gpu-type", "nvidia-tesla-t4", "--max-actor-nodes", "3", "--image-tag", "t1"]
+
+
+@pytest.mark.parametrize("other, still", [
+    (["--zone", "europe-west4-c"],  # made in -b (say after a stockout in -c's place)
+     ["cluster rl-cluster in europe-west4-b, prefix rl: distrl gke teardown --project-id "
+      "demo-project-1 --prefix rl --mode standard --zone europe-west4-b --region europe-west4"]),
+    (["--zone", "europe-west4-b", "--prefix", "xx"],  # nothing of prefix xx: all of rl's stays
+     ["cluster rl-cluster in europe-west4-b, prefix rl: distrl gke teardown",
+      "bucket demo-project-1-rl-build in ?, prefix rl: gcloud storage rm --recursive "
+      "gs://demo-project-1-rl-build --project=demo-project-1",
+      "repository rl-images in europe-west4, prefix rl: gcloud artifacts repositories delete "
+      "rl-images --location=europe-west4 --project=demo-project-1 --quiet"]),
+])
+def test_a_teardown_given_other_settings_than_the_create_exits_1_naming_what_bills(
+        stand_ins, tmp_path, capsys, other, still):
+    """Made in one zone, torn down with another ZONE (or PREFIX): every delete finds nothing
+    and counts as done, but the inventory after them lists distrl's label in every location,
+    and the teardown exits 1 naming the cluster that still bills and the command that deletes
+    it. With the create's own settings the inventory finds nothing and the exit is 0."""
+    files = ["--manifests-dir", str(tmp_path / "m"), "--auth-token-file", str(tmp_path / "t")]
+    assert gke.main(["create", *CLI_ARGS, "--zone", "europe-west4-b", *files]) == 0
+    capsys.readouterr()
+    assert gke.main(["teardown", *CLI_ARGS, *other, *files]) == 1
+    err = capsys.readouterr().err
+    assert "labelled app=distrl still exist in project demo-project-1 and bill" in err, err
+    for thing in still:
+        assert f"  - {thing}" in err, err
+    assert gke.main(["teardown", *CLI_ARGS, "--zone", "europe-west4-b", *files]) == 0
+    assert ("inventory: nothing labelled app=distrl is left in project demo-project-1, in any "
+            "location") in capsys.readouterr().out
+
+
+def test_an_inventory_that_cannot_list_a_kind_does_not_say_nothing_bills(stand_ins, monkeypatch):
+    """A list refused (no permission) proves nothing: the teardown fails naming the list and
+    why. A list refused because its API is off in the project is empty: nothing of it bills."""
+    from distrl.gke.inventory import StillBilling, check_nothing_bills
+
+    respond(monkeypatch, "compute addresses list", "ERROR: (gcloud.compute.addresses.list) "
+            "Compute Engine API has not been used in project 1 before or it is disabled.", 1)
+    respond(monkeypatch, "compute instances list", "ERROR: (gcloud.compute.instances.list) "
+            "Some requests did not succeed: Required 'compute.instances.list' permission", 1)
+    with pytest.raises(StillBilling) as e:
+        check_nothing_bills(PROJECT, out=lambda line: None)
+    assert e.value.left == [] and len(e.value.unlisted) == 1
+    said = str(e.value)
+    assert said.startswith("after the teardown, 1 kind(s) could not be listed, so the inventory "
+                           "cannot say that nothing bills:\n  - could not list VMs "
+                           "(`gcloud compute instances list "), said
+    assert said.endswith("Some requests did not succeed: Required 'compute.instances.list' "
+                         "permission)"), said
+
+
+def test_a_missing_auth_plugin_is_a_failed_undo_not_one_already_done(stand_ins, tmp_path,
+                                                                      monkeypatch):
+    """kubectl without gke-gcloud-auth-plugin says "... not found": that is a tool missing,
+    not the namespace gone. The undo fails (and is named at the end); before, it counted as
+    done while what it deletes stayed."""
+    from distrl.gke.runner import already_gone
+
+    plugin = ('error: getting credentials: exec: executable gke-gcloud-auth-plugin not found')
+    assert not already_gone(plugin) and not already_gone("bash: kubectl: command not found")
+    assert already_gone("ERROR: (gcloud.container.clusters.delete) NOT_FOUND: cluster")
+    assert already_gone('Error from server (NotFound): namespaces "rl" not found')
+    k8s.write_manifests(settings(), tmp_path / "m")
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "token")
+    run_plan(plan, out=lambda line: None)
+    respond(monkeypatch, "get namespace rl", plugin, code=1)
+    with pytest.raises(TeardownIncomplete) as e:
+        run_teardown(gke.teardown_plan(plan), out=lambda line: None)
+    assert "gke-gcloud-auth-plugin not found" in str(e.value)
 
 
 def test_a_teardown_is_not_blocked_by_quotas_or_billing(stand_ins, monkeypatch):
@@ -1208,19 +1313,32 @@ def test_the_pong_run_is_planned_costed_and_its_job_command_is_a_valid_training(
         GkeSettings.for_workload("breakout", project_id=PROJECT)
 
 
-def test_the_gpu_check_compiles_the_learner_s_convolution_with_xla_here(tmp_path):
-    """The plan's GPU check, run with this machine's TensorFlow (no GPU): it answers with the
-    count and an XLA-compiled convolution, and the check refuses a head that has no GPU, or
-    whose compile ran elsewhere than on a GPU."""
+def test_the_gpu_check_loads_libcuda_and_compiles_the_learner_s_convolution_here(tmp_path):
+    """The plan's GPU check, run with this machine's TensorFlow (no GPU, no driver): it answers
+    with the library path, whether libcuda loads, TensorFlow's own lines on CUDA (which the
+    image's log level hides), the GPU count and an XLA-compiled convolution. The check refuses
+    a head whose libcuda does not load, naming the folder GKE mounts it in and the path the
+    pod has, and quoting TensorFlow; one with no GPU; one whose compile ran on the CPU."""
     import sys
 
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TF_CPP_MIN_LOG_LEVEL": "3",
+           "LD_LIBRARY_PATH": str(tmp_path / "no-driver-here")}
     out = subprocess.run([sys.executable, "-c", preflight.GPU_CHECK], capture_output=True,
                          text=True, timeout=180, env=env, check=True).stdout
-    assert "gpus 0" in out and "xla ok" in out and "CPU:0" in out
-    assert "sees 0 GPU(s)" in preflight.gpu_problems(out, "nvidia-l4")[0]
-    on_cpu = out.replace("gpus 0", "gpus 1")
+    assert f"ld_library_path {tmp_path / 'no-driver-here'}" in out
+    assert "libcuda failed libcuda.so.1" in out and "gpus 0" in out and "CPU:0" in out
+    said = [line for line in out.splitlines() if line.startswith("tf ")]
+    assert said and all("cuda" in line.lower() for line in said), out
+    problem = preflight.gpu_problems(out, "nvidia-l4")[0]
+    assert "libcuda.so.1 did not load in the head pod (libcuda.so.1: cannot open" in problem
+    assert f"LD_LIBRARY_PATH there is {tmp_path / 'no-driver-here'}" in problem
+    assert "/usr/local/nvidia/lib64" in problem and f"TensorFlow said: {said[0][3:]}" in problem
+    with_driver = re.sub(r"^libcuda failed.*$", "libcuda ok", out, flags=re.M)
+    assert "sees 0 GPU(s)" in preflight.gpu_problems(with_driver, "nvidia-l4")[0]
+    on_cpu = with_driver.replace("gpus 0", "gpus 1")
     assert "did not run on the head's GPU (ok" in preflight.gpu_problems(on_cpu, "nvidia-l4")[0]
+    on_gpu = on_cpu.replace("CPU:0", "GPU:0")
+    assert preflight.gpu_problems(on_gpu, "nvidia-l4") == []
 
 
 def test_cli_check_telemetry_reads_the_managed_collector_s_log(stand_ins, monkeypatch, capsys):

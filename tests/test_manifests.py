@@ -593,3 +593,15 @@ def test_the_pods_resource_carries_what_the_telemetry_api_labels_targets_with(mo
     assert attributes["k8s.cluster.name"] == "distrl-cluster"
     key, value = location.split("=")
     assert attributes[key] == value
+
+
+def test_the_image_puts_the_driver_gke_mounts_on_the_library_path():
+    """GKE mounts the GPU driver at preflight.NVIDIA_LIB_DIR and sets no environment; without
+    the folder on LD_LIBRARY_PATH, TensorFlow in the head pod loads no libcuda and sees no GPU.
+    The Dockerfile's ENV puts it first, keeping any path the base image set."""
+    from distrl.gke import preflight
+
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    setting = re.search(r"^\s*LD_LIBRARY_PATH=(\S+)", dockerfile, re.M)
+    assert setting, "the Dockerfile sets no LD_LIBRARY_PATH"
+    assert setting[1] == f"{preflight.NVIDIA_LIB_DIR}${{LD_LIBRARY_PATH:+:${{LD_LIBRARY_PATH}}}}"

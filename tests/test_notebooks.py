@@ -9,6 +9,7 @@ import psutil
 import pytest
 from conftest import respond
 
+from distrl.gke.inventory import inventory_commands
 from distrl.gke.settings import GkeSettings
 from distrl.tutorial import NOTEBOOKS_DIR, error_lines, run_notebook, stream_text
 
@@ -564,6 +565,8 @@ def test_03_live_path_runs_the_plan_against_stand_ins(kernel, tmp_path: Path, st
         expected += [list(step.needs)] if step.needs else []
         expected += [list(step.owner.argv)] if step.owner else []
         expected.append(list(step.argv))
+    # Then the inventory, which finds nothing of distrl's left (else the cell would have failed).
+    expected += [list(argv) for _, argv in inventory_commands("demo-project-1")]
     assert stand_ins() == expected
     assert (home / ".ray" / "auth_token").stat().st_mode & 0o077 == 0
 

@@ -16,6 +16,7 @@ import argparse
 import ast
 import json
 import re
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -24,6 +25,7 @@ import yaml
 
 from distrl.gke import create as gke
 from distrl.gke import manifests as k8s
+from distrl.gke.inventory import inventory_commands
 from distrl.gke.runner import dry_run
 from distrl.gke.settings import GkeSettings
 
@@ -32,7 +34,8 @@ NOTEBOOK = ROOT / "notebooks" / "03-create-gke-cluster.ipynb"
 DOC = ROOT / "docs" / "gke.md"
 # Paths as a reader at the repository root would type them (the notebook runs in notebooks/).
 MANIFESTS = "notebooks/runs/03-create-gke-cluster/manifests"
-TOKEN = "~/.ray/auth_token"
+# The token file as a shell expands it when the line is pasted: a quoted ~ would not expand.
+TOKEN = "$HOME/.ray/auth_token"
 
 
 def notebook_defaults(notebook: Path = NOTEBOOK) -> dict:
@@ -62,7 +65,12 @@ def plan_listing() -> str:
     dry_run(plan, out=lines.append)
     lines += ["", "# Clean up (TEARDOWN = True, or `distrl gke teardown`): every undo, newest first"]
     dry_run(gke.teardown_plan(plan), out=lines.append, explain=False)
-    return "\n".join(lines)
+    lines += ["", "# Then the inventory: what is labelled app=distrl in any location (the teardown "
+              "exits 1 naming anything left)"]
+    lines += [shlex.join(argv) for _, argv in inventory_commands(settings.project_id)]
+    # shlex quotes the $ away; double quotes keep the line pasteable.
+    return "\n".join(lines).replace(f"'--from-file=auth_token={TOKEN}'",
+                                    f'--from-file=auth_token="{TOKEN}"')
 
 
 def otel_env_listing() -> str:

@@ -8,6 +8,7 @@
     run_plan(plan, start=13)           # resumes at the step that failed
     run_teardown(teardown_plan(plan))  # deletes what the plan created, newest first; every
                                        # undo runs, what is gone already counts as done
+    check_nothing_bills(project_id)    # then distrl's label in any location: none may be left
 
 Every command is an argv list, never a shell string, and passes --project explicitly (the
 user's gcloud configuration is not changed). Every create step first asks whether its resource
@@ -28,6 +29,7 @@ from pathlib import Path
 from distrl.gke import manifests as k8s
 from distrl.gke import preflight
 from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
+from distrl.gke.inventory import StillBilling, check_nothing_bills
 from distrl.gke.manifests import SPOT_TAINT, head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
 from distrl.gke.runner import Owner, Step, StepFailed, TeardownIncomplete, dry_run, run_plan, run_teardown
@@ -418,8 +420,9 @@ def _apply_steps(s: GkeSettings, manifests: Path, auth_token_file: str | Path) -
     # volumes", cloud.google.com/sdk/gcloud/reference/container/clusters/delete). It carries the
     # plan's labels (manifests.runs_storage_class), so the teardown finds what is left.
     # Only the plan's zone (a regional cluster's: its region's zones), and only disks no VM
-    # uses: `-users:*` is "users undefined" (gcloud topic filters).
-    where = f"zone:{s.zone}" if s.mode == "standard" else f"zone~^{s.region}-"
+    # uses: `-users:*` is "users undefined" (gcloud topic filters). A disk's zone is a URL
+    # (.../zones/us-central1-a), so the region's zones match by their path, not from its start.
+    where = f"zone:{s.zone}" if s.mode == "standard" else f"zone~/zones/{s.region}-"
     disks = (("gcloud", "compute", "disks", "list",
               f"--filter=labels.distrl-prefix={s.prefix} AND {where} AND -users:*",
               "--format=value(name,zone.basename())", f"--project={s.project_id}"),
@@ -605,8 +608,25 @@ def main(argv: list[str] | None = None) -> int:
             print("After the first training run, `distrl gke check-telemetry` with the same "
                   "options reads the managed collector's log for exports Google Cloud refused.")
         else:
-            run_teardown(teardown_plan(plan))
-    except (PrerequisiteError, StepFailed, TeardownIncomplete, ValueError) as e:
+            return _teardown_and_inventory(plan, settings.project_id)
+    except (PrerequisiteError, StepFailed, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _teardown_and_inventory(plan: list[Step], project: str) -> int:
+    """Every undo, then the inventory of what still bills in any location: 1 if an undo failed
+    or anything labelled is left (each named, with the command that deletes it)."""
+    failed = False
+    try:
+        run_teardown(teardown_plan(plan))
+    except TeardownIncomplete as e:
+        print(f"error: {e}", file=sys.stderr)
+        failed = True
+    try:
+        check_nothing_bills(project)
+    except StillBilling as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    return 1 if failed else 0

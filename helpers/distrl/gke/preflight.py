@@ -223,9 +223,43 @@ def _gib(text: str) -> float:
 # compiled with XLA on the first of them, as the learner compiles its update (jit_compile). XLA
 # needs ptxas and libdevice from the CUDA wheels: a missing one fails here, in seconds, not at
 # the learner's first update after the Spot pool is up.
+# Where GKE's device plugin mounts the node's driver libraries (libcuda.so.1) in a GPU
+# container; it sets no environment, so the image must put this folder on LD_LIBRARY_PATH
+# (container-engine-accelerators cmd/nvidia_gpu/README.md, -container-path
+# /usr/local/nvidia/lib64; pkg/gpu/nvidia/beta_plugin.go, Allocate returns devices and mounts
+# only; GKE's "Run GPUs in Standard node pools", cloud.google.com/kubernetes-engine/docs/how-to/
+# gpus, on CUDA applications and this path). The Dockerfile's ENV sets it; a test reads it there.
+NVIDIA_LIB_DIR = "/usr/local/nvidia/lib64"
+
 GPU_CHECK = """\
-import tensorflow as tf
-print("gpus", len(tf.config.list_physical_devices("GPU")))
+import ctypes
+import os
+import re
+import tempfile
+
+# The lines TensorFlow prints on loading CUDA, which TF_CPP_MIN_LOG_LEVEL=2 in the image hides.
+os.environ["TF_CPP_MIN_LOG_LEVEL"] = "0"
+print("ld_library_path", os.environ.get("LD_LIBRARY_PATH") or "(unset)")
+try:
+    ctypes.CDLL("libcuda.so.1")
+    print("libcuda ok")
+except OSError as e:
+    print("libcuda failed", str(e).strip()[:300])
+log, saved = tempfile.TemporaryFile(), os.dup(2)
+os.dup2(log.fileno(), 2)  # TensorFlow (C++) writes to fd 2: keep its lines for this answer
+try:
+    import tensorflow as tf
+    gpus = tf.config.list_physical_devices("GPU")
+finally:
+    os.dup2(saved, 2)
+log.seek(0)
+said = []
+for line in log.read().decode(errors="replace").splitlines():
+    line = re.sub(r"^[IWEF]\\d{4} [\\d:.]+ +\\d+ ", "", line.strip())
+    if re.search(r"dlopen|libcuda|cuda driver|GPU will not", line, re.I) and line not in said:
+        said.append(line)
+        print("tf", line[:300])
+print("gpus", len(gpus))
 try:
     conv = tf.function(lambda x, k: tf.nn.conv2d(x, k, 4, "VALID"), jit_compile=True)
     with tf.device("/GPU:0"):
@@ -237,15 +271,26 @@ except Exception as e:
 
 
 def gpu_problems(output: str, gpu_type: str) -> list[str]:
-    """GPU_CHECK's output: TensorFlow sees a GPU, and an XLA-compiled convolution ran on it."""
+    """GPU_CHECK's output: the driver's libcuda loads, TensorFlow sees a GPU, and an
+    XLA-compiled convolution ran on it. A failure quotes TensorFlow's own lines on CUDA."""
     lines = {line.split(" ", 1)[0]: line.split(" ", 1)[1:] for line in output.strip().splitlines()
-             if line.startswith(("gpus ", "xla "))}
+             if line.startswith(("gpus ", "xla ", "libcuda ", "ld_library_path "))}
+    tf_said = [line[3:] for line in output.splitlines() if line.startswith("tf ")]
+    quoted = f" TensorFlow said: {' | '.join(tf_said)}" if tf_said else ""
+    libcuda = (lines.get("libcuda") or ["no answer"])[0]
+    if not libcuda.startswith("ok"):
+        path = (lines.get("ld_library_path") or ["(not reported)"])[0]
+        return [f"the GPU driver's libcuda.so.1 did not load in the head pod "
+                f"({libcuda.removeprefix('failed ')}); "
+                f"LD_LIBRARY_PATH there is {path}. GKE mounts the driver at {NVIDIA_LIB_DIR} and "
+                "sets no environment: the image must put that folder on LD_LIBRARY_PATH (the "
+                "Dockerfile's ENV does; rebuild and push the image), and `kubectl describe node` "
+                "must list nvidia.com/gpu under Allocatable (GKE's driver installer ran)." + quoted]
     count = (lines.get("gpus") or [""])[0].strip()
     if not (count.isdigit() and int(count) >= 1):
         return [f"TensorFlow in the head pod sees {count or 'no'} GPU(s) although the head pool "
-                f"has a {gpu_type}: check the driver install (`kubectl describe node` lists "
-                "nvidia.com/gpu under Allocatable once GKE's driver installer has run) and that "
-                "the image has TensorFlow's CUDA wheels (Dockerfile, the lock file's # gpu: lines)"]
+                f"has a {gpu_type} and the driver's libcuda loads: check that the image has "
+                "TensorFlow's CUDA wheels (Dockerfile, the lock file's # gpu: lines)." + quoted]
     xla = (lines.get("xla") or ["no answer"])[0]
     if not xla.startswith("ok") or "GPU" not in xla:
         return [f"an XLA-compiled convolution did not run on the head's GPU ({xla}): the learner "

@@ -169,6 +169,16 @@ class TeardownIncomplete(RuntimeError):
 # "Policy binding with the specified principal, role, and condition not found!"); kubectl:
 # "(NotFound)".
 ALREADY_GONE = re.compile(r"NOT_FOUND|NotFound|not found", re.IGNORECASE)
+# ... but not a tool that is missing: "gke-gcloud-auth-plugin not found" (kubectl without its
+# credential plugin), "command not found", Go's "executable file not found in $PATH". The undo
+# did not run, and what it deletes may still bill.
+TOOL_MISSING = re.compile(r"gcloud-auth-plugin|command not found|executable file not found",
+                          re.IGNORECASE)
+
+
+def already_gone(*texts: str) -> bool:
+    """Whether a command's output says that what it names is not there (not that a tool is)."""
+    return any(ALREADY_GONE.search(t) and not TOOL_MISSING.search(t) for t in texts)
 
 
 def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
@@ -183,7 +193,7 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
         if step.needs:
             code, _, err = capture_all(step.needs, timeout_s)
             if code != 0:
-                if ALREADY_GONE.search(err):
+                if already_gone(err):
                     out(f"gone with what {shlex.join(step.needs)} names: done")
                 else:
                     failures.append((step, code, f"{shlex.join(step.needs)}: {err.strip()}"))
@@ -194,7 +204,7 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
                 continue
         if step.owner:
             code, value, err = capture_all(step.owner.argv, timeout_s)
-            if code != 0 and ALREADY_GONE.search(err):
+            if code != 0 and already_gone(err):
                 out("already gone: done")
                 continue
             if code != 0:
@@ -212,11 +222,11 @@ def run_teardown(plan: Sequence[Step], out: Callable[[str], None] = print,
             argv = step.each(line)
             out(f"$ {shlex.join(argv)}")
             code, _, err = _stream(argv, out, timeout_s)
-            if code != 0 and not ALREADY_GONE.search(err):
+            if code != 0 and not already_gone(err):
                 failures.append((dataclasses.replace(step, argv=argv), code, err.strip()))
         if returncode == 0:
             continue
-        if ALREADY_GONE.search(stderr) or ALREADY_GONE.search(stdout):
+        if already_gone(stderr, stdout):
             out("already gone: done")
             continue
         out(f"failed (exit code {returncode}); going on with the rest")
