@@ -62,6 +62,31 @@ def resource(tool: str, argv: list[str]) -> tuple[str, str] | None:
     return None
 
 
+def pool_shape(argv: list[str]) -> dict:
+    """A node pool as `node-pools describe --format=json` shows what its create asked for
+    (the GKE API's NodePool: config, autoscaling, status; a describe's FAKE_POOL_STATUS sets
+    the status)."""
+    flags = dict(a.partition("=")[::2] for a in argv if a.startswith("--"))
+    accelerator = dict(kv.split("=", 1) for kv in flags.get("--accelerator", "").split(",") if kv)
+    effects = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+               "NoExecute": "NO_EXECUTE"}
+    taints = []
+    for taint in filter(None, flags.get("--node-taints", "").split(",")):
+        key_value, effect = taint.rsplit(":", 1)
+        key, value = key_value.split("=", 1)
+        taints.append({"key": key, "value": value, "effect": effects[effect]})
+    config = {"machineType": flags["--machine-type"], "spot": "--spot" in flags,
+              "taints": taints,
+              "accelerators": [{"acceleratorType": accelerator["type"],
+                                "acceleratorCount": accelerator.get("count", "1")}]
+              if accelerator else []}
+    shape = {"config": config, "status": "RUNNING"}
+    if "--enable-autoscaling" in flags:
+        shape["autoscaling"] = {"enabled": True, "minNodeCount": int(flags["--min-nodes"]),
+                                "maxNodeCount": int(flags["--max-nodes"])}
+    return shape
+
+
 def listing(argv: list[str]) -> str | None:
     """What a list of clusters, buckets or repositories prints: each the plan made and no
     delete removed, carrying a prefix label, as `value(name,location,prefix)` (None: not such a
@@ -119,14 +144,22 @@ def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
         return 0, "2026-12-01T00:00:00Z" if key in state else ""
     if verb == "create" or verb == "label" and key in state:
         state[key] = label_of(tool, argv)
+        if verb == "create" and key.startswith("container node-pools "):
+            state[f"shape {key}"] = pool_shape(argv)
     elif verb in ("delete", "label", "describe") and key not in state:
         return 1, "ERROR: NOT_FOUND"
     elif verb == "delete":
         del state[key]
+        state.pop(f"shape {key}", None)
         if key.startswith("container clusters "):  # its maintenance exclusions go with it
             state = {k: v for k, v in state.items() if not k.startswith("exclusion ")}
     path.write_text(json.dumps(state))
     if verb == "describe":
+        if "--format=json" in argv and f"shape {key}" in state:
+            shape = state[f"shape {key}"]
+            status = os.environ.get("FAKE_POOL_STATUS")  # what a failed create left
+            return 0, json.dumps({**shape, **({"status": status, "statusMessage": "Insufficient "
+                                  "regional quota"} if status else {})})
         if not OWNER_FORMAT.search(line):
             return 0, "found"
         label = state[key]

@@ -483,6 +483,47 @@ def test_a_second_run_skips_what_exists_and_resume_starts_at_the_failed_step(
     assert sum(line.endswith("skipped") for line in output) == sum(bool(s.exists) for s in plan)
 
 
+def test_a_rerun_with_another_workload_stops_at_the_pool_that_differs(stand_ins, tmp_path):
+    """A pool step skipped on its name alone kept the old pool under a new workload's
+    manifests and prices. The rerun compares the live pool (its describe, as JSON) with the
+    plan and stops at the first that differs, naming each difference and the delete that
+    replaces it; the same settings again skip every pool."""
+    first = settings(actor_machine_type="e2-standard-8", max_actor_nodes=3)
+    run_plan(create_plan(first, tmp_path / "m", tmp_path / "t"), out=lambda line: None)
+    output = []
+    run_plan(create_plan(first, tmp_path / "m", tmp_path / "t"), out=output.append)
+    assert sum("node-pools describe" in line and line.endswith("skipped") for line in output) == 2
+    other = settings(actor_machine_type="e2-standard-4", max_actor_nodes=4)
+    plan = create_plan(other, tmp_path / "m", tmp_path / "t")
+    with pytest.raises(StepFailed) as e:
+        run_plan(plan, out=lambda line: None)
+    assert plan[e.value.number - 1].title == "Create the Spot CPU node pool for actors"
+    assert ("node pool rl-actors exists with another shape than this plan's: machine type "
+            "e2-standard-8 (this plan: e2-standard-4); autoscaling up to 3 (this plan: 4). A "
+            "skip would run the new workload on the old pool: replace it (gcloud container "
+            "node-pools delete rl-actors --cluster=rl-cluster --zone=europe-west4-b "
+            "--project=demo-project-1 --quiet), then run again from this step") in str(e.value)
+
+
+def test_a_pool_a_failed_create_left_in_error_is_reported_not_skipped(stand_ins, tmp_path,
+                                                                       monkeypatch):
+    """A GPU stockout can leave the head pool in ERROR; a rerun that skipped it by name went
+    on to a cluster without its head. It stops at the pool, with its status and message, the
+    delete, and what to do about a stockout (tear down with the old zone, list a zone's
+    GPUs)."""
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "t")
+    run_plan(plan, out=lambda line: None)
+    monkeypatch.setenv("FAKE_POOL_STATUS", "ERROR")
+    with pytest.raises(StepFailed) as e:
+        run_plan(plan, out=lambda line: None)
+    assert plan[e.value.number - 1].title.startswith("Create the head node pool")
+    said = str(e.value)
+    assert ("node pool rl-head is in status ERROR (Insufficient regional quota): delete it "
+            "(gcloud container node-pools delete rl-head") in said
+    assert "tear down with this ZONE first" in said
+    assert "gcloud compute accelerator-types list --filter=zone:ZONE" in said
+
+
 POOL = ["gcloud", "container", "node-pools", "create", "p", "--cluster=c", "--zone=us-central1-a"]
 
 

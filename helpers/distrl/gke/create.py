@@ -366,15 +366,24 @@ def _node_pool_steps(s: GkeSettings, project: str) -> list[Step]:
         head = pool == s.head_pool
         pool_ref = (f"--cluster={s.cluster}", loc, project)
         describe_pool = ("gcloud", "container", "node-pools", "describe", pool, *pool_ref)
+        delete_pool = ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet")
+        effect = {"NoSchedule": "NO_SCHEDULE", "PreferNoSchedule": "PREFER_NO_SCHEDULE",
+                  "NoExecute": "NO_EXECUTE"}[SPOT_TAINT["effect"]]  # as the API spells it
+        shape = preflight.PoolShape(
+            machine_type=s.head_machine_type if head else s.actor_machine_type,
+            gpu_type=s.gpu_type if head else "none", spot=not head,
+            taints=() if head else ((SPOT_TAINT["key"], SPOT_TAINT["value"], effect),),
+            max_nodes=None if head else s.max_actor_nodes)
         steps.append(Step(
             ("Create the head node pool (on-demand" + ("" if s.gpu_type == "none" else ", GPU")
              + ")") if head else "Create the Spot CPU node pool for actors",
             ("gcloud", "container", "node-pools", "create", pool, f"--cluster={s.cluster}",
              loc, *args, f"--disk-size={DISK_GB}", f"--node-labels=distrl/pool={pool}",
              f"--service-account={s.node_email}", labels, project), why,
-            ("gcloud", "container", "node-pools", "delete", pool, *pool_ref, "--quiet"),
-            exists=(*describe_pool, "--format=value(name)"),
-            owner=_labelled(s, describe_pool, "config.resourceLabels")))
+            delete_pool, exists=(*describe_pool, "--format=value(name)"),
+            owner=_labelled(s, describe_pool, "config.resourceLabels"),
+            matches=((*describe_pool, "--format=json"), functools.partial(
+                preflight.pool_problems, pool=pool, want=shape, replace=shlex.join(delete_pool)))))
     cpu, memory = head_pod_request(s)
     steps.append(Step(
         "Check the head node has room for the head pod",

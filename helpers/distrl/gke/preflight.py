@@ -182,6 +182,60 @@ def operator_problems(deployments_json: str, admitted_namespace: str) -> tuple[l
             (repr(namespaces[0]) if namespaces else "'' (any source; Ray's token guards it)")], found
 
 
+@dataclass(frozen=True)
+class PoolShape:
+    """What the plan asks of a node pool, in the GKE API's terms (a describe's --format=json):
+    config.machineType, config.accelerators, config.spot, config.taints and autoscaling."""
+
+    machine_type: str
+    gpu_type: str  # "none": no accelerator
+    spot: bool
+    taints: tuple[tuple[str, str, str], ...]  # (key, value, effect as the API spells it)
+    max_nodes: int | None  # None: no autoscaling
+
+
+# A node pool's states that a rerun must not skip (GKE API NodePool.Status): a create that
+# failed (a GPU stockout, ZONE_RESOURCE_POOL_EXHAUSTED) can leave the pool in ERROR.
+BROKEN_POOL = {"ERROR", "RUNNING_WITH_ERROR", "STOPPING"}
+STOCKOUT_HINT = (
+    "If its create failed for want of the GPU in the zone (ZONE_RESOURCE_POOL_EXHAUSTED), tear "
+    "down with this ZONE first, then choose a zone that has it (`gcloud compute "
+    "accelerator-types list --filter=zone:ZONE` lists a zone's GPUs) and run again")
+
+
+def pool_problems(described: str, pool: str, want: PoolShape, replace: str) -> list[str]:
+    """How the live pool (`node-pools describe --format=json`) differs from the plan, and its
+    state: a pool made for another workload, machine type, size or GPU is not skipped."""
+    try:
+        live = json.loads(described)
+    except ValueError:
+        return [f"node pool {pool}: its describe printed no JSON ({described.strip()[:200]!r})"]
+    config, scaling = live.get("config", {}), live.get("autoscaling", {})
+    status = live.get("status", "?")
+    if status in BROKEN_POOL:
+        return [f"node pool {pool} is in status {status} "
+                f"({live.get('statusMessage', 'no message')}): delete it ({replace}), then run "
+                f"again from this step. {STOCKOUT_HINT}"]
+    gpus = sorted(a.get("acceleratorType", "?") for a in config.get("accelerators", [])
+                  if int(a.get("acceleratorCount", 0)) > 0)
+    # Only the plan's own taint keys: GKE may add its own (a GPU node's nvidia.com/gpu).
+    keys = {key for key, _, _ in want.taints}
+    taints = sorted((t.get("key", ""), t.get("value", ""), t.get("effect", ""))
+                    for t in config.get("taints", []) if t.get("key") in keys)
+    max_nodes = int(scaling["maxNodeCount"]) if scaling.get("enabled") else None
+    differs = [f"{what} {got} (this plan: {planned})" for what, got, planned in (
+        ("machine type", config.get("machineType"), want.machine_type),
+        ("GPU", ", ".join(gpus) or "none", want.gpu_type),
+        ("Spot", bool(config.get("spot")), want.spot),
+        ("taints", taints or "none", sorted(want.taints) or "none"),
+        ("autoscaling up to", max_nodes, want.max_nodes)) if got != planned]
+    if not differs:
+        return []
+    return [f"node pool {pool} exists with another shape than this plan's: "
+            f"{'; '.join(differs)}. A skip would run the new workload on the old pool: replace "
+            f"it ({replace}), then run again from this step"]
+
+
 def head_room_problems(describe_nodes: str, cpu_needed: float, memory_gib_needed: float,
                        pool: str) -> list[str]:
     """`kubectl describe nodes --selector=cloud.google.com/gke-nodepool=POOL`: the node's

@@ -57,6 +57,10 @@ class Step:
     leftovers: teardown only, after every undo: a command listing what this step's resources
     leave behind that bills (one per line), and a function from a line to the delete of it.
     each: the teardown's own steps: run for every line `argv` printed (from `leftovers`).
+    matches: create only, when `exists` found this plan's own: a read-only command describing
+    it, and a function from that output to how it differs from this step (each naming the
+    command that replaces it); any difference stops the plan instead of the skip (a rerun
+    with another shape, or what a failed create left behind).
     """
 
     title: str
@@ -70,6 +74,7 @@ class Step:
     needs: tuple[str, ...] | None = None
     leftovers: tuple[tuple[str, ...], Callable[[str], tuple[str, ...]]] | None = None
     each: Callable[[str], tuple[str, ...]] | None = None
+    matches: tuple[tuple[str, ...], Callable[[str], list[str]]] | None = None
 
     def __str__(self) -> str:
         return shlex.join(self.argv)
@@ -93,6 +98,9 @@ def dry_run(plan: Sequence[Step], out: Callable[[str], None] = print, explain: b
             out(f"#    first: {shlex.join(step.needs)} (if what it names is gone, this undo is done)")
         if step.owner:
             out(f"#    only if this prints {step.owner.value}: {shlex.join(step.owner.argv)}")
+        if step.matches:
+            out(f"#    when found, compared with this plan (a pool of another shape or state "
+                f"stops the plan): {shlex.join(step.matches[0])}")
         out(str(step))
         if step.each:
             out(f"#    then for each line it prints: {shlex.join(step.each('NAME ZONE'))}")
@@ -131,6 +139,12 @@ def run_plan(plan: Sequence[Step], out: Callable[[str], None] = print, start: in
                     f"{problem}: it was there before this plan. Delete it, or choose another "
                     "prefix (GkeSettings.prefix), so that neither create nor teardown touches it"
                     + (f". {step.owner.unlabelled}" if step.owner.unlabelled else "")])
+            if step.matches:
+                code, described, err = capture_all(step.matches[0], timeout_s)
+                differs = (step.matches[1](described) if code == 0 else
+                           [f"`{shlex.join(step.matches[0])}` failed: {err.strip()[-300:]}"])
+                if differs:
+                    raise StepFailed(step, i, 0, "", differs)
             out(f"already there ({shlex.join(step.exists)} found it): skipped")
             continue
         out(f"$ {step}")
