@@ -142,7 +142,7 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
 
     def cluster_of(workload: str, **settings) -> dict:
         return manifests.ray_cluster_spec(GkeSettings.for_workload(
-            workload, project_id="any-project", **settings), autoscale=False)
+            workload, project_id="any-project", **settings))
 
     # CartPole's pool (24 actors on 4 nodes), a T4 head, Autopilot: each refused, naming what
     # differs; one changed node count too.

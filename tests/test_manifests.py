@@ -162,7 +162,8 @@ def test_every_pod_meets_the_restricted_pod_security_standard():
     # Only the head with KubeRay's autoscaler gets the service account's token.
     tokens = {(kind, where): spec["automountServiceAccountToken"] for kind, where, spec in pods}
     assert [key for key, mounted in tokens.items() if mounted] == [
-        ("RayCluster", "spec.headGroupSpec.template.spec")]
+        ("RayCluster", "spec.headGroupSpec.template.spec"),
+        ("RayJob", "spec.rayClusterSpec.headGroupSpec.template.spec")]
     namespace = next(d for d in docs if d["kind"] == "Namespace")["metadata"]["labels"]
     assert namespace["pod-security.kubernetes.io/warn"] == "restricted"
     assert namespace["pod-security.kubernetes.io/enforce"] == "baseline"

@@ -88,8 +88,7 @@ def pong_pool_spec() -> dict:
     from distrl.gke import manifests
     from distrl.gke.settings import GkeSettings
 
-    return manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"),
-                                      autoscale=False)
+    return manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"))
 
 
 def pool_shape(spec: dict) -> dict[str, object]:

@@ -319,12 +319,9 @@ def _actor_container(s: GkeSettings, mounts: tuple[dict, ...] = (), **extra) -> 
                      f"{ACTOR_RESERVED_CPUS} CPUs left to GKE"})
 
 
-def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
-    """The KubeRay cluster spec shared by the RayCluster and the RayJob.
-
-    autoscale: the actors group grows from 0 to max_actor_nodes pods as Ray asks for CPUs;
-    False (the RayJob) starts all of them at once, since the run needs them from the start.
-    """
+def ray_cluster_spec(s: GkeSettings) -> dict:
+    """The KubeRay cluster spec shared by the RayCluster and the RayJob: the actors group
+    grows from 0 to max_actor_nodes pods as Ray asks for CPUs."""
     sizes = pod_sizes(s)
     head_params = {"dashboard-host": "0.0.0.0", "num-cpus": str(sizes["head"].cpu)}
     why_head_params = {
@@ -335,42 +332,38 @@ def ray_cluster_spec(s: GkeSettings, autoscale: bool = True) -> dict:
         why_head_params["num-gpus"] = "the learner's GPU, the cluster's only one"
     actors = commented({
         "groupName": "actors",
-        "replicas": 0 if autoscale else s.max_actor_nodes,
-        "minReplicas": 0 if autoscale else s.max_actor_nodes,
+        "replicas": 0,
+        "minReplicas": 0,
         "maxReplicas": s.max_actor_nodes,
         "rayStartParams": commented({"num-cpus": str(sizes["actor"].cpu)},
                                     {"num-cpus": "= the CPU request: one Ape-X actor per CPU"}),
         "template": {"metadata": {"labels": _labels(s, "ray-actors")},
                      "spec": _actor_pod_spec(s, _actor_container(s))},
-    }, {"replicas": "the autoscaler's to change: no actor pod until Ray asks for one" if autoscale
-        else "every actor pod from the start: the run needs them all",
-        "minReplicas": "no Spot node is kept while no actor runs" if autoscale
-        else "= maxReplicas: a fixed-size cluster",
+    }, {"replicas": "the autoscaler's to change: no actor pod until Ray asks for one",
+        "minReplicas": "no Spot node is kept while no actor runs",
         "maxReplicas": "the Spot pool's max_actor_nodes: one actor pod fills one node"})
     spec = {
         "rayVersion": RAY_VERSION,
-        "enableInTreeAutoscaling": autoscale,
+        "enableInTreeAutoscaling": True,
         "headGroupSpec": commented({
             "serviceType": "ClusterIP",
             "rayStartParams": commented(head_params, why_head_params),
             "template": {"metadata": {"labels": _labels(s, "ray-head")},
-                         "spec": _head_pod_spec(s, autoscaler=autoscale)},
+                         "spec": _head_pod_spec(s, autoscaler=True)},
         }, {"serviceType": "never LoadBalancer: the Jobs API runs any code; use kubectl port-forward"}),
         "workerGroupSpecs": [actors],
     }
     why = {"rayVersion": "the image's Ray (requirements.lock); KubeRay checks it: token auth needs 2.52+",
            "enableInTreeAutoscaling": "KubeRay's autoscaler sidecar grows the actors group as Ray "
-                                      "asks for CPUs" if autoscale
-           else "no autoscaler: the run needs all its actors from the start"}
-    if autoscale:
-        spec["autoscalerOptions"] = commented({
-            "upscalingMode": "Default", "idleTimeoutSeconds": 60,
-            "resources": _resources(AUTOSCALER_SIZE), "securityContext": _SIDECAR_SECURITY,
-        }, {"upscalingMode": "not rate-limited: every pending actor pod is asked for at once",
-            "idleTimeoutSeconds": "an idle actor pod goes, so that its Spot node can scale down",
-            "resources": "KubeRay's default, set so that head_pod_request() is the head pod's request",
-            "securityContext": "restricted Pod Security Standard; the root stays writable (it "
-                               "shares only /tmp/ray)"})
+                                      "asks for CPUs"}
+    spec["autoscalerOptions"] = commented({
+        "upscalingMode": "Default", "idleTimeoutSeconds": 60,
+        "resources": _resources(AUTOSCALER_SIZE), "securityContext": _SIDECAR_SECURITY,
+    }, {"upscalingMode": "not rate-limited: every pending actor pod is asked for at once",
+        "idleTimeoutSeconds": "an idle actor pod goes, so that its Spot node can scale down",
+        "resources": "KubeRay's default, set so that head_pod_request() is the head pod's request",
+        "securityContext": "restricted Pod Security Standard; the root stays writable (it "
+                           "shares only /tmp/ray)"})
     # KubeRay >= 1.6 hands the token in this Secret (key auth_token) to the Ray containers,
     # the autoscaler sidecar, the RayJob submitter and its own dashboard client
     # (ray-project/kuberay ray-operator/controllers/ray/common/pod.go, rayjob_controller.go).
@@ -408,7 +401,7 @@ def cluster_train_args(spec: dict) -> list[str]:
 def training_command(s: GkeSettings, output_dir: str = f"{RUNS_DIR}/rayjob") -> list[str]:
     """The RayJob's entrypoint: the settings' workload (WORKLOADS) on this cluster."""
     return ["python", "-m", "distrl.apex.train", *WORKLOADS[s.workload].command_args(),
-            *cluster_train_args(ray_cluster_spec(s, autoscale=False)),
+            *cluster_train_args(ray_cluster_spec(s)),
             "--output-dir", output_dir, "--progress", "false",
             # Spot pods join over minutes (or not at all): wait for them, never refuse.
             "--autoscaling", "true"]
@@ -538,7 +531,14 @@ def ray_job(s: GkeSettings) -> dict:
         "ttlSecondsAfterFinished": 0,
         "activeDeadlineSeconds": job_deadline_s(s),
         "submissionMode": "K8sJobMode",
-        "rayClusterSpec": ray_cluster_spec(s, autoscale=False),
+        # Autoscaled like the RayCluster: KubeRay starts a job's submitter once its cluster is
+        # ready, and a cluster with minReplicas = maxReplicas is ready only when every Spot
+        # worker runs, so one Spot node that never came held the job (and the billing head)
+        # until activeDeadlineSeconds. From 0, the job starts on the head; actors join as their
+        # nodes come, and a run with no actor for actor_wait_s ends itself ("no_actors").
+        # (ray-project/kuberay ray-operator/controllers/ray/rayjob_controller.go: the submitter
+        # waits for the cluster's Ready state, which needs every desired worker pod running.)
+        "rayClusterSpec": ray_cluster_spec(s),
     }, {"entrypoint": "one actor per Spot CPU; the head's CPUs and GPU to the learner "
                       "(cluster_train_args)",
         "shutdownAfterJobFinishes": "the cluster bills by the hour; the results are on the run volume",
@@ -547,8 +547,8 @@ def ray_job(s: GkeSettings) -> dict:
         "activeDeadlineSeconds": "caps what a stuck job bills: the head's start, the run's "
                                  "--max-seconds, its close (job_deadline_s)",
         "submissionMode": "a submitter Job follows the run's log: kubectl logs job/<this RayJob>",
-        "rayClusterSpec": "a cluster of its own on the head pool and run volume: delete the "
-                          "RayCluster first"})
+        "rayClusterSpec": "a cluster of its own (delete the RayCluster first), grown from 0: "
+                          "the job starts on the head"})
     return {"apiVersion": "ray.io/v1", "kind": "RayJob",
             "metadata": _meta(s, f"{s.prefix}-train", "ray-job"), "spec": spec}
 
