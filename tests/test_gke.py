@@ -956,6 +956,24 @@ def test_cost_estimate_autopilot_prices_the_pods_requests():
     assert est.max_per_hour - est.min_per_hour == pytest.approx(3 * actor_price)
 
 
+def test_an_autopilot_run_estimate_prices_its_spot_pods_tails():
+    """Autopilot bills pods' requests, not nodes: each actor pod's start and the job's close
+    are priced at its Spot requests; no node waits to scale down after the pods are gone."""
+    from distrl.gke import cost
+    from distrl.gke.manifests import pod_sizes
+
+    s = settings(mode="autopilot", gpu_type="nvidia-l4")
+    actor, ap = pod_sizes(s)["actor"], PRICES["autopilot"]
+    per_hour = actor.cpu * ap["vcpu"][1] + actor.memory_gib * ap["memory_gib"][1]
+    tails = [line for line in estimate_run_cost(s).lines if line.item.startswith("Spot tail")]
+    assert [line.item for line in tails] == [
+        f"Spot tail: start and image pull, up to {cost.NODE_READY_S / 60:.0f} min a pod",
+        f"Spot tail: the job's close, up to {cost.JOB_CLOSE_S / 60:.0f} min a pod"]
+    assert [line.maximum for line in tails] == pytest.approx(
+        [3 * per_hour * seconds / 3600 for seconds in (cost.NODE_READY_S, cost.JOB_CLOSE_S)])
+    assert all(line.minimum == 0 for line in tails)
+
+
 def test_monthly_costs_add_up_samples_spans_builds_images_volume_and_alerts():
     from distrl.gke import cost
     from distrl.gke.manifests import num_actors

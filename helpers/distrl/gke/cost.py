@@ -218,7 +218,7 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
             i = next(i for i, line in enumerate(lines) if line.item.startswith("actor nodes"))
             lines.insert(i + 1, CostLine(f"Spot price drift, up to the highest seen, {span}",
                                          0, s.max_actor_nodes, drift * hours))
-        lines += tail_lines(s, prices)
+    lines += tail_lines(s, prices)
     lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
                         per=f"{s.workload} run of at most {span}")
@@ -246,7 +246,15 @@ TAILS = (("start and image pull", NODE_READY_S), ("the job's close", JOB_CLOSE_S
 
 def tail_lines(s, prices: dict) -> list[CostLine]:
     """What each actor node bills outside the run's budget (TAILS), at the highest Spot price
-    seen, with its boot disk and address."""
+    seen, with its boot disk and address. On Autopilot each actor pod's requests bill instead,
+    through its start and the job's close, as an upper bound (the pricing page bills the
+    requests of Pods while they run); no node waits to scale down once the pods are gone."""
+    if s.mode == "autopilot":
+        ap, actor = prices["autopilot"], pod_sizes(s)["actor"]
+        per_hour = actor.cpu * ap["vcpu"][1] + actor.memory_gib * ap["memory_gib"][1]
+        return [CostLine(f"Spot tail: {what}, up to {seconds / 60:.0f} min a pod", 0,
+                         s.max_actor_nodes, per_hour * seconds / 3600)
+                for what, seconds in TAILS[:2]]
     per_hour = (prices["machines"][s.actor_machine_type][1] + spot_drift(s, prices)
                 + DISK_GB * prices["pd_balanced_gb_month"] / HOURS_PER_MONTH
                 + prices["external_ip"][1])
