@@ -38,6 +38,8 @@ IAM_BINDING = {"--member", "--role", "--condition", "--condition-from-file"}
 GCLOUD = {
     "version": set(),
     "auth list": {"--filter", "--filter-account", "--limit", "--page-size", "--sort-by"},
+    "auth print-access-token": {"--lifetime", "--scopes"},
+    "org-policies describe": {"--effective", "--folder", "--organization"},
     "projects describe": set(),
     "billing projects describe": set(),
     "services list": {"--available", "--enabled", "--filter", "--limit", "--page-size",
@@ -98,6 +100,8 @@ GCLOUD = {
     "compute disks list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
                            "--zones", "--regions"},
     "compute disks delete": {"--zone", "--region", "--async"},
+    "compute networks list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri",
+                              "--regexp"},
     # The teardown's inventory (gke.inventory): each list's own flags and its list flags.
     "container clusters list": LOCATION | {"--filter", "--limit", "--page-size", "--sort-by",
                                            "--uri"},
@@ -118,6 +122,10 @@ GCLOUD = {
                       "--no-source", "--substitutions", "--ignore-file"},
     "monitoring dashboards create": {"--config", "--config-from-file", "--validate-only"},
     "monitoring policies create": {"--policy", "--policy-from-file"},
+    "monitoring dashboards list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri"},
+    "monitoring dashboards delete": set(),
+    "monitoring policies list": {"--filter", "--limit", "--page-size", "--sort-by", "--uri"},
+    "monitoring policies delete": set(),
     "logging read": {"--limit", "--freshness", "--order", "--bucket", "--location", "--view",
                      "--resource-names", "--billing-account", "--folder", "--organization"},
 }
@@ -125,7 +133,9 @@ GCLOUD = {
 # NAME`, `services enable SERVICE [SERVICE ...]`, `builds submit [SOURCE]`, ...
 MANY = 1_000
 GCLOUD_POSITIONALS = {
-    "version": (0, 0), "auth list": (0, 0), "projects describe": (1, 1),
+    "version": (0, 0), "auth list": (0, 0), "auth print-access-token": (0, 1),
+    "org-policies describe": (1, 1),
+    "projects describe": (1, 1),
     "billing projects describe": (1, 1), "services list": (0, 0), "services enable": (1, MANY),
     "compute regions describe": (1, 1), "compute project-info describe": (0, 0),
     "container clusters create": (1, 1), "container clusters create-auto": (1, 1),
@@ -145,12 +155,15 @@ GCLOUD_POSITIONALS = {
     "storage buckets describe": (1, 1), "storage buckets update": (1, MANY),
     "compute disks list": (0, MANY), "compute disks delete": (1, MANY),
     "container clusters list": (0, 0), "compute instances list": (0, MANY),
+    "compute networks list": (0, MANY),
     "compute addresses list": (0, MANY), "storage buckets list": (0, MANY),
     "artifacts repositories list": (0, 0),
     "storage buckets add-iam-policy-binding": (1, 1),
     "storage buckets remove-iam-policy-binding": (1, 1), "storage rm": (1, MANY),
     "builds submit": (0, 1), "monitoring dashboards create": (0, 0),
     "monitoring policies create": (0, 0), "logging read": (0, 1),
+    "monitoring dashboards list": (0, 0), "monitoring dashboards delete": (1, 1),
+    "monitoring policies list": (0, 0), "monitoring policies delete": (1, 1),
 }
 # Flags that take no value (store_true in gcloud's source: `--spot=true` is refused).
 GCLOUD_BOOLEAN = {"--help", "--quiet", "--log-http", "--user-output-enabled", "--available",
@@ -162,7 +175,7 @@ GCLOUD_BOOLEAN = {"--help", "--quiet", "--log-http", "--user-output-enabled", "-
                   "--show-sbom-references", "--recursive", "--all-versions",
                   "--continue-on-error", "--no-source", "--validate-only",
                   "--add-maintenance-exclusion-until-end-of-support", "--enable-image-streaming",
-                  "--global"}
+                  "--global", "--effective"}
 
 # Values the reference pages enumerate, for the flags the series sets.
 GCLOUD_CHOICES = {

@@ -179,6 +179,9 @@ HEALTHY_PROJECT_ANSWERS = {
         {"Google Cloud SDK": "578.0.0", "core": "2026.10.20", "kubectl": "1.34.1",
          "gke-gcloud-auth-plugin": "0.5.10"})},
     "auth list": {"out": "reader@example.com"},
+    "auth print-access-token": {"out": "ya29.stand-in-token"},
+    "org-policies describe": {"out": json.dumps({
+        "name": "projects/demo-project-1/policies/compute.vmExternalIpAccess", "spec": {}})},
     "billing projects describe": {"out": "True"},
     "projects describe": {"out": "ACTIVE"},
     "services list": {"out": "\n".join(f"{api}.googleapis.com" for api in (
@@ -198,16 +201,59 @@ HEALTHY_PROJECT_ANSWERS = {
     "compute disks list": {"out": ""},
     "compute instances list": {"out": ""},
     "compute addresses list": {"out": ""},
+    "compute networks list": {"out": "default"},
+    "monitoring dashboards list": {"out": ""},
+    "monitoring policies list": {"out": ""},
     "list_physical_devices": {"out": "ld_library_path /usr/local/nvidia/lib64\nlibcuda ok\n"
                                      "gpus 1\nxla ok /job:localhost/replica:0/task:0/device:GPU:0"},
     "--output=jsonpath={.items[0].metadata.name}": {"out": "distrl-head-x7k2p"},
 }
 
 
+# What the stand-in Resource Manager heard: (path, Authorization header, permissions asked).
+IAM_ASKED: list[tuple[str, str, list[str]]] = []
+
+
+@pytest.fixture(scope="session")
+def resource_manager():
+    """A local stand-in for Resource Manager's projects.testIamPermissions (its wire format:
+    POST /v1/projects/ID:testIamPermissions {"permissions": [...]} answers the granted subset):
+    it grants every permission asked but those in FAKE_IAM_DENIED (comma-separated), read at
+    each request. Its URL goes to DISTRL_RESOURCE_MANAGER_URL (the stand_ins fixture)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            asked = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            IAM_ASKED.append((self.path, self.headers.get("Authorization", ""),
+                              asked["permissions"]))
+            denied = set(filter(None, os.environ.get("FAKE_IAM_DENIED", "").split(",")))
+            body = json.dumps({"permissions": [p for p in asked["permissions"]
+                                               if p not in denied]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):  # quiet
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
 @pytest.fixture
-def stand_ins(tmp_path, monkeypatch):
-    """gcloud, kubectl and gke-gcloud-auth-plugin stand-ins first on PATH; returns the log.
-    Tests change an answer with respond(monkeypatch, key, out, code)."""
+def stand_ins(tmp_path, monkeypatch, resource_manager):
+    """gcloud, kubectl and gke-gcloud-auth-plugin stand-ins first on PATH, and the stand-in
+    Resource Manager (resource_manager); returns the log. Tests change an answer with
+    respond(monkeypatch, key, out, code)."""
+    monkeypatch.setenv("DISTRL_RESOURCE_MANAGER_URL", resource_manager)
     bin_dir, log = tmp_path / "bin", tmp_path / "argv.log"
     bin_dir.mkdir()
     for name in ("gcloud", "kubectl", "gke-gcloud-auth-plugin"):

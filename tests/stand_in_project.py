@@ -155,6 +155,8 @@ def answer(tool: str, argv: list[str]) -> tuple[int, str] | None:
             state = {k: v for k, v in state.items() if not k.startswith("exclusion ")}
     path.write_text(json.dumps(state))
     if verb == "describe":
+        if "--format=value(email)" in argv:  # an account read back: its address
+            return 0, [w for w in argv if not w.startswith("-")][3]
         if "--format=json" in argv and f"shape {key}" in state:
             shape = state[f"shape {key}"]
             status = os.environ.get("FAKE_POOL_STATUS")  # what a failed create left

@@ -42,6 +42,7 @@ def quick_rollout_retries(monkeypatch):
     from distrl.gke import runner as plan
 
     monkeypatch.setattr(gke, "ADDON_ROLLOUT_S", 0.05)
+    monkeypatch.setattr(gke, "SERVICE_ACCOUNT_VISIBLE_S", 0.05)
     monkeypatch.setattr(plan, "RETRY_EVERY_S", 0.01)
 
 
@@ -123,6 +124,8 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
             "containerfilesystem")), P],
         ["gcloud", "compute", "regions", "describe", "europe-west4", P, "--format=json"],
         ["gcloud", "compute", "project-info", "describe", P, "--format=json"],
+        ["gcloud", "compute", "networks", "list", "--filter=name=default", "--format=value(name)",
+         P],
         # The image first: half an hour of build, before anything is paid by the hour.
         *made(["gcloud", "artifacts", "repositories", "describe", "rl-images",
                "--location=europe-west4", P, "--format=value(name)"],
@@ -158,6 +161,9 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
                "--format=value(email)"],
               ["gcloud", "iam", "service-accounts", "create", "rl-nodes",
                "--display-name=distrl GKE nodes", DESCRIPTION, P]),
+        # Read back until IAM shows it (eventually consistent), before anything uses it.
+        ["gcloud", "iam", "service-accounts", "describe", NODE_SA, P,
+         "--format=value(uniqueId)"],
         ["gcloud", "projects", "add-iam-policy-binding", PROJECT,
          f"--member=serviceAccount:{NODE_SA}", "--role=roles/container.defaultNodeServiceAccount",
          "--condition=None", P],
@@ -298,6 +304,10 @@ def expected_teardown(manifests: Path, live: bool = False, inventory: bool = Fal
         ["gcloud", "compute", "disks", "list",
          "--filter=labels.distrl-prefix=rl AND zone:europe-west4-b AND -users:*",
          "--format=value(name,zone.basename())", P],
+        ["gcloud", "monitoring", "dashboards", "list", "--filter=labels.app=distrl",
+         "--format=value(name)", P],
+        ["gcloud", "monitoring", "policies", "list", "--filter=userLabels.app=distrl",
+         "--format=value(name)", P],
         *(INVENTORY if inventory else []),  # `distrl gke teardown` runs it after the undos
     ]
 
@@ -319,6 +329,10 @@ INVENTORY = [
     ["gcloud", "artifacts", "repositories", "list", "--location=all",
      "--format=value(name,name.segment(3),labels.distrl-prefix)", "--filter=labels.app=distrl",
      P],
+    ["gcloud", "monitoring", "dashboards", "list", "--format=value(name)",
+     "--filter=labels.app=distrl", P],
+    ["gcloud", "monitoring", "policies", "list", "--format=value(name)",
+     "--filter=userLabels.app=distrl", P],
 ]
 
 
@@ -427,6 +441,9 @@ def test_dry_run_prints_every_command_exactly(tmp_path):
 PREREQS = [["gcloud", "version", "--format=json"],
            ["gcloud", "auth", "list", "--filter=status:ACTIVE", "--format=value(account)"],
            ["gcloud", "projects", "describe", PROJECT, "--format=value(lifecycleState)"],
+           ["gcloud", "auth", "print-access-token"],  # testIamPermissions, as the caller
+           ["gcloud", "org-policies", "describe", "compute.vmExternalIpAccess", "--effective", P,
+            "--format=json"],
            ["gcloud", "billing", "projects", "describe", PROJECT, "--format=value(billingEnabled)"],
            ["gcloud", "services", "list", "--enabled", P, "--format=value(config.name)"],
            ["gcloud", "compute", "regions", "describe", "europe-west4", P, "--format=json"],
@@ -638,6 +655,13 @@ def test_cli_create_resumes_from_a_step(stand_ins, tmp_path):
      "head's GPU (failed InternalError libdevice not found"),
     ("get service opentelemetry-collector", "4317 4318|4317 14318", "Check the managed collector",
      "the managed collector's pods listen on ['14318']"),
+    ("compute networks list", "", "Check the project has the default network",
+     "project demo-project-1 has no network named default, which the cluster goes on: the "
+     "organization policy compute.skipDefaultNetworkCreation makes projects without one "
+     "(cloud.google.com/vpc/docs/vpc). Create it, then run again from this step: gcloud compute "
+     "networks create default --subnet-mode=auto --project=demo-project-1"),
+    ("service-accounts describe rl-nodes", "", "Wait until the node service account",
+     "service account rl-nodes@demo-project-1.iam.gserviceaccount.com is not visible yet"),
     ("compute project-info describe", json.dumps({"quotas": [
         {"metric": "GPUS_ALL_REGIONS", "limit": 1.0, "usage": 0.0},
         {"metric": "CPUS_ALL_REGIONS", "limit": 24.0, "usage": 0.0}]}),
@@ -732,7 +756,7 @@ def test_a_fresh_project_lists_the_apis_step_1_enables_and_defers_quotas(stand_i
     assert any("step 1 enables" in note and "gcloud services enable" in note
                for note in found.notes)
     assert any("quotas are checked by the plan's quota step" in note for note in found.notes)
-    assert stand_ins() == PREREQS[:5]  # no quota query without the Compute Engine API
+    assert stand_ins() == PREREQS[:7]  # no quota query without the Compute Engine API
 
 
 def test_quota_arithmetic_uses_family_and_preemptible_quotas_when_the_region_has_them():
@@ -868,6 +892,34 @@ def test_an_inventory_that_cannot_list_a_kind_does_not_say_nothing_bills(stand_i
                          "permission)"), said
 
 
+def test_the_teardown_deletes_notebook_05s_dashboard_and_alert_policies_by_their_label(
+        stand_ins, tmp_path, monkeypatch):
+    """Notebook 05 (DRY_RUN = False) makes a dashboard and four alert policies in the same
+    project; they outlived the teardown. They carry the plan's app label (dashboards: labels,
+    policies: userLabels), and the teardown lists them by it and deletes each."""
+    from distrl.otel import dashboard
+
+    assert dashboard.dashboard()["labels"] == {"app": settings().labels["app"]}
+    assert all(p["userLabels"] == {"app": "distrl"} for p in dashboard.alert_policies().values())
+    plan = create_plan(settings(), tmp_path / "m", tmp_path / "t")
+    board = "projects/demo-project-1/dashboards/4f1c"
+    policies = "projects/demo-project-1/alertPolicies/11\nprojects/demo-project-1/alertPolicies/12"
+    respond(monkeypatch, "monitoring dashboards list", board)
+    respond(monkeypatch, "monitoring policies list", policies)
+    run_teardown(gke.teardown_plan(plan), out=lambda line: None)
+    ran = stand_ins()
+    assert ran[-5:] == [
+        ["gcloud", "monitoring", "dashboards", "list", "--filter=labels.app=distrl",
+         "--format=value(name)", P],
+        ["gcloud", "monitoring", "dashboards", "delete", board, P, "--quiet"],
+        ["gcloud", "monitoring", "policies", "list", "--filter=userLabels.app=distrl",
+         "--format=value(name)", P],
+        ["gcloud", "monitoring", "policies", "delete", "projects/demo-project-1/alertPolicies/11",
+         P, "--quiet"],
+        ["gcloud", "monitoring", "policies", "delete", "projects/demo-project-1/alertPolicies/12",
+         P, "--quiet"]]
+
+
 def test_a_missing_auth_plugin_is_a_failed_undo_not_one_already_done(stand_ins, tmp_path,
                                                                       monkeypatch):
     """kubectl without gke-gcloud-auth-plugin says "... not found": that is a tool missing,
@@ -886,6 +938,48 @@ def test_a_missing_auth_plugin_is_a_failed_undo_not_one_already_done(stand_ins, 
     with pytest.raises(TeardownIncomplete) as e:
         run_teardown(gke.teardown_plan(plan), out=lambda line: None)
     assert "gke-gcloud-auth-plugin not found" in str(e.value)
+
+
+def test_a_missing_right_stops_the_preflight_naming_it_and_the_role_that_grants_it(
+        stand_ins, monkeypatch):
+    """An Editor cannot grant roles, and nodes running as the plan's account need actAs on it:
+    the preflight asks Resource Manager's testIamPermissions (as the caller, with gcloud's
+    token) and stops before anything is made, naming each missing permission and its role."""
+    from conftest import IAM_ASKED
+
+    IAM_ASKED.clear()
+    monkeypatch.setenv("FAKE_IAM_DENIED", "resourcemanager.projects.setIamPolicy,"
+                                          "iam.serviceAccounts.actAs")
+    with pytest.raises(PrerequisiteError) as e:
+        check_prerequisites(settings())
+    said = str(e.value)
+    assert ("reader@example.com lacks resourcemanager.projects.setIamPolicy on project "
+            "demo-project-1: the plan grants roles to its service accounts (Owner or "
+            "roles/resourcemanager.projectIamAdmin; Editor has no such permission)") in said
+    assert "lacks iam.serviceAccounts.actAs on project demo-project-1" in said
+    assert "container.clusters.create" not in said
+    [(path, authorization, asked)] = IAM_ASKED
+    assert path == "/v1/projects/demo-project-1:testIamPermissions"
+    assert authorization == "Bearer ya29.stand-in-token"
+    assert sorted(asked) == sorted(preflight.PLAN_PERMISSIONS)
+    monkeypatch.delenv("FAKE_IAM_DENIED")
+    assert check_prerequisites(settings()).notes == []
+    # An organization policy that denies the nodes' external IPs stops it too.
+    respond(monkeypatch, "org-policies describe", json.dumps(
+        {"spec": {"rules": [{"denyAll": True}]}}))
+    with pytest.raises(PrerequisiteError, match="compute.vmExternalIpAccess denies every VM an "
+                                                "external IP in project demo-project-1"):
+        check_prerequisites(settings())
+    respond(monkeypatch, "org-policies describe", json.dumps({"spec": {"rules": [
+        {"values": {"allowedValues": ["projects/p/zones/z/instances/bastion"]}}]}}))
+    with pytest.raises(PrerequisiteError, match="allows external IPs only on the VMs it lists"):
+        check_prerequisites(settings())
+    respond(monkeypatch, "org-policies describe", json.dumps({"spec": {"rules": [
+        {"allowAll": True}]}}))
+    # A question that cannot be asked (no answer) is a note, not a stop.
+    monkeypatch.setenv("DISTRL_RESOURCE_MANAGER_URL", "http://127.0.0.1:9/v1")
+    notes = check_prerequisites(settings()).notes
+    assert len(notes) == 1 and notes[0].startswith("your permissions could not be checked")
 
 
 def test_a_teardown_is_not_blocked_by_quotas_or_billing(stand_ins, monkeypatch):
@@ -1188,8 +1282,8 @@ def test_teardown_fetches_the_credentials_and_deletes_the_disks_the_cluster_left
     ran = stand_ins()[before:]
     credentials = ["gcloud", "container", "clusters", "get-credentials", "rl-cluster", ZONE, P]
     assert ran[0] == credentials and ran[ran.index(credentials) + 2][:3] == [*KC, "delete"]
-    assert ran[-1] == ["gcloud", "compute", "disks", "delete", "pvc-3f1c9a2e",
-                       "--zone=europe-west4-b", P, "--quiet"]
+    assert ran[-3] == ["gcloud", "compute", "disks", "delete", "pvc-3f1c9a2e",
+                       "--zone=europe-west4-b", P, "--quiet"]  # then 05's dashboards, policies
     respond(monkeypatch, "get-credentials", "ERROR: (gcloud.container.clusters.get-credentials) "
             "ResponseError: code=404, message=Not found: projects/demo-project-1/zones/"
             "europe-west4-b/clusters/rl-cluster.", code=1)

@@ -534,6 +534,7 @@ def test_a_loaded_checkpoint_sample_meets_min_size_without_a_sampling_budget():
     service = ReplayService(1_000, (3,), alpha=0.6, eps=1e-3, samples_per_insert=2.0,
                             min_size=100, error_buffer=40.0)
     assert service.load(make_block(500)) == 500
+    assert (service.stats()["inserted"], service.stats()["loaded"]) == (0, 500)  # not actors'
     assert service.sample(32, 0.4, timeout=0) is not None
     assert service.sample(32, 0.4, timeout=0) is None  # 64 sampled, 0 inserted: over the buffer
     assert service.add(make_block(40, 500), timeout=0)

@@ -48,10 +48,12 @@ from distrl.gke.settings import (
     NODE_READY_S,
     NODE_ROLE,
     REPO_ROOT,
+    SERVICE_ACCOUNT_VISIBLE_S,
     SYSTEM_MACHINE,
     TELEMETRY_ROLES,
     GkeSettings,
 )
+from distrl.otel import dashboard
 from distrl.ray_runtime import DEFAULT_TOKEN_FILE, ensure_auth_token
 
 
@@ -121,6 +123,14 @@ def _project_steps(s: GkeSettings, project: str) -> list[Step]:
              "CPUS_ALL_REGIONS and GPUS_ALL_REGIONS cap every region together, whatever one "
              "region grants (new and trial projects often have 20-32 vCPUs and no GPU).",
              check=functools.partial(preflight.project_quota_problems, s)),
+        Step("Check the project has the default network",
+             ("gcloud", "compute", "networks", "list", "--filter=name=default",
+              "--format=value(name)", project),
+             "The cluster goes on the project's `default` network (clusters create without "
+             "--network). Projects under the organization policy "
+             "compute.skipDefaultNetworkCreation have none, and the create would fail after "
+             "the image is built.",
+             check=functools.partial(preflight.default_network_problems, project_id=s.project_id)),
     ]
 
 
@@ -220,6 +230,14 @@ def _node_identity_steps(s: GkeSettings, project: str) -> list[Step]:
                          "iam.automaticIamGrantsForDefaultServiceAccounts is enforced "
                          "(organizations created since 2024-05-03), the Compute Engine default "
                          "account has no roles and nodes running as it cannot pull the image."),
+        Step("Wait until the node service account can be used",
+             ("gcloud", "iam", "service-accounts", "describe", s.node_email, project,
+              "--format=value(uniqueId)"),
+             "IAM is eventually consistent: a new service account may not be usable for 60 s "
+             "or more (cloud.google.com/iam/docs/service-accounts-create), and a cluster "
+             "created with it at once can fail with 'Service account ... does not exist'.",
+             check=functools.partial(preflight.account_visible_problems, email=s.node_email),
+             retry_s=SERVICE_ACCOUNT_VISIBLE_S),
         _grant("Let the nodes act as GKE nodes", member, NODE_ROLE, ("projects",),
                s.project_id, ("--condition=None", project),
                "What a node needs to run (logs, metrics, the node's own API calls).",
@@ -553,7 +571,12 @@ def teardown_plan(plan: list[Step]) -> list[Step]:
             for step in reversed(plan) if step.teardown is not None]
     left = [Step(f"Delete what is left of: {step.title}", step.leftovers[0],
                  each=step.leftovers[1]) for step in plan if step.leftovers]
-    return undo + left
+    # Notebook 05's dashboard and alert policies (made with DRY_RUN = False) live in the same
+    # project and carry the same label; every command of the plan names the project.
+    projects = {a.split("=", 1)[1] for step in plan for a in step.argv
+                if a.startswith("--project=")}
+    return undo + left + [step for project in sorted(projects)
+                          for step in dashboard.cleanup_steps(project)]
 
 
 def _parser():

@@ -1,5 +1,6 @@
 """What still bills after a teardown: every resource that carries distrl's label (app=distrl) in
-the project, in every location, whatever prefix, zone or mode made it.
+the project, in every location, whatever prefix, zone or mode made it (and notebook 05's
+dashboard and alert policies).
 
     left = still_billing("my-project")   # [] when nothing of distrl's is left
     check_nothing_bills("my-project")    # raises StillBilling naming each, and how to delete it
@@ -41,7 +42,11 @@ LISTS = (
                 "--format=value(name,location,labels.distrl-prefix)"), "labels"),
     ("repository", ("artifacts", "repositories", "list", "--location=all",
                     "--format=value(name,name.segment(3),labels.distrl-prefix)"), "labels"),
+    # Notebook 05's, made with DRY_RUN = False (otel.dashboard.LABELS): global, no prefix.
+    ("dashboard", ("monitoring", "dashboards", "list", "--format=value(name)"), "labels"),
+    ("alert policy", ("monitoring", "policies", "list", "--format=value(name)"), "userLabels"),
 )
+GLOBAL = {"dashboard", "alert policy"}  # no location to name
 # A list refused because its API is off in the project: nothing of that kind can bill there.
 API_OFF = re.compile(r"SERVICE_DISABLED|has not been used in project|is disabled", re.IGNORECASE)
 
@@ -76,12 +81,16 @@ class Billing:
             "repository": ("gcloud", "artifacts", "repositories", "delete",
                            self.name.rsplit("/", 1)[-1], f"--location={self.location}", p,
                            "--quiet"),
+            "dashboard": ("gcloud", "monitoring", "dashboards", "delete", self.name, p, "--quiet"),
+            "alert policy": ("gcloud", "monitoring", "policies", "delete", self.name, p,
+                             "--quiet"),
         }[self.kind]
         return shlex.join(argv)
 
     def __str__(self) -> str:
         made = f", prefix {self.prefix}" if self.prefix else ""
-        return f"{self.kind} {self.name.rsplit('/', 1)[-1]} in {self.location or '?'}{made}"
+        where = f" in {self.location or '?'}" if self.kind not in GLOBAL else ""
+        return f"{self.kind} {self.name.rsplit('/', 1)[-1]}{where}{made}"
 
 
 def _is_region(location: str) -> bool:

@@ -1,7 +1,8 @@
 """What a GKE plan needs before and while it runs, checked against the live project and cluster.
 
     check_prerequisites(settings)   # before anything: tools, gcloud version, login, project,
-                                    # billing, APIs and quotas; PrerequisiteError lists them all
+                                    # your permissions, billing, APIs and quotas;
+                                    # PrerequisiteError lists them all
     quota_problems(settings, region_json, project_json)   # the quota arithmetic, no gcloud
 
 Each problem is one sentence that names the fact, where it comes from, and the command or page
@@ -180,6 +181,26 @@ def operator_problems(deployments_json: str, admitted_namespace: str) -> tuple[l
             f"{admitted_namespace!r}, but the KubeRay operator {where}; it polls that port for "
             "RayJob status. Render with operator_namespace=" +
             (repr(namespaces[0]) if namespaces else "'' (any source; Ray's token guards it)")], found
+
+
+def default_network_problems(listed: str, project_id: str) -> list[str]:
+    """`compute networks list --filter=name=default`: the plan's cluster needs that network
+    (`clusters create --network` "Defaults to the 'default' network", its gcloud reference)."""
+    if listed.strip() == "default":
+        return []
+    return [f"project {project_id} has no network named default, which the cluster goes on: "
+            "the organization policy compute.skipDefaultNetworkCreation makes projects without "
+            "one (cloud.google.com/vpc/docs/vpc). Create it, then run again from this step: "
+            f"gcloud compute networks create default --subnet-mode=auto --project={project_id}"]
+
+
+def account_visible_problems(described: str, email: str) -> list[str]:
+    """A new service account, read back (its uniqueId): IAM's reads are eventually consistent."""
+    if described.strip():
+        return []
+    return [f"service account {email} is not visible yet (IAM is eventually consistent: "
+            "cloud.google.com/iam/docs/service-accounts-create); run again from this step in a "
+            "minute"]
 
 
 @dataclass(frozen=True)
@@ -523,6 +544,91 @@ TOOLS = {"gcloud": "install the Google Cloud CLI: https://cloud.google.com/sdk/d
          "gke-gcloud-auth-plugin": "run `gcloud components install gke-gcloud-auth-plugin`"}
 
 
+# The project permissions the plan needs that a basic role may leave out: an Editor cannot
+# grant roles (setIamPolicy is Owner's or Project IAM Admin's), and nodes running as a
+# user-managed service account need actAs on it ("you must also have the Service Account User
+# role", cloud.google.com/kubernetes-engine/docs/how-to/iam). Asked of the caller itself by
+# projects.testIamPermissions, which "requires no permission" and answers with the granted
+# subset (cloud.google.com/resource-manager/reference/rest/v1/projects/testIamPermissions).
+PLAN_PERMISSIONS = {
+    "resourcemanager.projects.setIamPolicy": "the plan grants roles to its service accounts "
+                                             "(Owner or roles/resourcemanager.projectIamAdmin; "
+                                             "Editor has no such permission)",
+    "iam.serviceAccounts.actAs": "the nodes run as the plan's node service account "
+                                 "(roles/iam.serviceAccountUser on the project)",
+    "iam.serviceAccounts.create": "the plan makes three service accounts "
+                                  "(roles/iam.serviceAccountAdmin)",
+    "container.clusters.create": "the cluster itself (roles/container.admin)",
+    "serviceusage.services.enable": "step 1 enables the APIs (roles/serviceusage.serviceUsageAdmin)",
+}
+# Where testIamPermissions is asked; DISTRL_RESOURCE_MANAGER_URL points it elsewhere (the tests'
+# recording server, a proxy).
+RESOURCE_MANAGER = "https://cloudresourcemanager.googleapis.com/v1"
+
+
+def permission_problems(project_id: str, account: str,
+                        timeout_s: float = 30.0) -> tuple[list[str], list[str]]:
+    """(problems, notes): each plan permission the caller lacks on the project, with the role
+    that grants it; a note, not a problem, when the question cannot be asked."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    code, token = capture(["gcloud", "auth", "print-access-token"])
+    if code != 0 or not token.strip():
+        return [], ["your permissions could not be checked (`gcloud auth print-access-token` "
+                    "failed); a step that needs one you lack fails with PERMISSION_DENIED"]
+    base = os.environ.get("DISTRL_RESOURCE_MANAGER_URL", RESOURCE_MANAGER)
+    request = urllib.request.Request(
+        f"{base}/projects/{project_id}:testIamPermissions", method="POST",
+        data=json.dumps({"permissions": sorted(PLAN_PERMISSIONS)}).encode(),
+        headers={"Authorization": f"Bearer {token.strip()}",
+                 "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as answer:
+            granted = set(json.load(answer).get("permissions", []))
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        return [], [f"your permissions could not be checked ({err}); a step that needs one "
+                    "you lack fails with PERMISSION_DENIED"]
+    return [f"{account} lacks {permission} on project {project_id}: {why}"
+            for permission, why in PLAN_PERMISSIONS.items() if permission not in granted], []
+
+
+def external_ip_problems(described: str, project_id: str) -> list[str]:
+    """The effective compute.vmExternalIpAccess policy (`gcloud org-policies describe
+    --effective --format=json`; its rules: denyAll, allowAll or values.allowedValues,
+    cloud.google.com/resource-manager/docs/reference/orgpolicy/rest/v2/projects.policies): the
+    plan's nodes take external IPs, so a policy that denies them, or allows only listed VMs,
+    stops the node pools half-way."""
+    rules = (json.loads(described or "{}").get("spec") or {}).get("rules") or []
+    if any(rule.get("denyAll") for rule in rules):
+        how = "denies every VM an external IP"
+    elif any((rule.get("values") or {}).get("allowedValues") for rule in rules):
+        how = "allows external IPs only on the VMs it lists"
+    else:
+        return []
+    return [f"the organization policy compute.vmExternalIpAccess {how} in project {project_id}, "
+            "and the plan's nodes take external IPs: ask an organization policy administrator "
+            "for an exception for this project (cloud.google.com/compute/docs/ip-addresses/"
+            "configure-static-external-ip-address#disableexternalip)"]
+
+
+def _external_ip_policy(project_id: str, notes: list[str]) -> list[str]:
+    """external_ip_problems of the project's effective policy; a note when it cannot be read."""
+    code, policy = capture(["gcloud", "org-policies", "describe", "compute.vmExternalIpAccess",
+                            "--effective", f"--project={project_id}", "--format=json"])
+    try:
+        if code == 0:
+            return external_ip_problems(policy, project_id)
+    except ValueError:
+        pass
+    notes.append("the organization policy on external IPs could not be read (`gcloud "
+                 "org-policies describe compute.vmExternalIpAccess --effective` needs the "
+                 "Organization Policy API and orgpolicy.policies.get); the node pools fail if "
+                 "it denies them")
+    return []
+
+
 @dataclass
 class Prerequisites:
     account: str
@@ -553,6 +659,10 @@ def check_prerequisites(settings, creating: bool = True) -> Prerequisites:
         found.notes += [f"{line}; the teardown skips the steps inside the cluster, whose "
                         "deletion takes what they would delete" for line in missing]
         return found
+    lacking, notes = permission_problems(settings.project_id, found.account)
+    problems += lacking
+    found.notes += notes
+    problems += _external_ip_policy(settings.project_id, found.notes)
     code, billing = capture(["gcloud", "billing", "projects", "describe", settings.project_id,
                              "--format=value(billingEnabled)"])
     if code == 0 and billing.strip().lower() == "false":

@@ -78,6 +78,9 @@ KUBE_CONTEXT = "gke_{project}_{location}_{cluster}"
 # Check steps that read what the cluster's add-ons install (the managed collector's Service,
 # KubeRay's CRD) ask again for this long: create returns before every add-on has rolled out.
 ADDON_ROLLOUT_S = 300.0
+# How long the plan asks again for a new service account before it judges: "you might need to
+# wait for 60 seconds or more" (cloud.google.com/iam/docs/service-accounts-create).
+SERVICE_ACCOUNT_VISIBLE_S = 180.0
 # How long a new Ray pod may take to be ready: a node to start and an image of about 8 GB to be
 # pulled (with a GPU, the driver install too). The plan waits this long for the head; notebook 04
 # gives a job on GKE this much more than a local one, for its Spot actor nodes.

@@ -22,6 +22,9 @@ from distrl.otel import conventions as otel
 
 PREFIX = "prometheus.googleapis.com/"
 DASHBOARD_NAME = "RL golden signals (distrl)"
+# The label the dashboard and the alert policies carry, as every resource of the GKE plan
+# does (GkeSettings.labels): the teardown finds them by it (cleanup_steps, gke.inventory).
+LABELS = {"app": "distrl"}
 FILTER_LABELS = (otel.RL_RUN_ID, otel.RL_ALGORITHM, otel.RL_ENVIRONMENT_NAME)
 ALIGNMENT_S = 60  # Cloud Monitoring's shortest alignment period
 
@@ -123,7 +126,7 @@ def dashboard() -> dict:
                           "dataSets": data_sets,
                           "yAxis": {"label": chart.unit, "scale": "LINEAR"},
                           "chartOptions": {"mode": "COLOR"}}}})
-    return {"displayName": DASHBOARD_NAME,
+    return {"displayName": DASHBOARD_NAME, "labels": dict(LABELS),
             "dashboardFilters": [{"labelKey": key, "filterType": "METRIC_LABEL",
                                   "templateVariable": key.replace(".", "_")}
                                  for key in FILTER_LABELS],
@@ -218,6 +221,7 @@ def promql(chart: Chart, where: dict | None = None, window: str = "1m") -> list[
 def _threshold(name: str, chart: Chart, reducer: str, comparison: str, value: float,
                duration_s: int, doc: str) -> dict:
     return {"displayName": f"distrl: {name}", "combiner": "OR", "enabled": True,
+            "userLabels": dict(LABELS),
             "documentation": {"content": doc, "mimeType": "text/markdown"},
             "conditions": [{"displayName": name, "conditionThreshold": {
                 "filter": chart_filter(chart),
@@ -229,6 +233,7 @@ def _threshold(name: str, chart: Chart, reducer: str, comparison: str, value: fl
 def _promql(name: str, query: str, doc: str) -> dict:
     """A policy of one PromQL condition, held for 5 minutes, evaluated every minute."""
     return {"displayName": f"distrl: {name}", "combiner": "OR", "enabled": True,
+            "userLabels": dict(LABELS),
             "documentation": {"content": doc, "mimeType": "text/markdown"},
             "conditions": [{"displayName": name, "conditionPrometheusQueryLanguage": {
                 "query": query, "duration": "300s", "evaluationInterval": "60s"}}]}
@@ -329,6 +334,23 @@ def deploy_plan(project_id: str, directory: str | Path) -> list[Step]:
                            f"--project={project_id}", f"--policy-from-file={path}"),
                           json.loads(path.read_text())["documentation"]["content"]))
     return steps
+
+
+def cleanup_steps(project_id: str) -> list[Step]:
+    """The teardown of what deploy_plan made: every dashboard and alert policy carrying the
+    label, found by it (a create returns a new id each time) and deleted one by one. `gcloud
+    monitoring policies` is GA from gcloud 549.0.0 (its release notes), below the plan's floor;
+    both lists filter on the label in gcloud, as the API's dashboards.list takes no filter."""
+    check_project_id(project_id)
+    label = ",".join(f"{k}={v}" for k, v in LABELS.items())
+    project = f"--project={project_id}"
+    return [Step(f"Delete what is left of: notebook 05's {what}",
+                 ("gcloud", "monitoring", group, "list", f"--filter={field}.{label}",
+                  "--format=value(name)", project),
+                 each=lambda line, group=group: ("gcloud", "monitoring", group, "delete",
+                                                 line.split()[0], project, "--quiet"))
+            for what, group, field in (("dashboards", "dashboards", "labels"),
+                                       ("alert policies", "policies", "userLabels"))]
 
 
 def main(argv: list[str] | None = None) -> int:

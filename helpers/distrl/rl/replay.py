@@ -471,6 +471,7 @@ class ReplayService:
         self._lock = threading.Lock()
         self.priority_updates = 0
         self.stale_priority_updates = 0
+        self.loaded = 0  # transitions from a checkpoint (load), not inserted by this run's actors
 
     def add(self, block: Transitions, timeout: float | None = 1.0) -> bool:
         if len(block) == 0:
@@ -491,6 +492,7 @@ class ReplayService:
         new play; they count toward min_size. Returns the replay's size after."""
         with self._lock:
             size = self.replay.load(block)
+            self.loaded += len(block)
         self.limiter.count_loaded(len(block))
         return size
 
@@ -523,7 +525,9 @@ class ReplayService:
         with self._lock:
             return {
                 "size": len(self.replay),
-                "inserted": self.replay.total_inserted,
+                # This run's actors' transitions; a checkpoint's loaded ones are counted apart.
+                "inserted": self.replay.total_inserted - self.loaded,
+                "loaded": self.loaded,
                 "sampled": self.limiter.samples,
                 "insert_wait_s": self.limiter.insert_wait_s,
                 "sample_wait_s": self.limiter.sample_wait_s,
