@@ -269,9 +269,10 @@ def _create_cluster_step(s: GkeSettings, project: str) -> Step:
             "later); Managed OpenTelemetry, whose collector forwards OTLP to Cloud Monitoring "
             f"and Cloud Trace (GKE {preflight.MIN_GKE_OTEL} or later, hence the rapid channel; "
             "the flag is GA from gcloud 576); Dataplane V2 enforces the NetworkPolicy. Spot "
-            "nodes bill while they start and until they go: image streaming starts the "
+            "nodes bill while they start and until they go: image streaming can start the "
             "containers before the 8 GB image is pulled (COS with containerd, Artifact "
-            "Registry; docs/how-to/image-streaming), and the optimize-utilization profile "
+            "Registry; docs/how-to/image-streaming; not promised on an image's first pull), "
+            "and the optimize-utilization profile "
             "removes unneeded nodes sooner than the default 10 minutes (GKE's autoscaling "
             "profiles).",
             delete_cluster, exists=(*describe, "--format=value(name)"),
