@@ -152,6 +152,15 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
         with pytest.raises(ValueError, match=rf"differs: .*{words}.*create the cluster with "
                                              r"WORKLOAD = 'pong'"):
             jobs.pong_job_args("full", "gke", other)
+    # The Pong pool of a cluster made with another PREFIX, or on Autopilot, is Pong's pool:
+    # the reader's settings (read from the kube context) render the plan it is compared with.
+    for context in ("gke_demo-project-1_europe-west4-b_rl-cluster",
+                    "gke_demo-project-1_us-central1_distrl-cluster"):
+        theirs = GkeSettings.from_kube_context(context, "pong")
+        live = json.loads(json.dumps(jobs.pong_pool_spec(theirs)))
+        assert jobs.pong_job_args("full", "gke", live, theirs)[:2] == ["--env", "ALE/Pong-v5"]
+    with pytest.raises(ValueError, match=r"kube context 'minikube' is not one the plan writes"):
+        GkeSettings.from_kube_context("minikube", "pong")
     more = copy.deepcopy(planned)
     more["workerGroupSpecs"][0]["maxReplicas"] += 1
     with pytest.raises(ValueError, match=r"maxReplicas: live 3, planned 2"):

@@ -50,11 +50,13 @@ PONG_SMOKE_ARGS = ("--hidden-sizes", "512", "--num-actors", "1", "--actor-cpus",
                    "none", "--eval-episodes", "1")
 
 
-def pong_job_args(mode: str, cluster: str, live_spec: dict | None = None) -> list[str] | None:
+def pong_job_args(mode: str, cluster: str, live_spec: dict | None = None,
+                  settings=None) -> list[str] | None:
     """The training options of notebook 04's Pong job (None for "off"). On GKE a smoke job
     waits for a Spot node (autoscaling), its budget longer by NODE_READY_S; the full run takes
     its actors and GPU from the live RayCluster's spec (`kubectl get raycluster -o json`), and
-    only from the pool notebook 03 makes and prices for Pong."""
+    only from the pool notebook 03 makes and prices for Pong with the cluster's own prefix,
+    mode and location (settings: GkeSettings.from_kube_context; None: 03's defaults)."""
     if mode not in PONG_MODES:
         raise ValueError(f"PONG={mode!r}: expected one of {', '.join(map(repr, PONG_MODES))}")
     if cluster not in ("local", "gke"):
@@ -72,7 +74,7 @@ def pong_job_args(mode: str, cluster: str, live_spec: dict | None = None) -> lis
                          "on this machine use 'smoke'")
     from distrl.gke import manifests
 
-    differences = pool_differences(live_spec, pong_pool_spec())
+    differences = pool_differences(live_spec, pong_pool_spec(settings))
     if differences:
         raise ValueError(
             "PONG='full' would train on the live cluster's pool, and its price is the Pong "
@@ -82,13 +84,18 @@ def pong_job_args(mode: str, cluster: str, live_spec: dict | None = None) -> lis
             "--autoscaling", "true"]
 
 
-def pong_pool_spec() -> dict:
+def pong_pool_spec(settings=None) -> dict:
     """The RayCluster spec notebook 03 makes for WORKLOAD = 'pong' (the pool that
-    estimate_run_cost prices for it)."""
+    estimate_run_cost prices for it), with the prefix, mode and location of `settings` (a
+    cluster made with PREFIX 'rl' or on Autopilot is Pong's pool too)."""
     from distrl.gke import manifests
     from distrl.gke.settings import GkeSettings
 
-    return manifests.ray_cluster_spec(GkeSettings.for_workload("pong", project_id="any-project"))
+    where = {} if settings is None else {
+        "project_id": settings.project_id, "prefix": settings.prefix, "mode": settings.mode,
+        "region": settings.region, "zone": settings.zone}
+    return manifests.ray_cluster_spec(GkeSettings.for_workload(
+        "pong", **({"project_id": "any-project"} | where)))
 
 
 def pool_shape(spec: dict) -> dict[str, object]:

@@ -271,6 +271,22 @@ class GkeSettings:
         return cls(**{"workload": workload, "actor_machine_type": w.actor_machine_type,
                       "max_actor_nodes": w.max_actor_nodes} | fields)
 
+    @classmethod
+    def from_kube_context(cls, context: str, workload: str, **fields) -> GkeSettings:
+        """The settings of the cluster a kube context names (KUBE_CONTEXT, as get-credentials
+        writes it: gke_PROJECT_LOCATION_PREFIX-cluster), sized for `workload`: a zone means
+        Standard, a region Autopilot."""
+        found = re.fullmatch(r"gke_([a-z][-a-z0-9]+)_([a-z]+-[a-z]+\d+)(-[a-z])?_([a-z][-a-z0-9]*)"
+                             r"-cluster", context or "")
+        if not found:
+            raise ValueError(f"kube context {context!r} is not one the plan writes: expected "
+                             "gke_PROJECT_LOCATION_PREFIX-cluster (notebook 03's KUBE_CONTEXT)")
+        project, region, zone_suffix, prefix = found.groups()
+        where = ({"mode": "standard", "region": region, "zone": region + zone_suffix}
+                 if zone_suffix else {"mode": "autopilot", "region": region})
+        return cls.for_workload(workload, **({"project_id": project, "prefix": prefix} | where
+                                             | fields))
+
     # Every name derives from the prefix.
     @property
     def cluster(self) -> str:
