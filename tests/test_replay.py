@@ -492,7 +492,7 @@ def test_a_replays_contents_load_into_a_new_replay_row_for_row_with_their_priori
         loaded = PrioritizedReplay(capacity, replay.obs_shape, alpha=0.6,
                                    obs_dtype=replay.obs.dtype if not replay.framed else np.uint8,
                                    frame_capacity=150 if replay.framed else None)
-        assert loaded.load(block) == len(replay)
+        assert loaded.load(block) == len(replay) == len(loaded)
         assert loaded.check()["ok"]
         before, after = live_rows(replay), live_rows(loaded)
         for (_, old), (_, new) in zip(sorted(before.items()), sorted(after.items())):
@@ -516,7 +516,7 @@ def test_a_checkpoints_replay_sample_fits_its_bytes_and_spans_the_replays_whole_
     assert ids.min() < 500 and ids.max() > 9_500 and np.all(np.diff(ids) > 0)
     assert replay.contents(budget).reward.tolist() == ids.tolist()  # the same sample again
     small = PrioritizedReplay(300, (4,))
-    assert small.load(block) == 300
+    assert small.load(block) == 300  # of the block's 1,000: the newest that fit
     assert small.reward[small.key % 300 >= 0].min() == pytest.approx(np.sort(ids)[-300])
     rng = np.random.default_rng(2)
     framed = PrioritizedReplay(400, (6, 5, 4), obs_dtype=np.uint8)
@@ -525,7 +525,7 @@ def test_a_checkpoints_replay_sample_fits_its_bytes_and_spans_the_replays_whole_
     block = framed.contents(framed.row_bytes() * 150)
     assert len(block) == 150 and len(block.frames) <= 150 * 8
     ring = PrioritizedReplay(100, (6, 5, 4), obs_dtype=np.uint8, frame_capacity=60)
-    assert 0 < ring.load(block) <= 100 and ring.check()["ok"]
+    assert 0 < ring.load(block) == len(ring) <= 100 and ring.check()["ok"]
 
 
 def test_a_loaded_checkpoint_sample_meets_min_size_without_a_sampling_budget():

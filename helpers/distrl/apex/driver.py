@@ -143,14 +143,15 @@ def load_replay(ray, replays: list, blocks: list, record: RunRecord) -> None:
     from ray.exceptions import GetTimeoutError
 
     refs = [replays[k % len(replays)].load.remote(block) for k, block in enumerate(blocks)]
+    sent = sum(map(len, blocks))
     try:
-        ray.get(refs, timeout=REPLAY_LOAD_S)
+        held = sum(ray.get(refs, timeout=REPLAY_LOAD_S))  # what the shards say they hold
     except GetTimeoutError:
-        raise RuntimeError(f"the replay shards did not load the checkpoint's "
-                           f"{sum(map(len, blocks)):,} transitions within {REPLAY_LOAD_S:g} s"
-                           ) from None
-    record.say("replay", f"replay loaded {sum(map(len, blocks)):,} transitions from the "
-                         f"checkpoint into {len(replays)} shard(s)")
+        raise RuntimeError(f"the replay shards did not load the checkpoint's {sent:,} "
+                           f"transitions within {REPLAY_LOAD_S:g} s") from None
+    record.say("replay", f"replay loaded {held:,} transitions from the checkpoint into "
+                         f"{len(replays)} shard(s)" + (f" (of {sent:,}: the rest did not fit)"
+                                                       if held < sent else ""))
 
 
 def replay_settings(c: ApexConfig) -> tuple[ApexConfig, float]:

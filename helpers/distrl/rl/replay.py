@@ -327,7 +327,9 @@ class PrioritizedReplay:
 
     def load(self, block: Transitions) -> int:
         """Add a block from contents() (another replay's, perhaps bigger), in parts this
-        replay can take whole; returns how many transitions it holds after."""
+        replay can take whole; returns how many of its transitions this replay holds after
+        (fewer than the block's where it did not fit)."""
+        first = self.total_inserted
         step = self.capacity
         if self.framed and len(block.frames) > self.frames.capacity:
             # Parts whose planes fit the ring (two observations' planes a row, at most).
@@ -339,7 +341,8 @@ class PrioritizedReplay:
                                                        lambda index: block.frames[index])
                 part = dataclasses.replace(part, frames=frames, obs=obs, next_obs=next_obs)
             self.add(part)
-        return len(self)
+        # The live keys are the newest `size` ones: those from `first` on are the block's.
+        return self.total_inserted - max(first, self.total_inserted - self.size)
 
     def _observations(self, slots: np.ndarray, after: bool = False) -> np.ndarray:
         """The observations of these slots; images as their planes, channels first
@@ -489,12 +492,12 @@ class ReplayService:
 
     def load(self, block: Transitions) -> int:
         """Transitions from a checkpoint (contents() of the run it resumes), before or beside
-        new play; they count toward min_size. Returns the replay's size after."""
+        new play; they count toward min_size. Returns how many of them this replay holds."""
         with self._lock:
-            size = self.replay.load(block)
+            held = self.replay.load(block)
             self.loaded += len(block)
         self.limiter.count_loaded(len(block))
-        return size
+        return held
 
     def sample(self, batch_size: int, beta: float, timeout: float | None = 1.0,
                num_batches: int = 1) -> SampledBatch | None:
