@@ -260,7 +260,8 @@ ACCELERATOR_KEYS = {"type", "count", "gpu-driver-version", "gpu-partition-size",
 ROLES = {"roles/storage.admin", "roles/artifactregistry.writer", "roles/artifactregistry.reader",
          "roles/logging.logWriter", "roles/container.defaultNodeServiceAccount",
          "roles/monitoring.metricWriter", "roles/cloudtrace.agent",
-         "roles/telemetry.metricsWriter", "roles/iam.workloadIdentityUser"}
+         "roles/telemetry.metricsWriter", "roles/iam.workloadIdentityUser",
+         "roles/serviceusage.serviceUsageConsumer"}
 REGIONS = {
     "africa-south1", "asia-east1", "asia-east2", "asia-northeast1", "asia-northeast2",
     "asia-northeast3", "asia-south1", "asia-south2", "asia-southeast1", "asia-southeast2",

@@ -170,6 +170,9 @@ def expected_standard(manifests: Path, token: Path, exists: bool = False) -> lis
         ["gcloud", "artifacts", "repositories", "add-iam-policy-binding", "rl-images",
          f"--member=serviceAccount:{NODE_SA}", "--role=roles/artifactregistry.reader",
          "--location=europe-west4", P],
+        ["gcloud", "projects", "add-iam-policy-binding", PROJECT,
+         f"--member=serviceAccount:{NODE_SA}", "--role=roles/serviceusage.serviceUsageConsumer",
+         "--condition=None", P],
         *made(["gcloud", "container", "clusters", "describe", "rl-cluster", ZONE, P,
                "--format=value(name)"],
               ["gcloud", "container", "clusters", "create", "rl-cluster", ZONE,
@@ -284,6 +287,10 @@ def expected_teardown(manifests: Path, live: bool = False, inventory: bool = Fal
         *undo(["gcloud", "container", "clusters", "delete", "rl-cluster", ZONE, P, "--quiet"],
               labelled("container", "clusters", "describe", "rl-cluster", ZONE, P,
                        field="resourceLabels")),
+        *undo(["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
+               f"--member=serviceAccount:{NODE_SA}",
+               "--role=roles/serviceusage.serviceUsageConsumer", "--condition=None", P],
+              account(NODE_SA)),
         *undo(["gcloud", "projects", "remove-iam-policy-binding", PROJECT,
                f"--member=serviceAccount:{NODE_SA}",
                "--role=roles/container.defaultNodeServiceAccount", "--condition=None", P],
@@ -404,6 +411,15 @@ def test_autopilot_mode_creates_an_autopilot_cluster_without_node_pools(tmp_path
             "--region=europe-west4", "--release-channel=rapid", "--enable-ray-operator",
             f"--service-account={NODE_SA}",
             "--managed-otel-scope=COLLECTION_AND_INSTRUMENTATION_COMPONENTS", LABELS, P] in argvs
+    # The same maintenance exclusion as Standard's, right after the create: GKE's pages do not
+    # say which scopes Autopilot takes, so the step says what to do if GKE refuses it.
+    create = argvs.index(next(a for a in argvs if a[3:4] == ["create-auto"]))
+    assert argvs[create + 1] == [
+        "gcloud", "container", "clusters", "update", "rl-cluster", "--region=europe-west4",
+        "--add-maintenance-exclusion-name=rl-no-node-upgrades",
+        "--add-maintenance-exclusion-scope=no_minor_or_node_upgrades",
+        "--add-maintenance-exclusion-until-end-of-support", P]
+    assert "resume at the next step" in plan[create + 1].why
     assert not any("node-pools" in a for a in argvs)
     assert not any(s.title.startswith("Check the head node") for s in plan)
     assert all(a[1] == f"--context=gke_{PROJECT}_europe-west4_rl-cluster"
@@ -1218,8 +1234,8 @@ def test_teardown_after_a_partial_create_runs_every_undo_and_reports_failures_at
     assert [f.title for f, _, _ in e.value.failures] == ["Undo: Create the head node pool "
                                                          "(on-demand, GPU)"]
     assert "Operation in progress" in str(e.value) and "run the teardown again" in str(e.value)
-    # seven never made, two bindings never granted
-    assert output.count("already gone: done") == 9
+    # seven never made, three bindings never granted
+    assert output.count("already gone: done") == 10
 
 
 def test_teardown_keeps_what_it_did_not_make_and_stops_a_create_that_would_adopt_it(
@@ -1291,7 +1307,7 @@ def test_teardown_fetches_the_credentials_and_deletes_the_disks_the_cluster_left
     output = []
     run_teardown(gke.teardown_plan(plan), out=output.append)
     assert output.count(f"gone with what {shlex.join(credentials)} names: done") == 2
-    assert output.count("already gone: done") == 13
+    assert output.count("already gone: done") == 14
 
 
 def test_a_check_of_an_add_on_asks_again_until_it_passes_or_its_time_is_up(tmp_path):

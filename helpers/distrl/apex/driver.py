@@ -149,6 +149,7 @@ def load_replay(ray, replays: list, blocks: list, record: RunRecord) -> None:
     except GetTimeoutError:
         raise RuntimeError(f"the replay shards did not load the checkpoint's {sent:,} "
                            f"transitions within {REPLAY_LOAD_S:g} s") from None
+    record.replay_loaded = {"sent": sent, "held": held}
     record.say("replay", f"replay loaded {held:,} transitions from the checkpoint into "
                          f"{len(replays)} shard(s)" + (f" (of {sent:,}: the rest did not fit)"
                                                        if held < sent else ""))

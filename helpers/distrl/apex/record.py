@@ -55,6 +55,9 @@ class TrainingResult:
     events: list[dict] = field(default_factory=list)
     timeline: dict[str, float] = field(default_factory=dict)
     resumed_from: str | None = None
+    # a resumed run's replay from the checkpoint: {"sent": its transitions, "held": how many of
+    # them this run's shards held after the load (fewer where they did not fit)}
+    replay_loaded: dict = field(default_factory=dict)
     started_at: float | None = None  # wall clock (time.time()) of train()'s start: events' zero
     started_monotonic: float | None = None  # the same on time.monotonic(), of boot boot_id:
     boot_id: str | None = None                # distrl.run_clock compares moments by them
@@ -109,6 +112,7 @@ class RunRecord:
         self.config, self.t_start, self.output_dir = config, t_start, Path(output_dir)
         self.marks = marks  # train()'s start-up milestones, for the timeline
         self.resume_path, self.resumed = resume_path, resumed  # the checkpoint's path and meta
+        self.replay_loaded: dict = {}  # driver.load_replay's counts
         before = (resumed or {}).get("progress", {})  # what the resumed run had done
         self.steps_before = before.get("env_steps", 0)
         self.seconds_before = before.get("train_s", 0.0)
@@ -222,7 +226,7 @@ class RunRecord:
             stop_reason=self.stop_reason, stop_detail=self.stop_detail, evals=self.evals,
             throughput=self.throughput, output_dir=str(self.output_dir),
             events=self.events, timeline=self.timeline(first_step_time, learner_stats),
-            resumed_from=self.resume_path,
+            resumed_from=self.resume_path, replay_loaded=self.replay_loaded,
             started_at=now - wall, started_monotonic=self.t_start, boot_id=BOOT_ID,
             config=c.to_dict(), **ended)
         result.save(self.output_dir / "results.json")

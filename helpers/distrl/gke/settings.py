@@ -71,6 +71,10 @@ BUILD_REGIONS = ("us-central1", "us-west2", "europe-west1", "asia-east1", "austr
 # on the repository to pull (image pulls use the node's account even with Workload Identity).
 NODE_ROLE = "roles/container.defaultNodeServiceAccount"
 NODE_PULL_ROLE = "roles/artifactregistry.reader"
+# Image streaming with a node account other than the default needs Service Usage Consumer on the
+# project that holds the image (cloud.google.com/kubernetes-engine/docs/how-to/image-streaming,
+# "Requirements"); without it the nodes pull the whole image.
+NODE_STREAM_ROLE = "roles/serviceusage.serviceUsageConsumer"
 # `gcloud container clusters get-credentials` names its kubeconfig context
 # gke_PROJECT_LOCATION_CLUSTER; every kubectl command names it, so a teardown after switching
 # clusters never deletes on the other one.
