@@ -558,6 +558,8 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
     loaded = [e["detail"] for e in resumed.events if e["kind"] == "replay"]
     assert kept > 0 and loaded == [f"replay loaded {kept:,} transitions from the checkpoint "
                                    "into 1 shard(s)"], loaded
+    assert resumed.replay_loaded == {"sent": kept, "held": kept}  # results.json's record
+    assert first.replay_loaded == {}  # a run from zero loaded nothing
 
 
 def test_a_run_whose_exports_are_refused_says_so_and_fails_the_stores_check(local_ray,

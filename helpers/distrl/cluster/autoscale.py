@@ -76,6 +76,8 @@ class LocalAutoscaler:
     max, and removes nodes idle for idle_timeout_s, down to its min. A lost node (its process
     gone) is forgotten, and the demand it leaves brings a new one. One node starts at a time,
     each with a deadline; a node that does not come up in time is stopped and retried later.
+    (KubeRay starts a group's pods together; on one machine two `ray start`s at once race for
+    the session's socket names, and one raylet died of "bind: Address already in use".)
     Every decision is an event: `events` (a list of dicts) and `on_event(line)`."""
 
     def __init__(self, cluster, group: NodeGroup, interval_s: float = 1.0,
