@@ -140,7 +140,7 @@ def submit_training(client, train_args: Sequence[str], output_dir: str,
 
 
 def follow(client, job_id: str, timeout_s: float, out: Callable[[str], None] = print,
-           poll_s: float = 1.0, until: Callable[[], bool] | None = None) -> str:
+           poll_s: float = 0.5, until: Callable[[], bool] | None = None) -> str:
     """Print the job's new log lines as they come; return its final status, or the current one
     when `until()` becomes true or timeout_s passes (the job goes on: `stop` ends it). A later
     call goes on where this one stopped, so following a job in several cells prints every line
