@@ -1066,6 +1066,69 @@ def test_cost_estimate_autopilot_prices_the_pods_requests():
     assert est.max_per_hour - est.min_per_hour == pytest.approx(3 * actor_price)
 
 
+@pytest.mark.parametrize("mode", ["standard", "autopilot"])
+def test_a_first_run_through_prices_set_up_demonstrations_and_teardown_beside_the_run(mode):
+    """The cluster's always-on part (what bills with no actor node) through the set-up,
+    notebook 04's jobs and the teardown; the actor nodes through the jobs, none to all; then
+    the run's own lines, unchanged."""
+    from distrl.gke import cost
+
+    s = settings(mode=mode, gpu_type="nvidia-l4")
+    hourly, run = estimate_cost(s), estimate_run_cost(s)
+    through = cost.estimate_run_through_cost(s, setup_s=1800, teardown_s=600)
+    assert through.lines[4:] == run.lines  # the run, as its own estimate prices it
+    demo_h = sum(budget + cost.NODE_READY_S for _, budget in cost.DEMO_JOBS_S) / 3600
+    idle, full = hourly.min_per_hour, hourly.max_per_hour
+    assert [line.maximum for line in through.lines[:4]] == pytest.approx(
+        [idle * 0.5, idle * demo_h, (full - idle) * demo_h, idle / 6])
+    assert through.lines[2].minimum == 0  # no actor node came
+    assert through.min_per_hour == pytest.approx(run.min_per_hour + idle * (0.5 + demo_h + 1 / 6))
+    assert through.max_per_hour == pytest.approx(run.max_per_hour + full * demo_h
+                                                 + idle * (0.5 + 1 / 6))
+    assert "assumed" in through.lines[0].item and "assumed" in through.lines[3].item
+    assert ("system and head nodes" in through.lines[0].item) == (mode == "standard")
+    with pytest.raises(ValueError, match=r"setup_s=-1: expected a number of seconds >= 0"):
+        cost.estimate_run_through_cost(s, setup_s=-1)
+    with pytest.raises(ValueError, match=r"teardown_s='10 min'"):
+        cost.estimate_run_through_cost(s, teardown_s="10 min")
+
+
+def test_docs_quote_the_default_clusters_run_through_as_the_code_prices_it():
+    from distrl.gke import cost
+    from distrl.gke.settings import REPO_ROOT, GkeSettings
+
+    figures = []
+    for mode in ("standard", "autopilot"):
+        s = GkeSettings.for_workload("cartpole", project_id=PROJECT, mode=mode)
+        through, run = cost.estimate_run_through_cost(s), estimate_run_cost(s)
+        figures.append((f"${through.min_per_hour:.2f}-{through.max_per_hour:.2f}",
+                        f"${run.max_per_hour:.2f}"))
+    (std, std_run), (auto, auto_run) = figures
+    docs = " ".join((REPO_ROOT / "docs" / "gke.md").read_text().split())
+    assert (f"comes to {std} on Standard and {auto} on Autopilot, against {std_run} and "
+            f"{auto_run} at most for its run alone") in docs
+
+
+def test_the_run_through_prices_notebook_04s_own_job_budgets():
+    """DEMO_JOBS_S holds notebook 04's defaults: its first job's budget, the resumed job's
+    and the twin's, and the Pong smoke job's."""
+    import ast
+    import json
+
+    from distrl.cluster.jobs import PONG_SMOKE_SECONDS
+    from distrl.gke import cost
+    from distrl.tutorial import NOTEBOOKS_DIR
+
+    notebook = json.loads((NOTEBOOKS_DIR / "04-distributed-training.ipynb").read_text())
+    cell = next(c for c in notebook["cells"] if "parameters" in c["metadata"].get("tags", []))
+    values = {node.targets[0].id: ast.literal_eval(node.value)
+              for node in ast.parse("".join(cell["source"])).body if isinstance(node, ast.Assign)}
+    assert [budget for _, budget in cost.DEMO_JOBS_S] == [
+        values["MAX_SECONDS"], values["RESUME_MAX_SECONDS"], values["RESUME_MAX_SECONDS"],
+        PONG_SMOKE_SECONDS]
+    assert values["PONG"] == "smoke"
+
+
 def test_an_autopilot_run_estimate_prices_its_spot_pods_tails():
     """Autopilot bills pods' requests, not nodes: each actor pod's start and the job's close
     are priced at its Spot requests; no node waits to scale down after the pods are gone."""
@@ -1157,6 +1220,11 @@ def test_cli_workload_sizes_the_actor_pool_and_prices_its_run(stand_ins, tmp_pat
     assert distrl(["gke", "cost", "--project-id", PROJECT, "--workload", "pong"]) == 0
     out = capsys.readouterr().out
     assert "one pong training:" in out and "pong run of at most 4 h" in out
+    from distrl.gke.cost import estimate_run_through_cost
+    from distrl.gke.settings import GkeSettings
+
+    through = estimate_run_through_cost(GkeSettings.for_workload("pong", project_id=PROJECT))
+    assert out.endswith(through.table() + "\n")  # the whole first run-through, last
     assert stand_ins() == []
 
 

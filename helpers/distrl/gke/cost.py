@@ -15,6 +15,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from distrl.cluster.jobs import PONG_SMOKE_SECONDS
 from distrl.gke.manifests import JOB_CLOSE_S, RUNS_VOLUME_GB, num_actors, pod_sizes
 from distrl.gke.settings import (
     BUILD_MINUTES,
@@ -222,6 +223,49 @@ def estimate_run_cost(settings, prices: dict | str | Path = PRICES,
     lines += telemetry_lines(s, hours, export_interval_s, prices)
     return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
                         per=f"{s.workload} run of at most {span}")
+
+
+# A first run-through holds the cluster longer than its run: notebook 03's set-up, notebook 04's
+# demonstration jobs on it, and the teardown. The jobs' budgets are notebook 04's defaults
+# (MAX_SECONDS, RESUME_MAX_SECONDS twice: the resumed job and its twin from zero, which stops
+# sooner; the Pong smoke's), each longer on GKE by NODE_READY_S for its Spot nodes; a test
+# reads them from the notebook. Google gives no duration for a cluster's or a pool's create or
+# delete: the set-up and teardown times are assumptions, named as such wherever they print.
+DEMO_JOBS_S = (("first job, to the drain", 150.0), ("resumed job", 300.0),
+               ("job from zero", 300.0), ("Pong smoke job", float(PONG_SMOKE_SECONDS)))
+SETUP_S = 1800.0  # assumed: the cluster and pools made, add-ons rolled out, the head's image pulled
+TEARDOWN_S = 600.0  # assumed: the cluster's delete, with what it made
+
+
+def estimate_run_through_cost(settings, prices: dict | str | Path = PRICES,
+                              setup_s: float = SETUP_S, teardown_s: float = TEARDOWN_S,
+                              export_interval_s: float = 30.0) -> CostEstimate:
+    """What a first run-through costs: the cluster's always-on part (the fee less the free
+    tier's credit; Standard's system and head nodes with their disks and addresses, or
+    Autopilot's head pod) through the set-up, notebook 04's demonstration jobs and the
+    teardown; the actor nodes through those jobs, from none to all of them; and one run of the
+    settings' workload (estimate_run_cost: its nodes, Spot tails and telemetry)."""
+    for name, value in (("setup_s", setup_s), ("teardown_s", teardown_s)):
+        if not (isinstance(value, int | float) and 0 <= value < float("inf")):
+            raise ValueError(f"{name}={value!r}: expected a number of seconds >= 0")
+    prices = _load(prices)
+    s, hourly = settings, estimate_cost(settings, prices)
+    idle = hourly.min_per_hour  # what bills with no actor node
+    per_node = (hourly.max_per_hour - idle) / s.max_actor_nodes  # a node, its disk, its address
+    demo_s = sum(budget + NODE_READY_S for _, budget in DEMO_JOBS_S)
+    always = "fee, system and head nodes" if s.mode == "standard" else "fee and head pod"
+    actors = "actor nodes (Spot)" if s.mode == "standard" else "actor pods (Spot)"
+    jobs = f"notebook 04's {len(DEMO_JOBS_S)} jobs (<= {demo_s / 60:.0f} min)"
+    lines = [CostLine(f"set-up ({setup_s / 60:.0f} min, assumed): {always}", 1, 1,
+                      idle * setup_s / 3600),
+             CostLine(f"{jobs}: {always}", 1, 1, idle * demo_s / 3600),
+             CostLine(f"{jobs}: {actors}", 0, s.max_actor_nodes, per_node * demo_s / 3600),
+             CostLine(f"teardown ({teardown_s / 60:.0f} min, assumed): {always}", 1, 1,
+                      idle * teardown_s / 3600),
+             *estimate_run_cost(s, prices, export_interval_s).lines]
+    return CostEstimate(lines, hourly.currency, hourly.date, hourly.source,
+                        per=f"first run-through (set-up, notebook 04's jobs, one {s.workload} "
+                            "run, teardown)")
 
 
 def spot_drift(s, prices: dict) -> float:

@@ -28,7 +28,12 @@ from pathlib import Path
 
 from distrl.gke import manifests as k8s
 from distrl.gke import preflight
-from distrl.gke.cost import estimate_cost, estimate_run_cost, monthly_costs
+from distrl.gke.cost import (
+    estimate_cost,
+    estimate_run_cost,
+    estimate_run_through_cost,
+    monthly_costs,
+)
 from distrl.gke.inventory import StillBilling, check_nothing_bills
 from distrl.gke.manifests import SPOT_TAINT, head_pod_request
 from distrl.gke.preflight import PrerequisiteError, check_prerequisites
@@ -633,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
         print(monthly_costs(settings).table())
         print(f"\none {settings.workload} training:")
         print(estimate_run_cost(settings).table())
+        print("\na first run-through: notebook 03's set-up, notebook 04's jobs, one run, teardown:")
+        print(estimate_run_through_cost(settings).table())
         return 0
     if args.action == "check-telemetry":
         try:
