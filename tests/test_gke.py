@@ -1126,7 +1126,7 @@ def test_the_run_through_prices_notebook_04s_own_job_budgets():
     assert [budget for _, budget in cost.DEMO_JOBS_S] == [
         values["MAX_SECONDS"], values["RESUME_MAX_SECONDS"], values["RESUME_MAX_SECONDS"],
         PONG_SMOKE_SECONDS]
-    assert values["PONG"] == "smoke"
+    assert values["PONG"] == "auto"  # the smoke job on GKE, where the estimate prices it
 
 
 def test_an_autopilot_run_estimate_prices_its_spot_pods_tails():

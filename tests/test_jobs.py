@@ -99,8 +99,8 @@ def test_an_archive_past_the_size_or_file_limits_is_refused(tmp_path):
 
 
 def test_notebook_04_starts_no_paid_pong_run_unless_asked():
-    """The parameters cell's PONG, on either cluster, is a smoke job of minutes; the hours-long
-    workload needs PONG = "full", and only on GKE."""
+    """The parameters cell's PONG runs at most a smoke job of minutes, on either cluster; the
+    hours-long workload needs PONG = "full", and only on GKE."""
     import ast
     import shlex
 
@@ -111,10 +111,11 @@ def test_notebook_04_starts_no_paid_pong_run_unless_asked():
     [params] = [c for c in cells["cells"] if "parameters" in c["metadata"].get("tags", [])]
     values = {node.targets[0].id: ast.literal_eval(node.value)
               for node in ast.parse("".join(params["source"])).body}
-    default = values["PONG"]
-    assert default != "full"
-    for cluster in ("local", "gke"):
-        args = jobs.pong_job_args(default, cluster)
+    # "auto": the smoke job on GKE (and in CI's SMOKE run), none here (the notebook's rule)
+    assert values["PONG"] == "auto"
+    assert jobs.pong_job_args("off", "local") is None
+    for cluster in ("local", "gke"):  # the smoke job, wherever it runs
+        args = jobs.pong_job_args("smoke", cluster)
         config = build_parser().parse_args(args)
         assert config.max_seconds <= jobs.PONG_SMOKE_SECONDS + NODE_READY_S
         assert config.max_learner_updates == 1 and config.num_actors == 1
