@@ -1110,8 +1110,8 @@ def test_docs_quote_the_default_clusters_run_through_as_the_code_prices_it():
 
 
 def test_the_run_through_prices_notebook_04s_own_job_budgets():
-    """DEMO_JOBS_S holds notebook 04's defaults: its first job's budget, the resumed job's
-    and the twin's, and the Pong smoke job's."""
+    """DEMO_JOBS_S holds notebook 04's defaults on GKE: its first job's budget, the resumed
+    job's and the Pong smoke job's (no twin from zero unless asked)."""
     import ast
     import json
 
@@ -1124,9 +1124,9 @@ def test_the_run_through_prices_notebook_04s_own_job_budgets():
     values = {node.targets[0].id: ast.literal_eval(node.value)
               for node in ast.parse("".join(cell["source"])).body if isinstance(node, ast.Assign)}
     assert [budget for _, budget in cost.DEMO_JOBS_S] == [
-        values["MAX_SECONDS"], values["RESUME_MAX_SECONDS"], values["RESUME_MAX_SECONDS"],
-        PONG_SMOKE_SECONDS]
+        values["MAX_SECONDS"], values["RESUME_MAX_SECONDS"], PONG_SMOKE_SECONDS]
     assert values["PONG"] == "auto"  # the smoke job on GKE, where the estimate prices it
+    assert values["COMPARE_FROM_ZERO"] is False
 
 
 def test_an_autopilot_run_estimate_prices_its_spot_pods_tails():
