@@ -60,3 +60,22 @@ def test_a_benchmark_runs_its_smoke_mode(script, tmp_path):
     assert "Traceback" not in run.stderr, run.stderr[-4000:]
     assert "RuntimeWarning" not in run.stderr, run.stderr[-4000:]
     assert run.stdout.strip(), f"{script} --smoke printed no figures"
+
+
+def test_stability_figures_keep_the_gain_of_negative_returns_and_refuse_no_gain():
+    """benchmarks/stability.py's share of the gain kept: (last - first) / (best - first), so
+    that Acrobot's negative returns read as CartPole's do; none where nothing was learned."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from stability import run_figures
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    acrobot = run_figures([{"time_s": 10.0, "mean_return": -500.0},
+                           {"time_s": 20.0, "mean_return": -100.0},
+                           {"time_s": 30.0, "mean_return": -180.0}])
+    assert acrobot["best"] == -100.0 and acrobot["best_at_s"] == 20.0
+    assert acrobot["kept"] == pytest.approx(320 / 400)
+    assert acrobot["mean"] == pytest.approx((10 * -300 + 10 * -140) / 20)
+    flat = run_figures([{"time_s": 5.0, "mean_return": 9.0}, {"time_s": 6.0, "mean_return": 8.0}])
+    assert flat["kept"] is None and flat["best"] == 9.0
+    assert run_figures([]) is None

@@ -55,6 +55,7 @@ BENCHMARKS: dict[str, list[str]] = {
     "process_startup.py": [],
     "cluster_stop.py": [],
     "resume_head_start.py": ["--seeds", *map(str, range(11, 21))],
+    "stability.py": [],
 }
 # Scripts make bench does not run, and why (tests/test_benchmarks.py checks that every script
 # is in one of the two tables).
