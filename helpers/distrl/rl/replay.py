@@ -334,7 +334,9 @@ class PrioritizedReplay:
         if self.framed and len(block.frames) > self.frames.capacity:
             # Parts whose planes fit the ring (two observations' planes a row, at most).
             step = max(1, self.frames.capacity // (2 * self.obs_shape[2]))
-        for start in range(0, len(block), step):
+        # Rows older than the newest `capacity` would be evicted by the ones after them: skip
+        # them (a checkpoint's 600,000 transitions into a 100,000 replay: one sixth the work).
+        for start in range(max(0, len(block) - self.capacity), len(block), step):
             part = block.take(slice(start, start + step))
             if self.framed and step < len(block):
                 frames, obs, next_obs = framing.repack(part.obs, part.next_obs,
