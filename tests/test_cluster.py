@@ -709,6 +709,9 @@ def test_the_effects_of_a_lost_node_count_the_lost_actors_own_steps():
     assert effects["during"]["lost_env_steps_per_s"] == 0  # its first report's row left out
     # after: from its first report on (5,000 steps to 17 s, less the 400 that report counted)
     assert effects["after"]["lost_env_steps_per_s"] == pytest.approx(920)
+    # and the other actor's own, in the same stretches: 1,000 a second, then 3,000 from 8 s
+    assert effects["before"]["peer_env_steps_per_s"] == pytest.approx(1000)
+    assert effects["after"]["peer_env_steps_per_s"] == pytest.approx(3000)
     assert effects["during"]["env_steps_per_s"] > effects["before"]["env_steps_per_s"]
     # A machine that stalled every process for the last 2 s before the kill: the pace before
     # is the lost actor's up to its last step, not the stall's 0.

@@ -9,6 +9,7 @@ import psutil
 import pytest
 from conftest import respond
 
+from distrl.apex.faults import STEADY_SHARE
 from distrl.gke.inventory import inventory_commands
 from distrl.gke.settings import GkeSettings
 from distrl.tutorial import NOTEBOOKS_DIR, RESULTS_DIR, error_lines, run_notebook, stream_text
@@ -631,13 +632,16 @@ def test_04_distributed_training(kernel, tmp_path: Path):
     loss = json.loads((out_dir / "node-loss.json").read_text())
     [lost] = loss["lost"]
     own = [loss[k]["lost_env_steps_per_s"] for k in ("before", "during", "after")]
-    assert own[0] > 0 and own[1] < 0.05 * own[0] and own[2] >= 0.2 * own[0], loss  # its own
+    # its own steps stopped, then went on beside the other actor at the share of its pace that
+    # the driver asks of every actor before the learner starts (on a machine whose load changed)
+    assert own[0] > 0 and own[1] < 0.05 * own[0], loss
+    assert own[2] >= STEADY_SHARE * loss["after"]["peer_env_steps_per_s"] > 0, loss
     assert str(lost) in loss["back"] and loss["back"][str(lost)] > loss["kill_t"], loss
     assert first["actor_restarts"][lost] >= 1, first["actor_restarts"]
     assert re.search(rf"the kill at [\d.]+ s; actor {lost} at [\d.]+ s \(\d restart\)\. env "
                      r"steps/s before / while it was gone / once it stepped again, until the learner "
-                     r"started:\n  the lost actor: "
-                     r"[\d,]+ / \d+ / [\d,]+\n  all actors: ", text), text[-3000:]
+                     r"started:\n  the lost actor: [\d,]+ / \d+ / [\d,]+\n"
+                     r"  each other one: [\d,]+ / [\d,]+ / [\d,]+\n  all actors: ", text), text[-3000:]
     assert first["actor_states"] == ["running", "running"]
     # Learning waited for that recovery (--learn-after-recovery), not for the large replay.
     kinds = [e["kind"] for e in first["events"]]

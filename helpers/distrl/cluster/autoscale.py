@@ -223,9 +223,11 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
     env steps/s in the `window_s` before the kill (up to their last step), from the kill until
     the last lost actor stepped again (or the run's end), and after that: the `window_s` before
     the learner starts where it waits for the fleet's recovery (--learn-after-recovery), else
-    the `window_s` after; with the actors running in each; and the lost actors'
+    the `window_s` after; with the actors running in each; the lost actors'
     own env steps/s in each (`lost_env_steps_per_s`), which the remaining actors and the
-    learner's start, sharing the cores, do not blur. `killed_at`: the kill's
+    learner's start, sharing the cores, do not blur; and the mean of the other actors' own
+    (`peer_env_steps_per_s`, None where every actor was lost): the pace a lost actor that
+    recovered keeps up with, on a machine whose load changed since the kill. `killed_at`: the kill's
     run_clock.moment() (or wall clock)."""
     import re
 
@@ -248,16 +250,20 @@ def preemption_effects(result: dict, killed_at: dict | float, node_id: str,
         rows = [r for r in throughput if start <= r["time_s"] <= stop
                 if not (before_stop and r["time_s"] == stop)]
         if len(rows) < 2 or rows[-1]["time_s"] <= rows[0]["time_s"]:
-            return {"env_steps_per_s": None, "actors_running": None, "lost_env_steps_per_s": None}
+            return {"env_steps_per_s": None, "actors_running": None, "lost_env_steps_per_s": None,
+                    "peer_env_steps_per_s": None}
         span = rows[-1]["time_s"] - rows[0]["time_s"]
-        lost_rate = None  # a record from before actor_env_steps existed has none
+        lost_rate = peer_rate = None  # a record from before actor_env_steps existed has none
         if lost and all("actor_env_steps" in r for r in (rows[0], rows[-1])):
-            lost_rate = sum(rows[-1]["actor_env_steps"][i] - rows[0]["actor_env_steps"][i]
-                            for i in lost) / span
+            each = [(b - a) / span for a, b in zip(rows[0]["actor_env_steps"],
+                                                   rows[-1]["actor_env_steps"])]
+            lost_rate = sum(each[i] for i in lost)
+            peers = [rate for i, rate in enumerate(each) if i not in lost]
+            peer_rate = sum(peers) / len(peers) if peers else None
         return {"env_steps_per_s": (rows[-1]["env_steps"] - rows[0]["env_steps"]) / span,
                 "actors_running": (min(r["actors_running"] for r in rows),
                                    max(r["actors_running"] for r in rows)),
-                "lost_env_steps_per_s": lost_rate}
+                "lost_env_steps_per_s": lost_rate, "peer_env_steps_per_s": peer_rate}
 
     # before: the window_s up to the lost actors' last step before the kill (a machine that
     # stalled every process for seconds just before it left no pace to lose in the window
