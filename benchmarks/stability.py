@@ -4,6 +4,12 @@ evaluation, its best (and when), its last, the share of its gain it kept at the 
 mean greedy return over its time (the area under its curve, per second). The record names the
 runs that ended below 0.8 of their gain.
 
+Each run hands back two policies (results.json's `policies`): the latest and the kept best
+(best.npz, kept after its confirmation on new episodes). Both are played here on the same
+HELD_OUT_EPISODES episodes that no run has played. A run meets the goal if its last evaluation
+kept 0.9 of its gain, or its kept best, played here, is within the noise of its best
+evaluation: no lower than two standard errors of their difference below it.
+
 The gain kept is (last - first) / (best - first): the first evaluation is the untrained
 network's, so returns below zero (Acrobot's) compare as CartPole's do. A run whose best is its
 first evaluation learned nothing, and has no share.
@@ -22,11 +28,13 @@ to every run, to try one change at a time against the record.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from time_to_solve import HELD_OUT_SEEDS, run_training
 
 MINATAR = [f"MinAtar/{game}-v1" for game in
@@ -35,6 +43,9 @@ CLASSIC = ["CartPole-v1", "Acrobot-v1"]
 BUDGET_S = {**dict.fromkeys(MINATAR, 150.0), **dict.fromkeys(CLASSIC, 120.0)}
 ENV_ARGS = {**dict.fromkeys(MINATAR, ["--hidden-sizes", "128"]), **dict.fromkeys(CLASSIC, [])}
 KEPT_FLOOR = 0.8  # a run that ends below this share of its gain is named
+GOAL_SHARE = 0.9  # or its kept best within the noise of its best evaluation
+HELD_OUT_EPISODES = 30
+HELD_OUT_SEED = 5 * 10**8  # away from the runs' evaluations (seed + 10,000 k) and confirmations
 
 
 def run_figures(evals: list[dict]) -> dict | None:
@@ -52,6 +63,47 @@ def run_figures(evals: list[dict]) -> dict | None:
     return {"first": returns[0], "best": returns[top], "best_at_s": times[top],
             "last": returns[-1], "kept": (returns[-1] - returns[0]) / gain if gain > 0 else None,
             "mean": area / span if span > 0 else returns[0], "evaluations": len(evals)}
+
+
+def held_out(result: dict, episodes: int = HELD_OUT_EPISODES) -> dict[str, dict]:
+    """The run's latest and kept best policies, each played on the same held-out episodes:
+    {"latest"|"best": {"mean", "se", "weights_version"}} for those it handed back."""
+    from distrl.rl.checkpoints import load_policy
+    from distrl.rl.config import ApexConfig
+    from distrl.rl.envs import eval_epsilon, evaluate_greedy, network_for
+
+    config = ApexConfig.from_dict(result["config"])
+    played = {}
+    for name, policy in (result.get("policies") or {}).items():
+        if policy and policy.get("path"):
+            _, weights = load_policy(policy["path"])
+            returns, _ = evaluate_greedy(config.env_id, weights, episodes,
+                                         HELD_OUT_SEED + 1000 * config.seed, network_for(config),
+                                         epsilon=eval_epsilon(config.env_id))
+            played[name] = {"mean": float(returns.mean()), "weights_version":
+                            policy["weights_version"], "se": standard_error(returns)}
+    return played
+
+
+def standard_error(returns) -> float:
+    returns = np.asarray(returns, dtype=float)
+    return float(returns.std(ddof=1) / math.sqrt(len(returns))) if len(returns) > 1 else 0.0
+
+
+def goal(f: dict, best_returns: list[float], played: dict) -> str | None:
+    """How a run meets the goal: "final" (its last evaluation kept GOAL_SHARE of its gain),
+    "no gain to keep" (its best was its first evaluation),
+    "kept best" (its kept best, played on held-out episodes, within two standard errors of the
+    difference below its best evaluation), or None."""
+    if f["kept"] is None:
+        return "no gain to keep"
+    if f["kept"] >= GOAL_SHARE:
+        return "final"
+    if "best" in played:
+        noise = 2 * math.hypot(standard_error(best_returns), played["best"]["se"])
+        if played["best"]["mean"] >= f["best"] - noise:
+            return "kept best"
+    return None
 
 
 def describe(env_id: str, seed: int, f: dict | None) -> str:
@@ -85,6 +137,8 @@ def main() -> None:
     print(f"{len(args.envs)} environments x seeds {args.seeds}; extra arguments: "
           f"{' '.join(extra) or 'none'}", flush=True)
     low: list[str] = []
+    met_by: list[str] = []
+    missed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="stability-") as tmp:
         for env_id in args.envs:
             budget = args.budget_s or BUDGET_S[env_id]
@@ -97,6 +151,16 @@ def main() -> None:
                         "/", "_"), env_id=env_id)
                 f = run_figures(result["evals"])
                 print(describe(env_id, seed, f), flush=True)
+                if f is not None:
+                    played = held_out(result)
+                    best_eval = max(result["evals"], key=lambda e: e["mean_return"])
+                    met = goal(f, best_eval["returns"], played)
+                    policies = "; ".join(
+                        f"{name} (weights of {p['weights_version']:,} updates) "
+                        f"{p['mean']:.1f} +- {p['se']:.1f}" for name, p in played.items())
+                    print(f"  on {HELD_OUT_EPISODES} held-out episodes: {policies or 'none'}; "
+                          f"goal {'met: ' + met if met else 'NOT met'}", flush=True)
+                    (met_by if met else missed).append(f"{env_id} seed {seed}")
                 if f is not None and f["kept"] is not None:
                     kept.append(f["kept"])
                     if f["kept"] < KEPT_FLOOR:
@@ -106,6 +170,9 @@ def main() -> None:
                       f"{len(kept)} run(s) that learned", flush=True)
     print(f"runs that ended below {KEPT_FLOOR:.0%} of their gain: "
           + (", ".join(low) if low else "none"))
+    print(f"goal (last evaluation at {GOAL_SHARE:.0%} of the gain, or the kept best within the "
+          f"noise of the best): met by {len(met_by)} of {len(met_by) + len(missed)} runs; not "
+          f"by: {', '.join(missed) if missed else 'none'}")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from distrl.apex.driver import ApeX
 from distrl.apex.faults import StopFlag
 from distrl.apex.record import TrainingResult
 from distrl.ray_runtime import init_local_ray, shutdown_ray
-from distrl.rl.checkpoints import read_checkpoint
+from distrl.rl.checkpoints import load_policy, read_checkpoint, write_policy
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import evaluate_greedy, network_for
 from distrl.rl.network import NetworkSpec
@@ -78,6 +78,32 @@ def test_cartpole_reaches_a_modest_return(local_ray, tmp_path):
     assert list((tmp_path / "checkpoints").glob("checkpoint-*.npz"))
     assert list((tmp_path / "tensorboard").glob("events.out.tfevents.*"))
     assert len(result.weights) == 2 * (len(config.hidden_sizes) + 2)
+    # The two policies it hands back: the latest (the final checkpoint) and the kept best
+    # (best.npz), whose weights, played again on their confirmation's episodes, score what
+    # results.json says.
+    policies = saved["policies"]
+    assert policies["latest"] == {"path": result.checkpoint,
+                                  "weights_version": result.learner_updates,
+                                  "evaluated_return": result.evals[-1]["mean_return"],
+                                  "evaluated_version": result.evals[-1]["weights_version"]}
+    best, confirmations = policies["best"], saved["confirmations"]
+    assert best["path"] == str(tmp_path / "checkpoints" / "best.npz")
+    meta, weights = load_policy(best["path"])
+    kept = [c for c in confirmations if c["kept"]]
+    assert kept[-1]["weights_version"] == best["weights_version"] == meta["weights_version"]
+    returns, _ = evaluate_greedy("CartPole-v1", weights, best["episodes"], kept[-1]["seed"],
+                                 network_for(config))
+    assert best["episodes"] == config.best_eval_episodes
+    assert returns.mean() == pytest.approx(best["mean_return"])
+    # A candidate is an evaluation that beat the kept policy; it is kept if its new episodes
+    # beat it too; the kept one is the best confirmed, and each keep is said in the log.
+    evaluated = {(e["weights_version"], e["mean_return"]) for e in result.evals}
+    for c in confirmations:
+        assert (c["weights_version"], c["evaluated_return"]) in evaluated, c
+        assert c["previous"] is None or c["evaluated_return"] > c["previous"], c
+        assert c["kept"] == (c["previous"] is None or c["mean_return"] > c["previous"]), c
+    assert best["mean_return"] == max(c["mean_return"] for c in confirmations)
+    assert len([e for e in saved["events"] if e["kind"] == "best_kept"]) == len(kept)
     # The start-up timeline: every milestone, in the order the run needs them, since the
     # process started (local_ray was up before train(): "Ray up" follows at once).
     timeline = saved["timeline"]
@@ -560,6 +586,35 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
                                    "into 1 shard(s)"], loaded
     assert resumed.replay_loaded == {"sent": kept, "held": kept}  # results.json's record
     assert first.replay_loaded == {}  # a run from zero loaded nothing
+    # Its first run ended before any evaluation, so kept no best policy; the resumed run kept
+    # its own, beside its own checkpoints.
+    assert first.policies["best"] is None and not first.evals
+    assert resumed.policies["best"]["this_run"]
+    assert resumed.policies["best"]["path"] == str(tmp_path / "second" / "checkpoints" /
+                                                   "best.npz")
+
+
+def test_a_best_policy_kept_beside_the_checkpoint_stays_the_best_of_the_resumed_run(
+        local_ray, tmp_path):
+    """A run resumed from a checkpoint with a best.npz beside it (its run's kept best) hands
+    that back as its best until one of its own beats it: here none can (it says it scored
+    1,000 on CartPole, whose episodes end at 500), so the resumed run keeps it, and says whose
+    it is."""
+    config = ApexConfig(target_return=None, max_learner_updates=100, max_seconds=120,
+                        output_dir=str(tmp_path / "first"), progress=False)
+    first = ApeX(config).train()
+    earlier = {"weights_version": 1, "evaluated_return": 1000.0, "mean_return": 1000.0,
+               "std": 0.0, "episodes": 30, "seed": 0, "previous": None}
+    path = write_policy(tmp_path / "first" / "checkpoints", earlier, first.weights)
+    resumed = ApeX(config.replace(max_learner_updates=None, target_return=0.0,
+                                  output_dir=str(tmp_path / "second"),
+                                  resume=first.checkpoint)).train()
+    best = resumed.policies["best"]
+    assert best == {"path": path, "weights_version": 1, "mean_return": 1000.0, "std": 0.0,
+                    "episodes": 30, "evaluated_return": 1000.0, "this_run": False}
+    assert resumed.confirmations and all(not c["kept"] and c["previous"] == 1000.0
+                                         for c in resumed.confirmations), resumed.confirmations
+    assert not (tmp_path / "second" / "checkpoints" / "best.npz").exists()
 
 
 def test_a_run_whose_exports_are_refused_says_so_and_fails_the_stores_check(local_ray,

@@ -79,3 +79,26 @@ def test_stability_figures_keep_the_gain_of_negative_returns_and_refuse_no_gain(
     flat = run_figures([{"time_s": 5.0, "mean_return": 9.0}, {"time_s": 6.0, "mean_return": 8.0}])
     assert flat["kept"] is None and flat["best"] == 9.0
     assert run_figures([]) is None
+
+
+def test_a_run_meets_the_stability_goal_by_its_end_or_by_a_kept_best_within_the_noise():
+    """benchmarks/stability.py's goal: the last evaluation kept 0.9 of the gain, or the kept
+    best, played on held-out episodes, is no lower than two standard errors of the difference
+    below the best evaluation."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        from stability import goal, run_figures
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    fell = run_figures([{"time_s": 1.0, "mean_return": 0.0}, {"time_s": 2.0, "mean_return": 40.0},
+                        {"time_s": 3.0, "mean_return": 10.0}])
+    held = run_figures([{"time_s": 1.0, "mean_return": 0.0}, {"time_s": 2.0, "mean_return": 40.0},
+                        {"time_s": 3.0, "mean_return": 37.0}])
+    best_returns = [30.0, 50.0] * 5  # mean 40, standard error 10 / sqrt(10) = 3.16
+    assert goal(held, best_returns, {}) == "final"  # 37 of 40: 92% of the gain
+    assert goal(fell, best_returns, {}) is None     # no kept best to hand back
+    near = {"best": {"mean": 34.0, "se": 1.0}}  # 2 x hypot(3.16, 1.0) = 6.6 below 40: 33.4
+    assert goal(fell, best_returns, near) == "kept best"
+    assert goal(fell, best_returns, {"best": {"mean": 33.0, "se": 1.0}}) is None
+    flat = run_figures([{"time_s": 1.0, "mean_return": 9.0}, {"time_s": 2.0, "mean_return": 8.0}])
+    assert goal(flat, [9.0], {}) == "no gain to keep"  # said, not taken for a kept gain

@@ -44,6 +44,8 @@ from distrl.rl.config import ApexConfig
     ("xla_cache", 1, "True or False"),
     ("env_id", "", "non-empty"),
     ("learner_wait_s", 0, "a number of seconds > 0"),
+    ("best_eval_episodes", -1, r"an integer >= 0 \(0: keep no best policy\)"),
+    ("best_eval_episodes", 2.5, "an integer >= 0"),
 ])
 def test_bad_values_name_the_field_value_and_range(field, value, accepted):
     with pytest.raises(ValueError, match=rf"ApexConfig\.{field}=.*invalid: expected .*{accepted}"):

@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 from dqn_reference import double_dqn_reference
 
-from distrl.rl.checkpoints import latest_checkpoint
+from distrl.rl.checkpoints import (
+    CheckpointError,
+    find_resume,
+    latest_checkpoint,
+    load_policy,
+    write_policy,
+)
 from distrl.rl.config import ApexConfig
 from distrl.rl.learner import Learner
 from distrl.rl.network import (
@@ -251,6 +257,42 @@ def test_checkpoint_round_trip(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # Both continue identically from the same state.
     np.testing.assert_allclose(restored.update(batch)[1], learner.update(batch)[1], rtol=1e-6)
+
+
+def test_a_kept_policy_is_written_whole_beside_the_checkpoints_and_read_back(tmp_path):
+    """best.npz: one file holding the weights and what they scored, replaced whole, readable
+    as a checkpoint's online network is; refused as a resume, by name."""
+    spec = NetworkSpec((4,), 2, (8,), True)
+    config = ApexConfig(hidden_sizes=(8,), jit_compile=False)
+    learner = Learner(config, spec, init_weights(spec, 0))
+    checkpoint = learner.save_checkpoint(tmp_path)
+    first, second = init_weights(spec, 1), init_weights(spec, 2)
+    path = write_policy(tmp_path, {"weights_version": 10, "mean_return": 50.0}, first)
+    assert path == str(tmp_path / "best.npz")
+    assert write_policy(tmp_path, {"weights_version": 20, "mean_return": 80.0}, second) == path
+    meta, weights = load_policy(path)
+    assert meta == {"weights_version": 20, "mean_return": 80.0}
+    for a, b in zip(weights, second, strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        ["best.npz", Path(checkpoint).name, Path(checkpoint).with_suffix(".json").name])
+    assert latest_checkpoint(tmp_path) == checkpoint  # a resume never takes best.npz
+    _, online = load_policy(checkpoint)  # a checkpoint's online network reads the same way
+    for a, b in zip(online, learner.get_weights(), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Any fsspec location (gs:// on GKE), here fsspec's in-memory one.
+    uri = write_policy("memory://run/checkpoints", {"weights_version": 3}, first)
+    assert uri.startswith("memory://") and uri.endswith("/run/checkpoints/best.npz"), uri
+    assert load_policy(uri)[0]["weights_version"] == 3
+    with pytest.raises(CheckpointError, match=r"resume='.*best\.npz'.*policy's weights only.*"
+                                              r"checkpoint-\*\.npz"):
+        find_resume(path, str(tmp_path))
+    with pytest.raises(FileNotFoundError, match=r"no policy at .*other\.npz \(expected"):
+        load_policy(tmp_path / "other.npz")
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / "best.npz").write_bytes(Path(path).read_bytes()[:100])
+    with pytest.raises(CheckpointError, match=r"policy .*cut/best\.npz cannot be read"):
+        load_policy(tmp_path / "cut" / "best.npz")
 
 
 def test_a_resume_trains_at_the_configured_learning_rate_not_the_checkpoints(tmp_path):

@@ -78,6 +78,11 @@ def test_01_local_apex_dqn(tmp_path: Path):
     # The 140-line Ape-X learned too (SMOKE: to 100), with its own ray.wait loop.
     assert "reached 100 in" in text, text[-2000:]
     assert "the run is learner-bound" in text or "the run is actor-bound" in text
+    # The agent watched is the kept best policy, as the cell says, from results.json's record.
+    best = results["policies"]["best"]
+    assert Path(best["path"]) == out_dir / "checkpoints" / "best.npz" and best["this_run"]
+    assert (f"the kept best policy, weights of {best['weights_version']:,} updates, scored "
+            f"{best['mean_return']:.0f} on {best['episodes']} new episodes") in text, text[-2000:]
     # The figures the prose points to are the run's: printed from its results.
     tp = results["throughput"]
     learning = [r for r in tp if r["learner_updates"] > tp[0]["learner_updates"]]

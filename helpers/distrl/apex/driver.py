@@ -81,6 +81,8 @@ class Topology:
     learner: object
     actors: list
     evaluator_options: dict  # Ray's .options() for the evaluator, made by start_evaluator()
+    policy_dir: str | None = None  # where the evaluator writes the kept best policy
+    resumed_from: str | None = None  # the checkpoint resumed from: an earlier best beside it
     evaluator: object = None
 
     def all(self) -> list:
@@ -92,7 +94,8 @@ class Topology:
         first update. Created with the others, it would be a fifth process starting in the same
         second as the actors and the learner, taking the CPU they need for their first env
         step (`python benchmarks/time_to_solve.py --no-baseline` measures when it comes)."""
-        self.evaluator = ray.remote(EvaluatorWorker).options(**self.evaluator_options).remote(c)
+        self.evaluator = ray.remote(EvaluatorWorker).options(**self.evaluator_options).remote(
+            c, self.policy_dir, self.resumed_from)
         self.evaluator.set_learner.remote(self.learner)
 
 
@@ -129,7 +132,8 @@ def create_topology(ray, c: ApexConfig, plan: dict, spec: NetworkSpec, weights,
     for r in replays:  # who to ask for a checkpoint on SIGTERM
         r.set_learner.remote(learner)
     return Topology(replays, learner, actors,
-                    evaluator_options={"scheduling_strategy": here, **plan["evaluator"]})
+                    evaluator_options={"scheduling_strategy": here, **plan["evaluator"]},
+                    policy_dir=checkpoint_dir, resumed_from=resume_path)
 
 
 def load_replay(ray, replays: list, blocks: list, record: RunRecord) -> None:
@@ -392,6 +396,7 @@ class _Run:
         self.replay_refs: dict = {}
         self.replay_stats: dict[int, dict] = {}
         self.eval_ref, self.last_eval = None, now
+        self.confirm_ref = None  # the evaluator's confirmation of a candidate best policy
         self.next_waiting_report = now + WAITING_REPORT_S
         window = c.hold_learner_within
         self.hold = LearnerHold(window, record.say) if window else None
@@ -452,7 +457,8 @@ class _Run:
     def outstanding(self) -> list:
         refs = [*self.fleet.outstanding(), *self.replay_refs]
         hold = self.hold.check_ref if self.hold else None
-        return refs + [r for r in (self.learner_run, self.learner_ref, self.eval_ref, hold) if r is not None]
+        return refs + [r for r in (self.learner_run, self.learner_ref, self.eval_ref,
+                                   self.confirm_ref, hold) if r is not None]
 
     def tick(self, now: float) -> None:
         """Every REPORT_INTERVAL_S: ask for fresh stats, record progress, check the stops."""
@@ -623,6 +629,12 @@ class _Run:
             evaluation = get_within(ref, 0)
             if evaluation is not None:
                 self._evaluation(evaluation, now)
+        elif ref == self.confirm_ref:
+            self.confirm_ref = None
+            failed: list[str] = []  # e.g. best.npz could not be written: training goes on
+            self._confirmed(get_within(ref, 0, None, failed), now)
+            for why in failed:
+                self.record.say("best_failed", f"a candidate best policy was not kept: {why}")
         elif self.hold is not None and ref == self.hold.check_ref:
             check = get_within(ref, 0)
             if check is not None:  # a greedy evaluation as the others are, of the paused weights
@@ -662,6 +674,12 @@ class _Run:
         self.topology.learner.log_scalars.remote(
             {"eval/mean_return": ev["mean_return"], "throughput/env_steps": ev["env_steps"]},
             ev["learner_updates"])
+        kept = self.record.best
+        if (self.config.best_eval_episodes and self.confirm_ref is None
+                and (kept is None or ev["mean_return"] > kept["mean_return"])):
+            # played again on new episodes before it is kept: the best of many noisy
+            # evaluations is, more often than not, a lucky one
+            self.confirm_ref = self.topology.evaluator.confirm.remote(ev["weights_version"])
         target = self.config.target_return
         baseline = self.baseline_pending and "hold_check" not in ev  # a resumed run's first
         self.baseline_pending = self.baseline_pending and not baseline
@@ -669,6 +687,20 @@ class _Run:
             self.record.time_to_target = ev["time_s"]
             self.record.stop("target_return", f"{how} mean return {ev['mean_return']:.1f} >= "
                              f"target {target:g} after {ev['time_s']:.1f} s")
+
+    def _confirmed(self, found: dict | None, now: float) -> None:
+        """The evaluator's confirmation of a candidate: the kept best policy when it beat the
+        one kept before."""
+        if found is None:
+            return
+        best = found.pop("best")
+        self.record.confirmations.append({**found, "time_s": now - self.record.t_start})
+        self.record.best = best  # a resumed run's first: the one its run kept, if better
+        if found["kept"]:
+            self.record.say("best_kept", f"weights of {found['weights_version']:,} updates kept as "
+                            f"the best policy: {found['mean_return']:.1f} on "
+                            f"{found['episodes']} new episodes (their evaluation: "
+                            f"{found['evaluated_return']:.1f})", print_it=not self.config.progress)
 
     # --- the end ---
     def finish(self) -> TrainingResult:
@@ -692,6 +724,9 @@ class _Run:
             closing = [t.learner.close.remote(), t.learner.get_weights.remote(-1)]
         evaluator_closing = t.evaluator.close.remote() if t.evaluator is not None else None
         actor_finals = fleet.finish(deadline.left(10.0))
+        if self.confirm_ref is not None:  # a candidate in play when the run stopped
+            self._confirmed(get_within(self.confirm_ref, deadline.left(), None, problems),
+                            time.monotonic())
         checkpoint = final_weights = None
         if learner_up:
             checkpoint, versioned = (get_within(ref, deadline.left(), None, problems)

@@ -36,7 +36,7 @@ class TrainingResult:
     learner_updates_per_s: float  # this run's updates over the time since its first update
     samples_per_insert: float
     final_eval_return: float | None
-    best_eval_return: float | None
+    best_eval_return: float | None  # the highest evaluation: of eval_episodes, often a lucky one
     stop_reason: str
     stop_detail: str = ""
     evals: list[dict] = field(default_factory=list)
@@ -52,6 +52,11 @@ class TrainingResult:
     throughput: list[dict] = field(default_factory=list)
     output_dir: str = ""
     checkpoint: str | None = None
+    # the two policies a run hands back: {"latest": the final checkpoint's weights, with the
+    # last evaluation (of weights some updates older); "best": the kept best policy (best.npz),
+    # with its confirmation's mean over best_eval_episodes new episodes, or None}
+    policies: dict = field(default_factory=dict)
+    confirmations: list[dict] = field(default_factory=list)  # every candidate played again
     events: list[dict] = field(default_factory=list)
     timeline: dict[str, float] = field(default_factory=dict)
     resumed_from: str | None = None
@@ -102,6 +107,24 @@ class TrainingResult:
 
 
 
+def policy_lines(policies: dict) -> list[str]:
+    """results.json's two policies in words: which file, which weights, what each scored."""
+    lines = []
+    if (best := policies.get("best")) is not None:
+        lines.append(f"best policy: {best['path'] or 'not written'} (weights of "
+                     f"{best['weights_version']:,} updates: {best['mean_return']:.1f} on "
+                     f"{best['episodes']} new episodes, {best['evaluated_return']:.1f} on the "
+                     "evaluation that made it a candidate"
+                     + ("" if best["this_run"] else "; kept by the run this one resumed") + ")")
+    if (latest := policies.get("latest")) and latest["path"] is not None:
+        scored = ("" if latest["evaluated_return"] is None else
+                  f"; the last evaluation, of {latest['evaluated_version']:,} updates: "
+                  f"{latest['evaluated_return']:.1f}")
+        lines.append(f"latest policy: {latest['path']} (weights of "
+                     f"{latest['weights_version']:,} updates{scored})")
+    return lines
+
+
 class RunRecord:
     """What one run has heard, on its own clock (seconds since train() began), and how it says
     it: a line in the job's log for each event, above the progress bar where there is one."""
@@ -120,6 +143,8 @@ class RunRecord:
         if resume_path is not None:
             self.add(0.0, "resumed", resume_path)
         self.evals: list[dict] = []
+        self.confirmations: list[dict] = []  # candidates for the best policy, played again
+        self.best: dict | None = None  # the kept one's confirmation
         self.throughput: list[dict] = []
         self.stop_reason, self.stop_detail = "", ""
         self.time_to_target = None
@@ -197,6 +222,20 @@ class RunRecord:
         reached = sorted((t, name) for name, t in marks.items() if t is not None)
         return {"process start": 0.0} | {name: round(offset + t, 3) for t, name in reached}
 
+    def policies(self, ended: dict) -> dict:
+        """The latest policy (the final checkpoint) and the kept best one, each with its
+        return: results.json's `policies`."""
+        last = self.evals[-1] if self.evals else {}
+        best = self.best
+        return {"latest": {"path": ended["checkpoint"], "weights_version": ended["learner_updates"],
+                           "evaluated_return": last.get("mean_return"),
+                           "evaluated_version": last.get("weights_version")},
+                "best": None if best is None else {
+                    "path": best["path"], "weights_version": best["weights_version"],
+                    "mean_return": best["mean_return"], "std": best["std"],
+                    "episodes": best["episodes"], "evaluated_return": best["evaluated_return"],
+                    "this_run": best["this_run"]}}  # False: kept by the run it resumed
+
     def result(self, first_step_time: float | None, learner_stats: dict | None,
                ended: dict) -> TrainingResult:
         """The run's TrainingResult, saved: `ended` holds what the processes reported as it
@@ -227,6 +266,7 @@ class RunRecord:
             throughput=self.throughput, output_dir=str(self.output_dir),
             events=self.events, timeline=self.timeline(first_step_time, learner_stats),
             resumed_from=self.resume_path, replay_loaded=self.replay_loaded,
+            policies=self.policies(ended), confirmations=self.confirmations,
             started_at=now - wall, started_monotonic=self.t_start, boot_id=BOOT_ID,
             config=c.to_dict(), **ended)
         result.save(self.output_dir / "results.json")

@@ -151,6 +151,11 @@ def _main(argv: list[str] | None, early_sigterm: StopFlag) -> int:
     print(f"{config.env_id}: {outcome}; {result.env_steps:,} env steps, "
           f"{result.learner_updates:,} learner update{'s' * (result.learner_updates != 1)}, "
           f"{best}; results in {result.output_dir}/results.json", flush=True)
+    from distrl.apex.record import policy_lines
+
+    # --resume auto continues from the latest; the best is the one to play
+    for line in policy_lines(result.policies):
+        print(f"  {line}", flush=True)
     return 0
 
 

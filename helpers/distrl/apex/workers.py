@@ -30,7 +30,7 @@ from distrl.apex.process_telemetry import (
 from distrl.apex.replay_memory import MEMORY_SHARE, sized_capacity
 from distrl.otel import conventions as otel
 from distrl.rl.actor import Actor
-from distrl.rl.checkpoints import replay_arrays, write_checkpoint
+from distrl.rl.checkpoints import kept_policy, replay_arrays, write_checkpoint, write_policy
 from distrl.rl.config import ApexConfig
 from distrl.rl.envs import EVAL_MAX_STEPS, eval_epsilon, evaluate_greedy, network_for
 from distrl.rl.frames import replay_sizing
@@ -548,13 +548,25 @@ class ActorWorker:
 
 class EvaluatorWorker(_ReportsExports):
     """Greedy evaluation (Atari: epsilon-greedy, eval_epsilon); its returns, not the actors',
-    are the score."""
+    are the score. It keeps the best policy it has seen (confirm): the weights of an
+    evaluation that beat it, played again on new episodes."""
 
-    def __init__(self, config: ApexConfig):
+    # Each evaluation k plays the episodes seeded seed + 10,000 k + i; the confirmations' come
+    # from a range of their own.
+    CONFIRM_SEEDS = 10**9
+
+    def __init__(self, config: ApexConfig, policy_dir: str | None = None,
+                 resumed_from: str | None = None):
         self.config = config
         self.spec = network_for(config)
         self.count = 0
         self.learner = None
+        self.policy_dir = policy_dir  # where the kept best policy goes (best.npz)
+        self.last: tuple | None = None  # (version, weights, its evaluation's mean)
+        self.confirmed = 0
+        # the kept best policy's record (not its weights): a resumed run's starts as the one
+        # kept beside the checkpoint it resumed from, and is replaced only by a better one
+        self.kept = kept_policy(resumed_from.rsplit("/", 1)[0]) if resumed_from else None
         on_sigterm(ask_learner_to_checkpoint(lambda: self.learner, "evaluator"))
         self.tel = ProcessTelemetry(config, "evaluator", self.spec)
 
@@ -568,17 +580,45 @@ class EvaluatorWorker(_ReportsExports):
         version, weights = versioned_weights
         seed = self.config.seed + 10_000 * (1 if first_episodes else self.count + 1)
         self.count += 0 if first_episodes else 1
-        epsilon = eval_epsilon(self.config.env_id)
-        returns, lengths = evaluate_greedy(self.config.env_id, weights,
-                                           self.config.eval_episodes, seed, self.spec,
-                                           epsilon=epsilon)
+        returns, lengths, epsilon = self._play(weights, self.config.eval_episodes, seed)
         self.tel.rl.set("rl.environment.reward.mean", float(returns.mean()), self.tel.attrs)
         self.tel.rl.set("rl.environment.episode.length.mean", float(lengths.mean()),
                         self.tel.attrs)
+        self.last = (version, weights, float(returns.mean()))
         return {"weights_version": version, "returns": returns.tolist(),
                 "lengths": lengths.tolist(), "mean_return": float(returns.mean()),
                 "epsilon": epsilon,  # episodes cut at the cap count with the return they had
                 "capped": int((lengths >= EVAL_MAX_STEPS).sum())}
+
+    def confirm(self, version: int) -> dict | None:
+        """Play the weights of the last evaluation (of weights `version`) again on
+        best_eval_episodes new episodes; keep them as the best policy if that mean beats the
+        kept one's, written to policy_dir/best.npz. Returns what it found (None: no such
+        evaluation, or no best is kept)."""
+        if self.last is None or self.last[0] != version or not self.config.best_eval_episodes:
+            return None
+        _, weights, first = self.last
+        self.confirmed += 1
+        seed = self.config.seed + self.CONFIRM_SEEDS + 10_000 * self.confirmed
+        returns, _, _ = self._play(weights, self.config.best_eval_episodes, seed)
+        mean = float(returns.mean())
+        found = {"weights_version": version, "evaluated_return": first, "mean_return": mean,
+                 "std": float(returns.std()), "episodes": len(returns), "seed": seed,
+                 "previous": None if self.kept is None else self.kept["mean_return"]}
+        kept = self.kept is None or mean > self.kept["mean_return"]
+        if kept:
+            path = None
+            if self.policy_dir is not None:
+                path = write_policy(self.policy_dir, {**found, "env_id": self.config.env_id,
+                                                      "config": self.config.to_dict()}, weights)
+            self.kept = {**found, "path": path, "this_run": True}
+        return {**found, "kept": kept, "best": self.kept}
+
+    def _play(self, weights, episodes: int, seed: int):
+        epsilon = eval_epsilon(self.config.env_id)
+        returns, lengths = evaluate_greedy(self.config.env_id, weights, episodes, seed,
+                                           self.spec, epsilon=epsilon)
+        return returns, lengths, epsilon
 
     def close(self) -> float:
         """Flush telemetry; returns the CPU seconds this process used."""

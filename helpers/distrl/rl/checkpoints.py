@@ -5,6 +5,7 @@ or under any fsspec URI (gs://bucket/run/checkpoints).
     resume = find_resume("auto", directory)      # the newest readable one, and what it skipped
     check_checkpoint_network(resume.arrays, spec, resume.path)
     blocks = replay_blocks(resume.arrays)        # what the replay shards held, sampled
+    meta, weights = load_policy(f"{directory}/best.npz")  # the kept best policy (write_policy)
 
 A checkpoint keeps the learner's whole state and a sample of the replay (replay_arrays): a
 resumed learner that trained on new play alone fell far below its checkpoint's score on the way
@@ -47,6 +48,59 @@ def write_checkpoint(directory: str | os.PathLike, snapshot: tuple[dict, dict[st
         if fs.exists(old[:-4] + ".json"):
             fs.rm(old[:-4] + ".json")
     return _uri(fs, f"{name}.npz")
+
+
+BEST_POLICY = "best.npz"  # the kept best policy's weights, beside the checkpoints
+
+
+def write_policy(directory: str | os.PathLike, meta: dict, weights: list[np.ndarray]) -> str:
+    """Write a policy's online weights and meta (what it scored, which weights version) as one
+    best.npz, replacing the one there; returns its path or URI. Only the weights: a resume
+    continues from a checkpoint (optimizer, target network, replay), not from this."""
+    fs, root = _filesystem(directory)
+    fs.makedirs(root, exist_ok=True)
+    name = f"{root}/{BEST_POLICY}"
+    buffer = io.BytesIO()
+    np.savez(buffer, meta=np.array(json.dumps(meta)),
+             **{f"online_{i}": w for i, w in enumerate(weights)})
+    fs.pipe_file(f"{name}.tmp", buffer.getvalue())
+    fs.mv(f"{name}.tmp", name)  # whole or not at all: weights and meta always agree
+    return _uri(fs, name)
+
+
+def load_policy(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
+    """(meta, online weights) of a kept policy (best.npz) or of a checkpoint (its online
+    network), path or URI, for a greedy episode or an evaluation."""
+    fs, name = _filesystem(path)
+    best = name.endswith("/" + BEST_POLICY) or name == BEST_POLICY
+    if not (CHECKPOINT_RE.search(name) or best) or not fs.exists(name):
+        raise FileNotFoundError(f"no policy at {path!s} (expected .../{BEST_POLICY} or "
+                                ".../checkpoint-NNNNNNNNN.npz)")
+    if not best:
+        meta, arrays = read_checkpoint(path)
+    else:
+        try:
+            with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
+                arrays = {k: data[k] for k in data.files}
+            meta = json.loads(str(arrays.pop("meta")))
+        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+            raise CheckpointError(f"policy {path!s} cannot be read ({type(err).__name__}: "
+                                  f"{err})") from None
+    weights = [arrays[f"online_{i}"] for i in range(len(arrays)) if f"online_{i}" in arrays]
+    if not weights:
+        raise CheckpointError(f"{path!s} holds no online_0: not a distrl policy")
+    return meta, weights
+
+
+def kept_policy(directory: str | os.PathLike) -> dict | None:
+    """The record of the policy kept in directory (best.npz's meta and its path, marked
+    this_run False), or None where there is none that can be read (a new one replaces it)."""
+    fs, root = _filesystem(directory)
+    try:
+        meta, _ = load_policy(_uri(fs, f"{root}/{BEST_POLICY}"))
+    except (FileNotFoundError, CheckpointError):
+        return None
+    return {**meta, "path": _uri(fs, f"{root}/{BEST_POLICY}"), "this_run": False}
 
 
 def _filesystem(location: str | os.PathLike):
@@ -118,6 +172,10 @@ def find_resume(resume: str, checkpoint_dir: str) -> Resume:
     readable one (a checkpoint cut short by a lost node is skipped, and named); a file: that
     checkpoint, or a CheckpointError."""
     target = checkpoint_dir if resume == "auto" else resume
+    if str(target).endswith(BEST_POLICY):
+        raise CheckpointError(f"resume={resume!r}: {BEST_POLICY} holds a policy's weights only, "
+                              "and a resume needs a checkpoint's whole state (optimizer, target "
+                              "network, replay): give its folder or one checkpoint-*.npz")
     if CHECKPOINT_RE.search(str(target)):
         return Resume(str(target), *read_checkpoint(target), [])
     fs, root = _filesystem(target)

@@ -127,6 +127,12 @@ class ApexConfig:
     environments"""
     eval_interval_s: float = 1.0
     """seconds between evaluations"""
+    # 30: three times eval_episodes, so the kept policy's score has 1/sqrt(3) of the standard
+    # error of the evaluation that made it a candidate (a maximum over many noisy ones).
+    best_eval_episodes: int = 30
+    """new greedy episodes on which the weights of an evaluation that beats the kept best policy
+    are played again; they are kept (checkpoint_dir/best.npz) if that mean beats the kept one's
+    (0: keep no best policy)"""
     max_env_steps: int | None = None
     """stop after this many environment steps (None: no limit)"""
     max_learner_updates: int | None = None
@@ -245,6 +251,8 @@ FIELD_RULES: dict[str, tuple] = {
     "env_id": _rule(lambda v: isinstance(v, str) and v.strip() != "",
                     "a non-empty gymnasium environment id such as 'CartPole-v1'"),
     "seed": _rule(lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
+    "best_eval_episodes": _rule(lambda v: _is_int(v) and v >= 0,
+                                "an integer >= 0 (0: keep no best policy)"),
     **dict.fromkeys(["num_actors", "envs_per_actor", "actor_block_steps", "weight_sync_period",
                      "n_step", "batch_size", "target_update_period", "weight_publish_period",
                      "batches_per_fetch", "fetches_in_flight", "eval_episodes",
@@ -348,6 +356,7 @@ PRESETS: dict[str, dict] = {
         "envs_per_actor": 16,             # 8 or 16: the same rate (actor_throughput.py)
         "actor_block_steps": 200,         # 3.5% of planes sent twice (benchmarks/replay_memory.py)
         "eval_episodes": 4, "eval_interval_s": 60.0,
+        "best_eval_episodes": 8,          # minutes of play on the head's CPU, not seconds
         "checkpoint_interval_s": 300.0,
     },
 }
