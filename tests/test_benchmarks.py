@@ -102,3 +102,7 @@ def test_a_run_meets_the_stability_goal_by_its_end_or_by_a_kept_best_within_the_
     assert goal(fell, best_returns, {"best": {"mean": 33.0, "se": 1.0}}) is None
     flat = run_figures([{"time_s": 1.0, "mean_return": 9.0}, {"time_s": 2.0, "mean_return": 8.0}])
     assert goal(flat, [9.0], {}) == "no gain to keep"  # said, not taken for a kept gain
+    # The latest policy played on held-out episodes, where there is one, not the last
+    # evaluation: a final checkpoint that fell after it does not pass for a kept gain.
+    assert goal(held, best_returns, {"latest": {"mean": 1.0, "se": 0.5}}) is None
+    assert goal(fell, best_returns, {"latest": {"mean": 38.0, "se": 0.5}}) == "final"
