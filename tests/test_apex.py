@@ -586,12 +586,16 @@ def test_a_resumed_run_trains_on_from_a_checkpoint_already_at_its_target(local_r
                                    "into 1 shard(s)"], loaded
     assert resumed.replay_loaded == {"sent": kept, "held": kept}  # results.json's record
     assert first.replay_loaded == {}  # a run from zero loaded nothing
-    # Its first run ended before any evaluation, so kept no best policy; the resumed run kept
-    # its own, beside its own checkpoints.
-    assert first.policies["best"] is None and not first.evals
-    assert resumed.policies["best"]["this_run"]
-    assert resumed.policies["best"]["path"] == str(tmp_path / "second" / "checkpoints" /
-                                                   "best.npz")
+    # The resumed run's best: its own, beside its own checkpoints, where it beat the one its
+    # first run kept (if that run lived to an evaluation: on a quiet machine it ends at 200
+    # updates before its first, under load after it), else that one.
+    earlier, best = first.policies["best"], resumed.policies["best"]
+    assert (earlier is None) == (not first.evals), (earlier, first.evals)
+    if best["this_run"]:
+        assert earlier is None or best["mean_return"] > earlier["mean_return"], (best, earlier)
+        assert best["path"] == str(tmp_path / "second" / "checkpoints" / "best.npz")
+    else:
+        assert {**best, "this_run": True} == earlier, (best, earlier)
 
 
 def test_a_best_policy_kept_beside_the_checkpoint_stays_the_best_of_the_resumed_run(
