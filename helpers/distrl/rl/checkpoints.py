@@ -79,11 +79,10 @@ def load_policy(path: str | os.PathLike) -> tuple[dict, list[np.ndarray]]:
     if not best:
         meta, arrays = read_checkpoint(path)
     else:
+        arrays = _read_arrays(fs, name, f"policy {path!s}")
         try:
-            with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
-                arrays = {k: data[k] for k in data.files}
             meta = json.loads(str(arrays.pop("meta")))
-        except (OSError, EOFError, KeyError, ValueError, zipfile.BadZipFile) as err:
+        except (KeyError, ValueError) as err:
             raise CheckpointError(f"policy {path!s} cannot be read ({type(err).__name__}: "
                                   f"{err})") from None
     weights = [arrays[f"online_{i}"] for i in range(len(arrays)) if f"online_{i}" in arrays]
@@ -101,6 +100,15 @@ def kept_policy(directory: str | os.PathLike) -> dict | None:
     except (FileNotFoundError, CheckpointError):
         return None
     return {**meta, "path": _uri(fs, f"{root}/{BEST_POLICY}"), "this_run": False}
+
+
+def _read_arrays(fs, name: str, what: str) -> dict[str, np.ndarray]:
+    """The arrays of one .npz, or a CheckpointError that names `what` could not be read."""
+    try:
+        with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
+            return {k: data[k] for k in data.files}
+    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
+        raise CheckpointError(f"{what} cannot be read ({type(err).__name__}: {err})") from None
 
 
 def _filesystem(location: str | os.PathLike):
@@ -139,12 +147,7 @@ def read_checkpoint(path: str | os.PathLike) -> tuple[dict, dict[str, np.ndarray
     fs, name = _filesystem(path)
     if not CHECKPOINT_RE.search(name) or not fs.exists(name):
         raise FileNotFoundError(f"no checkpoint at {path!s} (expected .../checkpoint-NNNNNNNNN.npz)")
-    try:
-        with fs.open(name, "rb") as f, np.load(io.BytesIO(f.read())) as data:
-            arrays = {k: data[k] for k in data.files}
-    except (OSError, EOFError, ValueError, zipfile.BadZipFile) as err:
-        raise CheckpointError(f"checkpoint {path!s} cannot be read ({type(err).__name__}: "
-                              f"{err})") from None
+    arrays = _read_arrays(fs, name, f"checkpoint {path!s}")
     json_name = name[:-4] + ".json"
     try:
         meta = json.loads(fs.cat_file(json_name))
